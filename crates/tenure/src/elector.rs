@@ -1,0 +1,779 @@
+//! The election runtime: campaign, lead, renew, step down, hand over.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
+use tokio_stream::StreamExt;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use crate::clock::{Clock, Instant, TokioClock};
+use crate::config::{Config, ConfigError, TermTimes};
+use crate::name::{ElectionName, HolderId, NameError};
+use crate::record::{Acquire, AcquireRequest, Leader, LeaseRecord, Renew};
+use crate::store::{ErrorKind, LeaseStore, StoreError, WatchStream};
+
+/// Why a leader stepped down.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OustReason {
+    /// Renewal kept failing until the step-down time.
+    RenewFailed,
+    /// The store says the lease now belongs to someone else (or to nobody).
+    Lost {
+        /// The new holder, if the store named one.
+        to: Option<Leader>,
+    },
+    /// An operator evicted this holder.
+    Evicted,
+    /// [`Leadership::resign`] was called.
+    Resigned,
+    /// The elector is shutting down.
+    ShuttingDown,
+    /// The process woke up (after a pause) past its local deadline.
+    DeadlinePassed,
+}
+
+/// What an [`Elector`] tells its subscribers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// This candidate leads, with this token.
+    Elected {
+        /// The fencing token of the new term.
+        token: crate::FencingToken,
+    },
+    /// This candidate stopped leading.
+    Ousted {
+        /// Why.
+        reason: OustReason,
+    },
+    /// The leader as this candidate sees it changed; `None` means nobody leads.
+    LeaderChanged(Option<Leader>),
+}
+
+/// Errors from building an [`Elector`].
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// The election name or holder id was refused.
+    #[error(transparent)]
+    Name(#[from] NameError),
+    /// A setting was refused.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+/// Errors from waiting on an [`Elector`].
+#[derive(Debug, thiserror::Error)]
+pub enum ElectError {
+    /// The elector was shut down (or dropped) before the wait ended.
+    #[error("the elector has been shut down")]
+    ShutDown,
+}
+
+type ConfigEdit = Box<dyn FnOnce(&mut Config) + Send>;
+
+/// Builds an [`Elector`]; see [`Elector::builder`].
+pub struct ElectorBuilder {
+    store: Arc<dyn LeaseStore>,
+    election: Result<ElectionName, NameError>,
+    holder: Option<Result<HolderId, NameError>>,
+    ttl: Duration,
+    edits: Vec<ConfigEdit>,
+    clock: Arc<dyn Clock>,
+}
+
+macro_rules! setter {
+    ($(#[$doc:meta])* $name:ident: $t:ty) => {
+        $(#[$doc])*
+        pub fn $name(mut self, value: $t) -> Self {
+            self.edits.push(Box::new(move |c: &mut Config| c.$name = value));
+            self
+        }
+    };
+}
+
+impl ElectorBuilder {
+    /// The lease TTL; every other interval defaults to a fraction of it (see [`Config::new`]).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// This candidate's id (default [`HolderId::generate`]).
+    pub fn holder(mut self, holder: impl AsRef<str>) -> Self {
+        self.holder = Some(HolderId::new(holder));
+        self
+    }
+
+    /// The clock (default tokio's).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Replaces every setting at once (the TTL included).
+    pub fn config(mut self, config: Config) -> Self {
+        self.ttl = config.ttl;
+        self.edits.push(Box::new(move |c: &mut Config| *c = config));
+        self
+    }
+
+    setter!(/// See [`Config::renew_interval`].
+        renew_interval: Duration);
+    setter!(/// See [`Config::renew_deadline`].
+        renew_deadline: Duration);
+    setter!(/// See [`Config::retry_period`].
+        retry_period: Duration);
+    setter!(/// See [`Config::request_timeout`].
+        request_timeout: Duration);
+    setter!(/// See [`Config::max_drift`].
+        max_drift: f64);
+    setter!(/// See [`Config::safety_margin`].
+        safety_margin: Duration);
+    setter!(/// See [`Config::cool_down`].
+        cool_down: Duration);
+    setter!(/// See [`Config::jitter`].
+        jitter: f64);
+    setter!(/// See [`Config::splay`].
+        splay: Duration);
+    setter!(/// See [`Config::resign_backoff`].
+        resign_backoff: Duration);
+    setter!(/// See [`Config::metadata`].
+        metadata: Vec<u8>);
+
+    /// Validates the settings and builds the elector. It does not campaign until
+    /// [`Elector::start`] (or a method that waits for leadership) is called.
+    pub fn build(self) -> Result<Elector, BuildError> {
+        let election = self.election?;
+        let holder = self.holder.unwrap_or_else(|| Ok(HolderId::generate()))?;
+        let mut cfg = Config::new(self.ttl);
+        for edit in self.edits {
+            edit(&mut cfg);
+        }
+        cfg.validate()?;
+        let shutdown = CancellationToken::new();
+        let shared = Arc::new(Shared {
+            store: self.store,
+            req: AcquireRequest {
+                election,
+                holder,
+                ttl: cfg.ttl,
+                metadata: cfg.metadata.clone(),
+            },
+            cfg,
+            clock: self.clock,
+            events: broadcast::channel(256).0,
+            leadership: watch::Sender::new(None),
+            shutdown: shutdown.clone(),
+            stopped: watch::Sender::new(false),
+            task: Mutex::new(None),
+        });
+        Ok(Elector {
+            shared,
+            _guard: Arc::new(shutdown.drop_guard()),
+        })
+    }
+}
+
+/// A candidate in one election.
+///
+/// It campaigns in a background task once started, leads while it holds the lease,
+/// renews it, steps down before its local deadline when it cannot, and campaigns
+/// again after it loses. Clones share the same candidate; when the last clone is
+/// dropped, the candidate shuts down as [`Elector::shutdown`] would.
+#[derive(Clone)]
+pub struct Elector {
+    shared: Arc<Shared>,
+    _guard: Arc<DropGuard>,
+}
+
+struct Shared {
+    store: Arc<dyn LeaseStore>,
+    req: AcquireRequest,
+    cfg: Config,
+    clock: Arc<dyn Clock>,
+    events: broadcast::Sender<Event>,
+    leadership: watch::Sender<Option<Leadership>>,
+    shutdown: CancellationToken,
+    stopped: watch::Sender<bool>,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Elector {
+    /// Starts building a candidate for `election` on `store`.
+    pub fn builder(store: Arc<dyn LeaseStore>, election: impl AsRef<str>) -> ElectorBuilder {
+        ElectorBuilder {
+            store,
+            election: ElectionName::new(election),
+            holder: None,
+            ttl: Duration::from_secs(10),
+            edits: Vec::new(),
+            clock: Arc::new(TokioClock),
+        }
+    }
+
+    /// The election.
+    pub fn election(&self) -> &ElectionName {
+        &self.shared.req.election
+    }
+
+    /// This candidate's holder id.
+    pub fn holder(&self) -> &HolderId {
+        &self.shared.req.holder
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &Config {
+        &self.shared.cfg
+    }
+
+    /// Events from now on. Subscribe before [`Elector::start`] to see every event.
+    pub fn events(&self) -> broadcast::Receiver<Event> {
+        self.shared.events.subscribe()
+    }
+
+    /// Starts campaigning in a background task (on the current tokio runtime). Idempotent.
+    pub fn start(&self) {
+        let mut task = self.shared.task.lock().unwrap_or_else(|p| p.into_inner());
+        if task.is_none() && !self.shared.shutdown.is_cancelled() {
+            let shared = self.shared.clone();
+            *task = Some(tokio::spawn(async move {
+                campaign_loop(&shared).await;
+                shared.leadership.send_replace(None);
+                shared.stopped.send_replace(true);
+            }));
+        }
+    }
+
+    /// The current leadership, if this candidate leads right now.
+    pub fn current(&self) -> Option<Leadership> {
+        self.shared
+            .leadership
+            .borrow()
+            .clone()
+            .filter(|l| !l.cancel.is_cancelled())
+    }
+
+    /// Starts campaigning if needed and waits until this candidate leads.
+    pub async fn leadership(&self) -> Result<Leadership, ElectError> {
+        self.start();
+        let mut rx = self.shared.leadership.subscribe();
+        loop {
+            if let Some(l) = rx
+                .borrow_and_update()
+                .clone()
+                .filter(|l| !l.cancel.is_cancelled())
+            {
+                return Ok(l);
+            }
+            if self.shared.shutdown.is_cancelled() {
+                return Err(ElectError::ShutDown);
+            }
+            tokio::select! {
+                _ = rx.changed() => {}
+                _ = self.shared.shutdown.cancelled() => return Err(ElectError::ShutDown),
+            }
+        }
+    }
+
+    /// Runs `task` whenever this candidate leads: starts it on election, cancels it
+    /// (through [`Leadership::cancelled`]) on loss, waits for it to finish, and starts
+    /// it again on the next election.
+    ///
+    /// The lease is released only after the task has finished. When the task
+    /// finishes on its own while still leading, the elector releases the lease, shuts
+    /// down, and this returns the task's output. It returns [`ElectError::ShutDown`]
+    /// if the elector is shut down first.
+    pub async fn run_while_leader<F, Fut, T>(&self, mut task: F) -> Result<T, ElectError>
+    where
+        F: FnMut(Leadership) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        loop {
+            let leadership = self.leadership().await?;
+            let cancel = leadership.cancel.clone();
+            let mut fut = Box::pin(task(leadership.clone()));
+            tokio::select! {
+                out = &mut fut => {
+                    drop(fut);
+                    drop(leadership);
+                    if !cancel.is_cancelled() {
+                        self.shutdown().await;
+                        return Ok(out);
+                    }
+                }
+                _ = cancel.cancelled() => {
+                    // Lost: let the task wind down before the lease can be released.
+                    fut.await;
+                }
+            }
+        }
+    }
+
+    /// Stops campaigning: cancels the current leadership, waits for every
+    /// [`Leadership`] clone to be dropped, releases the lease, and returns.
+    pub async fn shutdown(&self) {
+        self.shared.shutdown.cancel();
+        let started = self
+            .shared
+            .task
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some();
+        if started {
+            let mut stopped = self.shared.stopped.subscribe();
+            let _ = stopped.wait_for(|s| *s).await;
+        }
+    }
+}
+
+/// Proof of leadership, handed to the leader's work. Clone it freely.
+///
+/// The lease is released only after every clone has been dropped, so keep one for
+/// exactly as long as the guarded work runs.
+#[derive(Clone)]
+pub struct Leadership {
+    term: Arc<Term>,
+    cancel: CancellationToken,
+}
+
+struct Term {
+    election: ElectionName,
+    holder: HolderId,
+    token: crate::FencingToken,
+    metadata: Vec<u8>,
+    deadline: Arc<Mutex<Instant>>,
+    clock: Arc<dyn Clock>,
+    resign: mpsc::UnboundedSender<oneshot::Sender<()>>,
+    /// Dropped with the last clone; the runtime waits for that before releasing.
+    _alive: mpsc::Sender<()>,
+}
+
+impl std::fmt::Debug for Leadership {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leadership")
+            .field("election", &self.term.election)
+            .field("token", &self.term.token)
+            .field("valid", &self.is_valid())
+            .finish()
+    }
+}
+
+impl Leadership {
+    /// The fencing token of this term. Pass it with every write to a fenced resource.
+    pub fn token(&self) -> crate::FencingToken {
+        self.term.token
+    }
+
+    /// The election.
+    pub fn election(&self) -> &ElectionName {
+        &self.term.election
+    }
+
+    /// This leader's holder id.
+    pub fn holder(&self) -> &HolderId {
+        &self.term.holder
+    }
+
+    /// Who leads, as observers see it.
+    pub fn leader(&self) -> Leader {
+        Leader {
+            holder: self.term.holder.clone(),
+            token: self.term.token,
+            metadata: self.term.metadata.clone(),
+        }
+    }
+
+    /// The local deadline: the lease certainly holds before this instant. It moves
+    /// forward on every successful renewal.
+    pub fn deadline(&self) -> Instant {
+        *self.term.deadline.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Time left before [`Leadership::deadline`], zero once it has passed or the term ended.
+    pub fn remaining(&self) -> Duration {
+        if self.cancel.is_cancelled() {
+            return Duration::ZERO;
+        }
+        self.deadline()
+            .saturating_duration_since(self.term.clock.now())
+    }
+
+    /// Whether this term still holds: not stepped down and before the deadline.
+    /// Check it right before acting; pass the token to the resource as well, since
+    /// the process can pause between the check and the act.
+    pub fn is_valid(&self) -> bool {
+        !self.cancel.is_cancelled() && self.term.clock.now() < self.deadline()
+    }
+
+    /// Completes when the term ends (step-down, loss, eviction, shutdown).
+    pub async fn cancelled(&self) {
+        self.cancel.cancelled().await
+    }
+
+    /// A token cancelled when the term ends, for use with tokio-util's cancellation tree.
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.cancel.child_token()
+    }
+
+    /// Steps down at once and hands over: the term is cancelled, and the lease is
+    /// released as soon as every other clone of this leadership has been dropped.
+    /// Returns after the release. Do not call it while holding another clone in the
+    /// same task: it would wait for that clone forever.
+    pub async fn resign(self) {
+        let (tx, rx) = oneshot::channel();
+        let sent = self.term.resign.send(tx).is_ok();
+        drop(self);
+        if sent {
+            let _ = rx.await;
+        }
+    }
+}
+
+/// Tracks the leader this candidate last reported, to emit each change once.
+struct View<'a> {
+    shared: &'a Shared,
+    leader: Option<Option<(HolderId, crate::FencingToken)>>,
+}
+
+impl View<'_> {
+    fn saw(&mut self, leader: Option<Leader>) {
+        let key = leader.as_ref().map(|l| (l.holder.clone(), l.token));
+        if self.leader.as_ref() != Some(&key) {
+            self.leader = Some(key);
+            let _ = self.shared.events.send(Event::LeaderChanged(leader));
+        }
+    }
+
+    fn saw_record(&mut self, rec: Option<&LeaseRecord>) {
+        self.saw(rec.map(LeaseRecord::leader));
+    }
+}
+
+async fn campaign_loop(shared: &Shared) {
+    let cfg = &shared.cfg;
+    if !cfg.splay.is_zero() {
+        let splay = cfg.splay.mul_f64(fastrand::f64());
+        if sleep_or_shutdown(shared, shared.clock.now() + splay).await {
+            return;
+        }
+    }
+    let mut view = View {
+        shared,
+        leader: None,
+    };
+    loop {
+        let Some((lease, sent)) = follow(shared, &mut view).await else {
+            return;
+        };
+        match lead(shared, &mut view, lease, sent).await {
+            OustReason::ShuttingDown => return,
+            OustReason::Resigned
+                if sleep_or_shutdown(shared, shared.clock.now() + cfg.resign_backoff).await =>
+            {
+                return;
+            }
+            _ => {}
+        }
+        if shared.shutdown.is_cancelled() {
+            return;
+        }
+    }
+}
+
+/// Sleeps until `until`; true if shutdown came first.
+async fn sleep_or_shutdown(shared: &Shared, until: Instant) -> bool {
+    tokio::select! {
+        _ = shared.clock.sleep_until(until) => false,
+        _ = shared.shutdown.cancelled() => true,
+    }
+}
+
+/// Runs a store call with a time limit; no answer by then is ambiguous.
+async fn call<T>(
+    shared: &Shared,
+    what: &str,
+    until: Instant,
+    fut: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    let limit = until.saturating_duration_since(shared.clock.now());
+    tokio::select! {
+        r = fut => r,
+        _ = shared.clock.sleep_until(until) => Err(StoreError::timed_out(what, limit)),
+    }
+}
+
+async fn next_event(
+    watch: &mut Option<WatchStream>,
+) -> Option<Result<Option<LeaseRecord>, StoreError>> {
+    match watch {
+        Some(w) => w.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The follower phase: campaigns until this candidate holds the lease. `None` on shutdown.
+async fn follow(shared: &Shared, view: &mut View<'_>) -> Option<(LeaseRecord, Instant)> {
+    let cfg = &shared.cfg;
+    let me = &shared.req.holder;
+    let mut watch = shared.store.watch(&shared.req.election);
+    // After an ambiguous acquire we must read before we act.
+    let mut unresolved = false;
+    let mut attempt = true;
+    let mut wake_at = shared.clock.now();
+    loop {
+        if shared.shutdown.is_cancelled() {
+            return None;
+        }
+        if attempt {
+            attempt = false;
+            let sent = shared.clock.now();
+            let until = sent + cfg.request_timeout;
+            let retry_at = sent + cfg.jittered(cfg.retry_period);
+            if unresolved {
+                match call(shared, "get", until, shared.store.get(&shared.req.election)).await {
+                    Ok(Some(rec)) if rec.holder == *me && !rec.evicted => {
+                        // A read cannot tell which of our writes produced this record,
+                        // so confirm it with a compare-and-set renewal and date the
+                        // term from that request.
+                        let sent = shared.clock.now();
+                        let until = sent + cfg.request_timeout;
+                        match call(shared, "renew", until, shared.store.renew(&rec, cfg.ttl)).await
+                        {
+                            Ok(Renew::Renewed(lease)) => return Some((lease, sent)),
+                            Ok(Renew::Lost(cur)) => {
+                                unresolved = false;
+                                view.saw_record(cur.as_ref());
+                                wake_at = follower_wake(shared, cur.as_ref(), watch.is_some());
+                            }
+                            Err(e) => {
+                                tracing::warn!(election = %shared.req.election, error = %e, "confirming a maybe-held lease failed");
+                                wake_at = retry_at;
+                            }
+                        }
+                    }
+                    Ok(cur) => {
+                        unresolved = false;
+                        view.saw_record(cur.as_ref());
+                        wake_at = if cur.is_none() {
+                            shared.clock.now()
+                        } else {
+                            follower_wake(shared, cur.as_ref(), watch.is_some())
+                        };
+                        attempt = cur.is_none();
+                    }
+                    Err(e) => {
+                        tracing::warn!(election = %shared.req.election, error = %e, "reading the lease failed");
+                        wake_at = retry_at;
+                    }
+                }
+            } else {
+                match call(
+                    shared,
+                    "acquire",
+                    until,
+                    shared.store.try_acquire(&shared.req),
+                )
+                .await
+                {
+                    Ok(Acquire::Acquired(lease)) => return Some((lease, sent)),
+                    Ok(Acquire::Held(cur)) => {
+                        view.saw_record(Some(&cur));
+                        wake_at = follower_wake(shared, Some(&cur), watch.is_some());
+                    }
+                    Err(e) => {
+                        if e.kind() == ErrorKind::Ambiguous {
+                            unresolved = true;
+                        }
+                        tracing::warn!(election = %shared.req.election, error = %e, "acquire failed");
+                        wake_at = retry_at;
+                    }
+                }
+            }
+            if attempt {
+                continue;
+            }
+        }
+        tokio::select! {
+            _ = shared.shutdown.cancelled() => return None,
+            _ = shared.clock.sleep_until(wake_at) => attempt = true,
+            ev = next_event(&mut watch) => match ev {
+                Some(Ok(None)) => {
+                    view.saw(None);
+                    attempt = true;
+                }
+                Some(Ok(Some(rec))) => {
+                    if rec.holder == *me && !rec.evicted {
+                        // Ours (a late echo, or a maybe-applied acquire): resolve it.
+                        attempt = true;
+                        unresolved = true;
+                    } else if !unresolved {
+                        view.saw_record(Some(&rec));
+                        wake_at = follower_wake(shared, Some(&rec), true);
+                    }
+                }
+                Some(Err(e)) => {
+                    tracing::debug!(election = %shared.req.election, error = %e, "watch failed; polling");
+                    watch = None;
+                    wake_at = wake_at.min(shared.clock.now() + cfg.retry_period);
+                }
+                None => {
+                    watch = None;
+                    wake_at = wake_at.min(shared.clock.now() + cfg.retry_period);
+                }
+            },
+        }
+    }
+}
+
+/// When a follower that saw `rec` should try again: when the record would expire,
+/// and no later than one poll period if the store cannot tell it of changes.
+fn follower_wake(shared: &Shared, rec: Option<&LeaseRecord>, watching: bool) -> Instant {
+    let cfg = &shared.cfg;
+    let now = shared.clock.now();
+    let floor = now + cfg.retry_period / 10;
+    let expiry = match rec {
+        Some(r) => now + r.remaining.unwrap_or(r.ttl),
+        None => now,
+    };
+    let wake = if watching {
+        expiry
+    } else {
+        expiry.min(now + cfg.jittered(cfg.retry_period))
+    };
+    wake.max(floor)
+}
+
+/// The leader phase: renews until the term ends, then steps down and releases.
+async fn lead(
+    shared: &Shared,
+    view: &mut View<'_>,
+    mut lease: LeaseRecord,
+    sent: Instant,
+) -> OustReason {
+    let cfg = &shared.cfg;
+    let election = &shared.req.election;
+    let mut times = TermTimes::after_success(cfg, sent);
+    let deadline_cell = Arc::new(Mutex::new(times.deadline));
+    let cancel = CancellationToken::new();
+    let (resign_tx, mut resign_rx) = mpsc::unbounded_channel();
+    let (alive_tx, mut alive_rx) = mpsc::channel::<()>(1);
+    let mut pending = Some(Leadership {
+        term: Arc::new(Term {
+            election: election.clone(),
+            holder: shared.req.holder.clone(),
+            token: lease.token,
+            metadata: lease.metadata.clone(),
+            deadline: deadline_cell.clone(),
+            clock: shared.clock.clone(),
+            resign: resign_tx,
+            _alive: alive_tx,
+        }),
+        cancel: cancel.clone(),
+    });
+    let publish_at = sent + cfg.cool_down;
+    let mut watch = shared.store.watch(election);
+    tracing::info!(%election, token = %lease.token, "elected");
+    view.saw_record(Some(&lease));
+    let mut resigners: Vec<oneshot::Sender<()>> = Vec::new();
+
+    let reason = loop {
+        if shared.clock.now() >= times.deadline {
+            break OustReason::DeadlinePassed;
+        }
+        let publish_wait = async {
+            match pending {
+                Some(_) => shared.clock.sleep_until(publish_at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            _ = shared.shutdown.cancelled() => break OustReason::ShuttingDown,
+            Some(tx) = resign_rx.recv() => {
+                resigners.push(tx);
+                break OustReason::Resigned;
+            }
+            _ = publish_wait => {
+                if let Some(l) = pending.take() {
+                    let _ = shared.events.send(Event::Elected { token: l.token() });
+                    shared.leadership.send_replace(Some(l));
+                }
+            }
+            _ = shared.clock.sleep_until(times.renew_at) => {
+                let sent = shared.clock.now();
+                let until = times.stop_at.min(sent + cfg.request_timeout);
+                match call(shared, "renew", until, shared.store.renew(&lease, cfg.ttl)).await {
+                    Ok(Renew::Renewed(rec)) => {
+                        lease = rec;
+                        times = TermTimes::after_success(cfg, sent);
+                        *deadline_cell.lock().unwrap_or_else(|p| p.into_inner()) = times.deadline;
+                    }
+                    Ok(Renew::Lost(cur)) => {
+                        break match cur {
+                            Some(r) if r.holder == lease.holder && r.token == lease.token && r.evicted => OustReason::Evicted,
+                            other => OustReason::Lost { to: other.map(|r| r.leader()) },
+                        };
+                    }
+                    Err(e) => {
+                        tracing::warn!(%election, error = %e, "renewal failed; retrying");
+                        let now = shared.clock.now();
+                        if now >= times.stop_at {
+                            break OustReason::RenewFailed;
+                        }
+                        times.renew_at = (now + cfg.jittered(cfg.retry_period)).min(times.stop_at);
+                    }
+                }
+            }
+            _ = shared.clock.sleep_until(times.stop_at) => break OustReason::RenewFailed,
+            ev = next_event(&mut watch) => match ev {
+                Some(Ok(Some(rec))) if rec.holder == lease.holder && rec.token == lease.token && !rec.evicted => {}
+                Some(Ok(_)) => {
+                    // Someone else's record, an eviction, or none at all: ask the store
+                    // with a renewal, whose answer is authoritative.
+                    times.renew_at = shared.clock.now();
+                }
+                Some(Err(_)) | None => watch = None,
+            },
+        }
+    };
+
+    // Step down: end the term, wait for the guarded work, then release.
+    cancel.cancel();
+    drop(pending);
+    shared.leadership.send_replace(None);
+    tracing::info!(%election, token = %lease.token, ?reason, "stepped down");
+    let _ = shared.events.send(Event::Ousted {
+        reason: reason.clone(),
+    });
+    let mut warned = false;
+    loop {
+        tokio::select! {
+            _ = alive_rx.recv() => break,
+            _ = shared.clock.sleep_until(times.deadline), if !warned => {
+                warned = true;
+                tracing::error!(%election, token = %lease.token,
+                    "the guarded work is still running past the lease deadline; drop every Leadership clone when it is cancelled");
+            }
+        }
+    }
+    while let Ok(tx) = resign_rx.try_recv() {
+        resigners.push(tx);
+    }
+    if !matches!(reason, OustReason::Lost { .. }) {
+        let until = shared.clock.now() + cfg.request_timeout;
+        match call(shared, "release", until, shared.store.release(&lease)).await {
+            Ok(()) => view.saw(None),
+            Err(e) => {
+                tracing::warn!(%election, error = %e, "release failed; the lease will expire on its own")
+            }
+        }
+    }
+    if let OustReason::Lost { to } = &reason {
+        view.saw(to.clone());
+    }
+    for tx in resigners {
+        let _ = tx.send(());
+    }
+    reason
+}

@@ -1,0 +1,236 @@
+//! Election names and holder ids.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// The rule every election name must follow, quoted in errors.
+pub const ELECTION_NAME_RULE: &str = "an election name is 1 to 200 characters of A-Z a-z 0-9 . _ - /, \
+     with no empty path segment and no '.' or '..' segment (for example \"billing/nightly-report\")";
+
+/// The rule every holder id must follow, quoted in errors.
+pub const HOLDER_ID_RULE: &str = "a holder id is 1 to 200 characters of A-Z a-z 0-9 . _ - : @ (for example \"web-1.4242.k3j9x2\")";
+
+/// A name was refused: it breaks [`ELECTION_NAME_RULE`] or [`HOLDER_ID_RULE`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {what} {value:?}: {problem}; {rule}")]
+pub struct NameError {
+    what: &'static str,
+    value: String,
+    problem: String,
+    rule: &'static str,
+}
+
+/// The name of one election, e.g. `billing/nightly-report`.
+///
+/// Validated on construction: 1 to 200 characters of `A-Z a-z 0-9 . _ - /`,
+/// no empty path segment (so no leading, trailing or doubled `/`), and no `.`
+/// or `..` segment.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ElectionName(Arc<str>);
+
+impl ElectionName {
+    /// Validates `name` and wraps it.
+    pub fn new(name: impl AsRef<str>) -> Result<Self, NameError> {
+        let name = name.as_ref();
+        let err = |problem: String| NameError {
+            what: "election name",
+            value: truncate(name),
+            problem,
+            rule: ELECTION_NAME_RULE,
+        };
+        if name.is_empty() {
+            return Err(err("it is empty".into()));
+        }
+        if name.len() > 200 {
+            return Err(err(format!(
+                "it is {} characters long",
+                name.chars().count()
+            )));
+        }
+        if let Some(c) = name
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/')))
+        {
+            return Err(err(format!("it contains {c:?}")));
+        }
+        for segment in name.split('/') {
+            match segment {
+                "" => return Err(err("it has an empty path segment".into())),
+                "." | ".." => return Err(err(format!("it has a {segment:?} segment"))),
+                _ => {}
+            }
+        }
+        Ok(Self(name.into()))
+    }
+
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The identity of one candidate process instance.
+///
+/// The default, [`HolderId::generate`], is `hostname.pid.<random>`, so a
+/// restarted process never inherits the lease of the process it replaces.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HolderId(Arc<str>);
+
+impl HolderId {
+    /// Validates `id` and wraps it.
+    pub fn new(id: impl AsRef<str>) -> Result<Self, NameError> {
+        let id = id.as_ref();
+        let err = |problem: String| NameError {
+            what: "holder id",
+            value: truncate(id),
+            problem,
+            rule: HOLDER_ID_RULE,
+        };
+        if id.is_empty() {
+            return Err(err("it is empty".into()));
+        }
+        if id.len() > 200 {
+            return Err(err(format!("it is {} characters long", id.chars().count())));
+        }
+        if let Some(c) = id
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':' | '@')))
+        {
+            return Err(err(format!("it contains {c:?}")));
+        }
+        Ok(Self(id.into()))
+    }
+
+    /// A fresh id for this process instance: `hostname.pid.<8 random characters>`.
+    pub fn generate() -> Self {
+        let host: String = hostname()
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '-'
+                }
+            })
+            .take(120)
+            .collect();
+        let host = if host.is_empty() {
+            "host".to_string()
+        } else {
+            host
+        };
+        let random: String = (0..8)
+            .map(|_| fastrand::alphanumeric().to_ascii_lowercase())
+            .collect();
+        Self(format!("{host}.{}.{random}", std::process::id()).into())
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn truncate(s: &str) -> String {
+    if s.chars().count() > 60 {
+        let mut t: String = s.chars().take(60).collect();
+        t.push('…');
+        t
+    } else {
+        s.to_string()
+    }
+}
+
+macro_rules! string_like {
+    ($t:ty) => {
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+        impl fmt::Debug for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Debug::fmt(&*self.0, f)
+            }
+        }
+        impl AsRef<str> for $t {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+        impl std::str::FromStr for $t {
+            type Err = NameError;
+            fn from_str(s: &str) -> Result<Self, NameError> {
+                Self::new(s)
+            }
+        }
+        impl TryFrom<&str> for $t {
+            type Error = NameError;
+            fn try_from(s: &str) -> Result<Self, NameError> {
+                Self::new(s)
+            }
+        }
+        impl TryFrom<String> for $t {
+            type Error = NameError;
+            fn try_from(s: String) -> Result<Self, NameError> {
+                Self::new(s)
+            }
+        }
+    };
+}
+string_like!(ElectionName);
+string_like!(HolderId);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_good_names() {
+        for n in [
+            "a",
+            "billing/nightly-report",
+            "A.b_c-d/e.f",
+            &"x".repeat(200),
+            "a/.b/c..",
+        ] {
+            assert!(ElectionName::new(n).is_ok(), "{n}");
+        }
+    }
+
+    #[test]
+    fn refuses_bad_names_quoting_the_rule() {
+        for (n, why) in [
+            ("", "empty"),
+            ("/a", "empty path segment"),
+            ("a/", "empty path segment"),
+            ("a//b", "empty path segment"),
+            ("a/../b", "\"..\" segment"),
+            (".", "\".\" segment"),
+            ("a b", "' '"),
+            ("é", "'é'"),
+            (&"x".repeat(201), "201 characters"),
+        ] {
+            let e = ElectionName::new(n).unwrap_err().to_string();
+            assert!(e.contains(why), "{n:?}: {e}");
+            assert!(e.contains(ELECTION_NAME_RULE), "{e}");
+        }
+    }
+
+    #[test]
+    fn generated_holder_ids_are_valid_and_unique() {
+        let a = HolderId::generate();
+        let b = HolderId::generate();
+        assert_ne!(a, b);
+        HolderId::new(a.as_str()).unwrap();
+        assert!(a.as_str().contains(&format!(".{}.", std::process::id())));
+    }
+}

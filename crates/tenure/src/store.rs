@@ -1,0 +1,199 @@
+//! The store contract: [`LeaseStore`] and its errors.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::pin::Pin;
+use std::time::Duration;
+
+use tokio_stream::Stream;
+
+use crate::name::ElectionName;
+use crate::record::{Acquire, AcquireRequest, Evict, ExpiryJudge, LeaseRecord, Renew};
+
+/// A change to one election's record: the record as it now stands, or `None` when
+/// the election has no record (released, evicted at once, or deleted on expiry).
+pub type WatchEvent = Option<LeaseRecord>;
+
+/// A stream of changes to one election, from [`LeaseStore::watch`].
+pub type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, StoreError>> + Send>>;
+
+/// Boxed error source.
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// What kind of failure a [`StoreError`] is, and so whether a retry can help.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The store could not be reached or refused for now (down, busy, locked); the
+    /// request was not applied. Retrying can help.
+    Unavailable,
+    /// The request may or may not have been applied (a timeout, a connection lost
+    /// after sending). The runtime never acts on it; it resolves the state by reading.
+    Ambiguous,
+    /// The request itself is wrong (bad TTL, oversized metadata). Retrying cannot help.
+    Invalid,
+    /// The store refused our credentials or permissions. Retrying cannot help.
+    Unauthorized,
+    /// The store holds data this version cannot read, or is misconfigured.
+    Misconfigured,
+}
+
+impl ErrorKind {
+    /// Whether retrying the same request later can succeed.
+    pub fn is_retryable(self) -> bool {
+        matches!(self, ErrorKind::Unavailable | ErrorKind::Ambiguous)
+    }
+}
+
+/// A failure of a store operation. Losing a race is not an error: see [`Acquire`] and [`Renew`].
+#[derive(Debug)]
+pub struct StoreError {
+    kind: ErrorKind,
+    message: String,
+    source: Option<BoxError>,
+}
+
+impl StoreError {
+    /// A new error of `kind`.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Attaches the underlying cause.
+    pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// An [`ErrorKind::Unavailable`] error.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Unavailable, message)
+    }
+
+    /// An [`ErrorKind::Ambiguous`] error.
+    pub fn ambiguous(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Ambiguous, message)
+    }
+
+    /// An [`ErrorKind::Invalid`] error.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Invalid, message)
+    }
+
+    /// The request timed out after `after`: it may have been applied.
+    pub fn timed_out(operation: &str, after: Duration) -> Self {
+        Self::ambiguous(format!(
+            "{operation} got no answer within {after:?}; it may or may not have been applied"
+        ))
+    }
+
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// Whether a retry can help.
+    pub fn is_retryable(&self) -> bool {
+        self.kind.is_retryable()
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl StdError for StoreError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
+    }
+}
+
+/// A shared store of leases, one record per election.
+///
+/// Every implementation passes the conformance suite in `tenure-testkit`.
+///
+/// # To ensure correctness, an implementation owes:
+///
+/// 1. **Atomic decisions.** `try_acquire`, `renew`, `release` and `evict` each read and
+///    write the record in one atomic step (a transaction, a compare-and-set, a script).
+/// 2. **Expiry by one clock that is not a client's wall clock.** With
+///    [`ExpiryJudge::ByStore`] the store dates expiry from when it *received* the
+///    request (`received + ttl`), on its own clock, and judges expiry on that same
+///    clock. A clock that can step backwards or forwards (a wall clock under NTP) is
+///    not good enough. With [`ExpiryJudge::ByObserver`] the store never judges expiry;
+///    it only compares revisions.
+/// 3. **Losing is not an error.** A lost race is `Ok(Acquire::Held)` or
+///    `Ok(Renew::Lost)`; `Err` is for failures, with an [`ErrorKind`] that says
+///    whether a retry can help. A request whose outcome is unknown (timeout,
+///    connection lost after sending) is [`ErrorKind::Ambiguous`], never `Unavailable`.
+/// 4. **Tokens only grow.** Every new grant of an election gets a token strictly
+///    greater than every token granted for it before, across release, eviction,
+///    expiry and, for durable stores, restarts. A renewal (including a same-holder
+///    `try_acquire`) keeps the token.
+/// 5. **Renew is a compare-and-set on (holder, token)** and never succeeds once the
+///    record belongs to another grant or has expired, or the holder was evicted.
+/// 6. **Eviction never makes two leaders.** [`Evict::AfterTerm`] stops renewal and
+///    blocks every other candidate until the holder releases or its term runs out;
+///    only [`Evict::Now`] clears the record at once.
+/// 7. **Watches tell of writes.** If `watch` returns a stream, every write to the
+///    election (acquire, renew, release, evict) is followed by an event carrying
+///    the record as it then stands. Expiry may be silent.
+#[async_trait::async_trait]
+pub trait LeaseStore: Send + Sync + 'static {
+    /// Takes the lease if nobody holds it, if the record has expired by the store's
+    /// judgement, or if `req.holder` already holds it (then it is a renewal that keeps
+    /// the token). Otherwise answers `Held` with the current record.
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError>;
+
+    /// Extends `held` by `ttl` from now, if the record is still the same grant
+    /// (same holder and token), not expired and not evicted.
+    async fn renew(
+        &self,
+        held: &LeaseRecord,
+        ttl: std::time::Duration,
+    ) -> Result<Renew, StoreError>;
+
+    /// Clears the record if it is still the grant `held`; otherwise does nothing.
+    /// Idempotent. The token counter survives.
+    async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError>;
+
+    /// The current record of `election`, or `None` if nobody holds it (never an
+    /// expired record).
+    async fn get(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError>;
+
+    /// The current records of every election whose name starts with `prefix`, by name.
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError>;
+
+    /// Forces the holder of `election` to stand down; see [`Evict`]. Answers the
+    /// record that was evicted, or `None` if nobody held the election.
+    async fn evict(
+        &self,
+        election: &ElectionName,
+        how: Evict,
+    ) -> Result<Option<LeaseRecord>, StoreError>;
+
+    /// A stream of changes to `election`, or `None` if this store cannot notify (then
+    /// the runtime polls). The stream may end or fail; the runtime then falls back to
+    /// polling.
+    fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
+        let _ = election;
+        None
+    }
+
+    /// Whose clock judges expiry.
+    fn expiry(&self) -> ExpiryJudge {
+        ExpiryJudge::ByStore
+    }
+
+    /// A short description for logs, e.g. `sqlite:/var/lib/app/tenure.db`, never
+    /// containing credentials.
+    fn describe(&self) -> String;
+}
