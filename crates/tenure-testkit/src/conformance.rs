@@ -1,0 +1,662 @@
+//! The contract tests every [`LeaseStore`] passes.
+//!
+//! Implement [`Harness`] for your store and call [`run_all`] from a test:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use tenure::{LeaseStore, MemoryStore};
+//! use tenure_testkit::conformance::{self, Harness};
+//!
+//! struct Memory(MemoryStore);
+//!
+//! #[async_trait::async_trait]
+//! impl Harness for Memory {
+//!     async fn open(&self) -> Arc<dyn LeaseStore> {
+//!         Arc::new(self.0.clone())
+//!     }
+//! }
+//!
+//! # async fn t() {
+//! conformance::run_all(Memory(MemoryStore::new())).await;
+//! # }
+//! ```
+//!
+//! Expiry is judged by the store, so the expiry cases wait in real time (a few
+//! multiples of [`Harness::short_ttl`]); with a store on tokio's clock, run the suite
+//! on paused time and they take no time at all.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tenure::{
+    Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord,
+    LeaseStore, MAX_METADATA, Renew,
+};
+use tokio_stream::StreamExt;
+
+use crate::unique;
+
+/// How the suite reaches the store under test.
+#[async_trait::async_trait]
+pub trait Harness: Send + Sync + 'static {
+    /// A handle on the store under test: a fresh connection where the store has
+    /// connections, so that racing handles are really separate clients.
+    async fn open(&self) -> Arc<dyn LeaseStore>;
+
+    /// Restarts (or closes and reopens) the store, keeping what it keeps durably.
+    /// Return false if the store cannot be restarted; the restart case is then skipped.
+    async fn restart(&self) -> bool {
+        false
+    }
+
+    /// The TTL the expiry cases use; they wait about twice this long.
+    fn short_ttl(&self) -> Duration {
+        Duration::from_millis(300)
+    }
+}
+
+type Case = fn(Arc<dyn Harness>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+
+macro_rules! cases {
+    ($($name:ident),* $(,)?) => {
+        /// The names of every case, in the order [`run_all`] runs them.
+        pub const CASES: &[&str] = &[$(stringify!($name)),*];
+        fn table() -> Vec<(&'static str, Case)> {
+            vec![$((stringify!($name), (|h| Box::pin($name(h))) as Case)),*]
+        }
+    };
+}
+
+cases!(
+    acquire_on_empty,
+    held_by_another,
+    same_holder_reacquire_renews,
+    renew_keeps_token_and_moves_revision,
+    expiry_then_takeover,
+    renew_after_expiry_fails,
+    renew_after_takeover_fails,
+    release_clears_and_is_idempotent,
+    release_by_non_holder_is_harmless,
+    evict_after_term_blocks_until_release,
+    evict_after_term_blocks_until_term_ends,
+    evict_now_frees_at_once,
+    evict_without_holder,
+    tokens_increase_across_release_evict_expiry,
+    tokens_increase_across_restart,
+    racing_candidates_one_winner,
+    list_by_prefix,
+    watch_tells_of_changes,
+    metadata_round_trips,
+    invalid_requests_are_refused,
+);
+
+/// Runs every case against the store `harness` opens, each in its own task; panics
+/// at the end, naming every case that failed.
+pub async fn run_all(harness: impl Harness) {
+    let harness: Arc<dyn Harness> = Arc::new(harness);
+    let mut failed = Vec::new();
+    for (name, case) in table() {
+        let h = harness.clone();
+        match tokio::spawn(case(h)).await {
+            Ok(()) => eprintln!("conformance: {name} ... ok"),
+            Err(e) => {
+                let msg = match e.try_into_panic() {
+                    Ok(p) => p
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_default(),
+                    Err(e) => e.to_string(),
+                };
+                eprintln!("conformance: {name} ... FAILED: {msg}");
+                failed.push(format!("{name}: {msg}"));
+            }
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} conformance case(s) failed:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+}
+
+fn election(case: &str) -> ElectionName {
+    ElectionName::new(format!("conformance/{}", unique(case))).unwrap()
+}
+
+fn holder(name: &str) -> HolderId {
+    HolderId::new(unique(name)).unwrap()
+}
+
+const LONG: Duration = Duration::from_secs(30);
+
+fn req(e: &ElectionName, h: &HolderId, ttl: Duration) -> AcquireRequest {
+    AcquireRequest::new(e.clone(), h.clone(), ttl)
+}
+
+async fn acquired(store: &dyn LeaseStore, r: &AcquireRequest) -> LeaseRecord {
+    match store.try_acquire(r).await.expect("try_acquire failed") {
+        Acquire::Acquired(l) => {
+            assert_eq!(
+                l.holder, r.holder,
+                "the acquired record names the requester"
+            );
+            assert_eq!(l.election, r.election);
+            assert!(!l.evicted);
+            l
+        }
+        Acquire::Held(rec) => panic!(
+            "expected to acquire {}, but {} holds it",
+            r.election, rec.holder
+        ),
+    }
+}
+
+async fn held(store: &dyn LeaseStore, r: &AcquireRequest) -> LeaseRecord {
+    match store.try_acquire(r).await.expect("try_acquire failed") {
+        Acquire::Held(rec) => rec,
+        Acquire::Acquired(l) => panic!(
+            "{} acquired {} (token {}) but it should be held",
+            r.holder, r.election, l.token
+        ),
+    }
+}
+
+/// Waits out a short lease: twice its TTL, so the store's clock has passed it.
+async fn outlive(h: &Arc<dyn Harness>) {
+    tokio::time::sleep(h.short_ttl() * 2 + Duration::from_millis(50)).await;
+}
+
+async fn acquire_on_empty(h: Arc<dyn Harness>) {
+    let s = h.open().await;
+    let e = election("empty");
+    let a = holder("a");
+    assert_eq!(
+        s.get(&e).await.unwrap(),
+        None,
+        "a fresh election has no record"
+    );
+    let l = acquired(&*s, &req(&e, &a, LONG)).await;
+    assert!(l.token >= FencingToken(1), "tokens start above zero");
+    assert_eq!(l.ttl, LONG);
+    let got = s.get(&e).await.unwrap().expect("get sees the new lease");
+    assert_eq!((got.holder, got.token), (a, l.token));
+}
+
+async fn held_by_another(h: Arc<dyn Harness>) {
+    let (s1, s2) = (h.open().await, h.open().await);
+    let e = election("held");
+    let (a, b) = (holder("a"), holder("b"));
+    let l = acquired(&*s1, &req(&e, &a, LONG)).await;
+    let rec = held(&*s2, &req(&e, &b, LONG)).await;
+    assert_eq!(
+        (rec.holder, rec.token),
+        (a.clone(), l.token),
+        "Held names the current holder"
+    );
+    let remaining = rec.remaining.unwrap_or(rec.ttl);
+    assert!(remaining <= LONG, "remaining {remaining:?} exceeds the TTL");
+    let got = s2.get(&e).await.unwrap().unwrap();
+    assert_eq!(got.holder, a, "a lost race leaves the record alone");
+}
+
+async fn same_holder_reacquire_renews(h: Arc<dyn Harness>) {
+    let s = h.open().await;
+    let e = election("reacquire");
+    let a = holder("a");
+    let first = acquired(&*s, &req(&e, &a, LONG)).await;
+    let again = acquired(&*s, &req(&e, &a, LONG)).await;
+    assert_eq!(
+        again.token, first.token,
+        "re-acquiring by the same holder is a renewal and keeps the token"
+    );
+    assert!(
+        again.revision > first.revision,
+        "a renewal moves the revision"
+    );
+}
+
+async fn renew_keeps_token_and_moves_revision(h: Arc<dyn Harness>) {
+    let s = h.open().await;
+    let e = election("renew");
+    let a = holder("a");
+    let l = acquired(&*s, &req(&e, &a, LONG)).await;
+    let r = match s.renew(&l, LONG).await.unwrap() {
+        Renew::Renewed(r) => r,
+        Renew::Lost(cur) => panic!("renewing a live lease failed: {cur:?}"),
+    };
+    assert_eq!(r.token, l.token);
+    assert!(r.revision > l.revision);
+    // Renewing from the older copy still works: the compare is on holder and token.
+    assert!(matches!(
+        s.renew(&l, LONG).await.unwrap(),
+        Renew::Renewed(_)
+    ));
+}
+
+async fn expiry_then_takeover(h: Arc<dyn Harness>) {
+    let (s1, s2) = (h.open().await, h.open().await);
+    let e = election("expiry");
+    let (a, b) = (holder("a"), holder("b"));
+    let la = acquired(&*s1, &req(&e, &a, h.short_ttl())).await;
+    held(&*s2, &req(&e, &b, LONG)).await;
+    outlive(&h).await;
+    assert_eq!(
+        s2.get(&e).await.unwrap(),
+        None,
+        "an expired lease is not reported by get"
+    );
+    let lb = acquired(&*s2, &req(&e, &b, LONG)).await;
+    assert!(
+        lb.token > la.token,
+        "takeover after expiry must raise the token ({} then {})",
+        la.token,
+        lb.token
+    );
+}
+
+async fn renew_after_expiry_fails(h: Arc<dyn Harness>) {
+    let s = h.open().await;
+    let e = election("late-renew");
+    let a = holder("a");
+    let l = acquired(&*s, &req(&e, &a, h.short_ttl())).await;
+    outlive(&h).await;
+    assert!(
+        matches!(s.renew(&l, LONG).await.unwrap(), Renew::Lost(None)),
+        "a lease that has expired cannot be renewed back to life"
+    );
+}
+
+async fn renew_after_takeover_fails(h: Arc<dyn Harness>) {
+    let (s1, s2) = (h.open().await, h.open().await);
+    let e = election("takeover");
+    let (a, b) = (holder("a"), holder("b"));
+    let la = acquired(&*s1, &req(&e, &a, h.short_ttl())).await;
+    outlive(&h).await;
+    let lb = acquired(&*s2, &req(&e, &b, LONG)).await;
+    match s1.renew(&la, LONG).await.unwrap() {
+        Renew::Lost(Some(cur)) => assert_eq!((cur.holder, cur.token), (b.clone(), lb.token)),
+        other => {
+            panic!("the old holder's renewal must be Lost naming the new holder, got {other:?}")
+        }
+    }
+    // Same holder id, old token: still refused (a different grant).
+    let stale = LeaseRecord {
+        holder: b.clone(),
+        token: la.token,
+        ..lb.clone()
+    };
+    assert!(
+        matches!(s1.renew(&stale, LONG).await.unwrap(), Renew::Lost(_)),
+        "renew compares the token too"
+    );
+    assert_eq!(s1.get(&e).await.unwrap().unwrap().holder, b);
+}
+
+async fn release_clears_and_is_idempotent(h: Arc<dyn Harness>) {
+    let (s1, s2) = (h.open().await, h.open().await);
+    let e = election("release");
+    let (a, b) = (holder("a"), holder("b"));
+    let la = acquired(&*s1, &req(&e, &a, LONG)).await;
+    s1.release(&la).await.unwrap();
+    assert_eq!(s1.get(&e).await.unwrap(), None);
+    s1.release(&la).await.unwrap();
+    let lb = acquired(&*s2, &req(&e, &b, LONG)).await;
+    assert!(
+        lb.token > la.token,
+        "a grant after release gets a larger token"
+    );
+    assert!(
+        matches!(s1.renew(&la, LONG).await.unwrap(), Renew::Lost(_)),
+        "a released lease cannot be renewed"
+    );
+    s1.release(&la).await.unwrap();
+    assert_eq!(
+        s2.get(&e).await.unwrap().unwrap().holder,
+        b,
+        "a stale release leaves the new holder alone"
+    );
+}
+
+async fn release_by_non_holder_is_harmless(h: Arc<dyn Harness>) {
+    let (s1, s2) = (h.open().await, h.open().await);
+    let e = election("foreign-release");
+    let (a, b) = (holder("a"), holder("b"));
+    let la = acquired(&*s1, &req(&e, &a, LONG)).await;
+    let forged = LeaseRecord {
+        holder: b.clone(),
+        ..la.clone()
+    };
+    s2.release(&forged)
+        .await
+        .expect("a release that does not match is not an error");
+    let wrong_token = LeaseRecord {
+        token: FencingToken(la.token.0 + 1000),
+        ..la.clone()
+    };
+    s2.release(&wrong_token).await.unwrap();
+    let got = s2.get(&e).await.unwrap().expect("the record must survive");
+    assert_eq!((got.holder, got.token), (a, la.token));
+    held(&*s2, &req(&e, &b, LONG)).await;
+}
+
+async fn evict_after_term_blocks_until_release(h: Arc<dyn Harness>) {
+    let (s1, s2, op) = (h.open().await, h.open().await, h.open().await);
+    let e = election("evict-release");
+    let (a, b) = (holder("a"), holder("b"));
+    let la = acquired(&*s1, &req(&e, &a, LONG)).await;
+    let ev = op
+        .evict(&e, Evict::AfterTerm)
+        .await
+        .unwrap()
+        .expect("evict names who it evicted");
+    assert_eq!((ev.holder, ev.token), (a.clone(), la.token));
+    let shown = op
+        .get(&e)
+        .await
+        .unwrap()
+        .expect("an evicted lease stays until its holder releases");
+    assert!(shown.evicted, "get shows the eviction");
+    match s1.renew(&la, LONG).await.unwrap() {
+        Renew::Lost(Some(cur)) => assert!(
+            cur.evicted && cur.holder == a,
+            "Lost shows our own evicted record"
+        ),
+        other => panic!("an evicted holder must not renew, got {other:?}"),
+    }
+    let blocked = held(&*s2, &req(&e, &b, LONG)).await;
+    assert!(
+        blocked.evicted && blocked.holder == a,
+        "nobody else may acquire while the evicted holder may still act"
+    );
+    held(&*s1, &req(&e, &a, LONG)).await;
+    s1.release(&la).await.unwrap();
+    let lb = acquired(&*s2, &req(&e, &b, LONG)).await;
+    assert!(lb.token > la.token);
+}
+
+async fn evict_after_term_blocks_until_term_ends(h: Arc<dyn Harness>) {
+    let (s1, s2, op) = (h.open().await, h.open().await, h.open().await);
+    let e = election("evict-term");
+    let (a, b) = (holder("a"), holder("b"));
+    let la = acquired(&*s1, &req(&e, &a, h.short_ttl())).await;
+    op.evict(&e, Evict::AfterTerm).await.unwrap().unwrap();
+    held(&*s2, &req(&e, &b, LONG)).await;
+    outlive(&h).await;
+    let lb = acquired(&*s2, &req(&e, &b, LONG)).await;
+    assert!(
+        lb.token > la.token,
+        "the term ran out; the next grant gets a larger token"
+    );
+}
+
+async fn evict_now_frees_at_once(h: Arc<dyn Harness>) {
+    let (s1, s2, op) = (h.open().await, h.open().await, h.open().await);
+    let e = election("evict-now");
+    let (a, b) = (holder("a"), holder("b"));
+    let la = acquired(&*s1, &req(&e, &a, LONG)).await;
+    op.evict(&e, Evict::Now).await.unwrap().unwrap();
+    assert_eq!(op.get(&e).await.unwrap(), None);
+    let lb = acquired(&*s2, &req(&e, &b, LONG)).await;
+    assert!(
+        lb.token > la.token,
+        "the token counter survives an eviction"
+    );
+    assert!(matches!(s1.renew(&la, LONG).await.unwrap(), Renew::Lost(_)));
+}
+
+async fn evict_without_holder(h: Arc<dyn Harness>) {
+    let s = h.open().await;
+    let e = election("evict-empty");
+    assert_eq!(s.evict(&e, Evict::AfterTerm).await.unwrap(), None);
+    assert_eq!(s.evict(&e, Evict::Now).await.unwrap(), None);
+    acquired(&*s, &req(&e, &holder("a"), LONG)).await;
+}
+
+async fn tokens_increase_across_release_evict_expiry(h: Arc<dyn Harness>) {
+    let s = h.open().await;
+    let e = election("tokens");
+    let mut last = FencingToken(0);
+    let mut check = |t: FencingToken, how: &str| {
+        assert!(t > last, "token {t} after {how} is not above {last}");
+        last = t;
+    };
+    for round in 0..3 {
+        let l = acquired(&*s, &req(&e, &holder("r"), LONG)).await;
+        check(l.token, "release");
+        s.release(&l).await.unwrap();
+        let l = acquired(&*s, &req(&e, &holder("n"), LONG)).await;
+        check(l.token, "a release");
+        s.evict(&e, Evict::Now).await.unwrap();
+        let l = acquired(&*s, &req(&e, &holder("t"), LONG)).await;
+        check(l.token, "an eviction now");
+        s.evict(&e, Evict::AfterTerm).await.unwrap();
+        s.release(&l).await.unwrap();
+        let l = acquired(&*s, &req(&e, &holder("x"), h.short_ttl())).await;
+        check(l.token, "an eviction after term");
+        if round == 0 {
+            outlive(&h).await;
+        } else {
+            s.release(&l).await.unwrap();
+        }
+    }
+}
+
+async fn tokens_increase_across_restart(h: Arc<dyn Harness>) {
+    let s = h.open().await;
+    let e = election("restart");
+    let l = acquired(&*s, &req(&e, &holder("a"), LONG)).await;
+    s.release(&l).await.unwrap();
+    drop(s);
+    if !h.restart().await {
+        eprintln!("conformance: the store cannot be restarted; skipping the restart case");
+        return;
+    }
+    let s = h.open().await;
+    let l2 = acquired(&*s, &req(&e, &holder("b"), LONG)).await;
+    assert!(
+        l2.token > l.token,
+        "token {} after a restart is not above {}",
+        l2.token,
+        l.token
+    );
+}
+
+async fn racing_candidates_one_winner(h: Arc<dyn Harness>) {
+    const N: usize = 8;
+    let e = election("race");
+    let mut stores = Vec::new();
+    for _ in 0..N {
+        stores.push(h.open().await);
+    }
+    let start = Arc::new(tokio::sync::Barrier::new(N));
+    let mut tasks = Vec::new();
+    for (i, s) in stores.into_iter().enumerate() {
+        let r = req(&e, &holder(&format!("c{i}")), LONG);
+        let start = start.clone();
+        tasks.push(tokio::spawn(async move {
+            start.wait().await;
+            loop {
+                match s.try_acquire(&r).await {
+                    Ok(a) => return a,
+                    Err(err) if err.is_retryable() => {
+                        tokio::time::sleep(Duration::from_millis(5)).await
+                    }
+                    Err(err) => panic!("racing acquire failed: {err}"),
+                }
+            }
+        }));
+    }
+    let mut winners = Vec::new();
+    let mut named = Vec::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            Acquire::Acquired(l) => winners.push(l),
+            Acquire::Held(rec) => named.push(rec),
+        }
+    }
+    assert_eq!(
+        winners.len(),
+        1,
+        "exactly one racer wins, got {}",
+        winners.len()
+    );
+    for rec in named {
+        assert_eq!(
+            (&rec.holder, rec.token),
+            (&winners[0].holder, winners[0].token),
+            "losers see the winner"
+        );
+    }
+}
+
+async fn list_by_prefix(h: Arc<dyn Harness>) {
+    let s = h.open().await;
+    let root = format!("conformance/{}", unique("list"));
+    let names = ["jobs/a", "jobs/b", "jobsx", "other/c"]
+        .map(|n| ElectionName::new(format!("{root}/{n}")).unwrap());
+    let mut leases = Vec::new();
+    for n in &names {
+        leases.push(acquired(&*s, &req(n, &holder("l"), LONG)).await);
+    }
+    let listed: Vec<_> = s
+        .list(&format!("{root}/jobs/"))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.election)
+        .collect();
+    assert_eq!(
+        listed,
+        vec![names[0].clone(), names[1].clone()],
+        "list returns the prefix's elections, by name"
+    );
+    s.release(&leases[1]).await.unwrap();
+    let listed: Vec<_> = s
+        .list(&format!("{root}/"))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.election)
+        .collect();
+    assert_eq!(
+        listed,
+        vec![names[0].clone(), names[2].clone(), names[3].clone()],
+        "released elections are not listed"
+    );
+    // Characters that are wildcards in SQL LIKE or globs are literal in a prefix.
+    assert!(s.list(&format!("{root}/jobs%")).await.unwrap().is_empty());
+    assert!(s.list(&format!("{root}/job_")).await.unwrap().is_empty());
+    assert!(s.list(&format!("{root}/jobs*")).await.unwrap().is_empty());
+}
+
+async fn watch_tells_of_changes(h: Arc<dyn Harness>) {
+    let (s1, s2) = (h.open().await, h.open().await);
+    let e = election("watch");
+    let Some(mut w) = s2.watch(&e) else {
+        eprintln!("conformance: the store cannot watch; skipping the watch case");
+        return;
+    };
+    let (a, b) = (holder("a"), holder("b"));
+    // Settle: some stores need a moment before the subscription is live.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let la = acquired(&*s1, &req(&e, &a, LONG)).await;
+    wait_for(&mut w, "the acquire", |ev| {
+        ev.as_ref()
+            .is_some_and(|r| r.holder == a && r.token == la.token)
+    })
+    .await;
+    s1.release(&la).await.unwrap();
+    wait_for(&mut w, "the release", |ev| ev.is_none()).await;
+    let lb = acquired(&*s1, &req(&e, &b, LONG)).await;
+    wait_for(&mut w, "the next acquire", |ev| {
+        ev.as_ref()
+            .is_some_and(|r| r.holder == b && r.token == lb.token)
+    })
+    .await;
+    s1.evict(&e, Evict::AfterTerm).await.unwrap();
+    wait_for(&mut w, "the eviction", |ev| {
+        ev.as_ref().is_some_and(|r| r.evicted)
+    })
+    .await;
+}
+
+async fn wait_for(
+    w: &mut tenure::WatchStream,
+    what: &str,
+    pred: impl Fn(&Option<LeaseRecord>) -> bool,
+) {
+    let found = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(ev) = w.next().await {
+            if pred(&ev.expect("the watch failed")) {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(found, Ok(true), "the watch did not tell of {what}");
+}
+
+async fn metadata_round_trips(h: Arc<dyn Harness>) {
+    let (s1, s2) = (h.open().await, h.open().await);
+    let e = election("metadata");
+    let meta = b"host=10.0.0.7:8080 \x00\xff binary-safe".to_vec();
+    let r = req(&e, &holder("a"), LONG).with_metadata(meta.clone());
+    let l = acquired(&*s1, &r).await;
+    assert_eq!(l.metadata, meta);
+    assert_eq!(
+        s2.get(&e).await.unwrap().unwrap().metadata,
+        meta,
+        "observers see the metadata"
+    );
+    assert_eq!(
+        held(&*s2, &req(&e, &holder("b"), LONG)).await.metadata,
+        meta
+    );
+    let e2 = election("metadata-max");
+    let full = vec![b'x'; MAX_METADATA];
+    assert_eq!(
+        acquired(
+            &*s1,
+            &req(&e2, &holder("a"), LONG).with_metadata(full.clone())
+        )
+        .await
+        .metadata,
+        full
+    );
+}
+
+async fn invalid_requests_are_refused(h: Arc<dyn Harness>) {
+    let s = h.open().await;
+    let e = election("invalid");
+    let big = req(&e, &holder("a"), LONG).with_metadata(vec![0u8; MAX_METADATA + 1]);
+    let err = s
+        .try_acquire(&big)
+        .await
+        .expect_err("oversized metadata must be refused");
+    assert_eq!(err.kind(), ErrorKind::Invalid);
+    assert!(
+        err.to_string().contains("metadata"),
+        "the error says what is wrong: {err}"
+    );
+    let zero = req(&e, &holder("a"), Duration::ZERO);
+    let err = s
+        .try_acquire(&zero)
+        .await
+        .expect_err("a zero TTL must be refused");
+    assert_eq!(err.kind(), ErrorKind::Invalid);
+    assert!(err.to_string().contains("TTL"), "{err}");
+    assert_eq!(
+        s.get(&e).await.unwrap(),
+        None,
+        "refused requests write nothing"
+    );
+    for bad in ["", "a//b", "../x", "a b", "x/./y"] {
+        let err = ElectionName::new(bad).expect_err("bad names never reach a store");
+        assert!(err.to_string().contains("1 to 200 characters"), "{err}");
+    }
+}

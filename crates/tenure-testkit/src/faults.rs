@@ -1,0 +1,126 @@
+//! A [`LeaseStore`] wrapper that injects failures on command.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tenure::{
+    Acquire, AcquireRequest, ElectionName, Evict, ExpiryJudge, LeaseRecord, LeaseStore, Renew,
+    StoreError, WatchStream,
+};
+
+/// What the wrapped store does with the next requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Fault {
+    /// Pass every request through.
+    #[default]
+    None,
+    /// Refuse every request without applying it (a store that is down).
+    Unavailable,
+    /// Never answer (a store that hangs or a network that black-holes).
+    Hang,
+    /// Apply the request, then lose the answer: the caller gets an ambiguous error.
+    LoseResponse,
+    /// Delay every request by this many milliseconds before passing it through.
+    Delay(u64),
+}
+
+/// Wraps a store and injects the [`Fault`] currently set. Counts the calls it sees.
+#[derive(Clone)]
+pub struct FaultyStore {
+    inner: Arc<dyn LeaseStore>,
+    fault: Arc<Mutex<Fault>>,
+    calls: Arc<AtomicU64>,
+    watchable: bool,
+}
+
+impl FaultyStore {
+    /// Wraps `inner`, passing everything through at first.
+    pub fn new(inner: Arc<dyn LeaseStore>) -> Self {
+        Self {
+            inner,
+            fault: Arc::new(Mutex::new(Fault::None)),
+            calls: Arc::new(AtomicU64::new(0)),
+            watchable: true,
+        }
+    }
+
+    /// Hides the inner store's watch, so the runtime must poll.
+    pub fn without_watch(mut self) -> Self {
+        self.watchable = false;
+        self
+    }
+
+    /// Sets the fault for the following requests.
+    pub fn set(&self, fault: Fault) {
+        *self.fault.lock().unwrap_or_else(|p| p.into_inner()) = fault;
+    }
+
+    /// How many store calls (not watches) went through this wrapper.
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    async fn run<T>(
+        &self,
+        what: &str,
+        f: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let fault = *self.fault.lock().unwrap_or_else(|p| p.into_inner());
+        match fault {
+            Fault::None => f.await,
+            Fault::Unavailable => Err(StoreError::unavailable(format!("{what}: injected outage"))),
+            Fault::Hang => std::future::pending().await,
+            Fault::LoseResponse => {
+                let _ = f.await;
+                Err(StoreError::ambiguous(format!(
+                    "{what}: injected lost response"
+                )))
+            }
+            Fault::Delay(ms) => {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                f.await
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for FaultyStore {
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
+        self.run("acquire", self.inner.try_acquire(req)).await
+    }
+    async fn renew(&self, held: &LeaseRecord, ttl: Duration) -> Result<Renew, StoreError> {
+        self.run("renew", self.inner.renew(held, ttl)).await
+    }
+    async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
+        self.run("release", self.inner.release(held)).await
+    }
+    async fn get(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {
+        self.run("get", self.inner.get(election)).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        self.run("list", self.inner.list(prefix)).await
+    }
+    async fn evict(
+        &self,
+        election: &ElectionName,
+        how: Evict,
+    ) -> Result<Option<LeaseRecord>, StoreError> {
+        self.run("evict", self.inner.evict(election, how)).await
+    }
+    fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
+        if self.watchable {
+            self.inner.watch(election)
+        } else {
+            None
+        }
+    }
+    fn expiry(&self) -> ExpiryJudge {
+        self.inner.expiry()
+    }
+    fn describe(&self) -> String {
+        format!("faulty({})", self.inner.describe())
+    }
+}

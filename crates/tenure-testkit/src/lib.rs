@@ -1,0 +1,15 @@
+//! Test support for tenure.
+//!
+//! - [`conformance`]: the contract tests every [`tenure::LeaseStore`] passes.
+//! - [`faults`]: a store wrapper that injects failures, for runtime tests.
+
+pub mod conformance;
+pub mod faults;
+
+/// A name unique to this run, for isolating tests that share a store.
+pub fn unique(prefix: &str) -> String {
+    let r: String = (0..8)
+        .map(|_| fastrand::alphanumeric().to_ascii_lowercase())
+        .collect();
+    format!("{prefix}-{r}")
+}
