@@ -1,0 +1,596 @@
+//! SQLite lease store for tenure: the embedded default.
+//!
+//! Several processes on **one host** share one database file. Every decision is one
+//! `BEGIN IMMEDIATE` transaction; expiry is judged inside it on the host's
+//! monotonic clock (`CLOCK_MONOTONIC`, one clock for every process on the host, which
+//! NTP cannot step), tagged with the kernel's boot id so that records written before a
+//! reboot count as expired. Fencing tokens live in the table, in a row that is never
+//! deleted, so they keep growing across release, eviction, expiry and restarts.
+//!
+//! A database on a network file system is refused: SQLite's locking is not safe there,
+//! and the processes would not share a clock.
+//!
+//! ```no_run
+//! # async fn t() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = tenure_sqlite::SqliteStore::open("/var/lib/myapp/tenure.db").await?;
+//! let elector = tenure::Elector::builder(std::sync::Arc::new(store), "myapp/sweeper").build()?;
+//! # Ok(()) }
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
+use tenure::{
+    Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord,
+    LeaseStore, Renew, Revision, StoreError, WatchStream, check_ttl,
+};
+use tokio::sync::{mpsc, watch};
+
+const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS tenure_leases (
+    election     TEXT PRIMARY KEY NOT NULL,
+    holder       TEXT,
+    token        INTEGER NOT NULL,
+    revision     INTEGER NOT NULL,
+    ttl_ms       INTEGER NOT NULL,
+    boot_id      TEXT NOT NULL,
+    expires_ns   INTEGER NOT NULL,
+    acquired_ms  INTEGER,
+    renewed_ms   INTEGER,
+    evicted      INTEGER NOT NULL DEFAULT 0,
+    metadata     BLOB NOT NULL
+) WITHOUT ROWID;
+";
+
+const COLUMNS: &str = "election, holder, token, revision, ttl_ms, boot_id, expires_ns, acquired_ms, renewed_ms, evicted, metadata";
+
+/// Options for [`SqliteStore::open_with`].
+#[derive(Clone, Debug)]
+pub struct SqliteOptions {
+    /// How long a writer waits for another process's transaction before the request
+    /// fails as retryable ("database is locked"). Default 2 s.
+    pub busy_timeout: Duration,
+    /// How often a watch checks the database for changes by other connections. Default 20 ms.
+    pub watch_interval: Duration,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        Self {
+            busy_timeout: Duration::from_secs(2),
+            watch_interval: Duration::from_millis(20),
+        }
+    }
+}
+
+/// A lease store in one SQLite database file, shared by the processes of one host.
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    conn: Mutex<Connection>,
+    boot_id: String,
+    options: SqliteOptions,
+    changes: watch::Sender<u64>,
+    poller: AtomicBool,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `path` with default options.
+    pub async fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::open_with(path, SqliteOptions::default()).await
+    }
+
+    /// Opens (creating if needed) the database at `path`.
+    pub async fn open_with(
+        path: impl AsRef<Path>,
+        options: SqliteOptions,
+    ) -> Result<Self, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        tokio::task::spawn_blocking(move || Self::open_blocking(path, options))
+            .await
+            .map_err(|e| StoreError::unavailable("the open task failed").with_source(e))?
+    }
+
+    fn open_blocking(path: PathBuf, options: SqliteOptions) -> Result<Self, StoreError> {
+        check_file_system(&path)?;
+        let conn = connect(&path, &options)?;
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(|e| sql_error(&path, "reading the schema version", e))?;
+        if version > SCHEMA_VERSION {
+            return Err(StoreError::new(
+                ErrorKind::Misconfigured,
+                format!(
+                    "{} has lease schema version {version}, written by a newer tenure; this one knows version {SCHEMA_VERSION}",
+                    path.display()
+                ),
+            ));
+        }
+        conn.execute_batch(&format!("{SCHEMA} PRAGMA user_version = {SCHEMA_VERSION};"))
+            .map_err(|e| sql_error(&path, "creating the lease table", e))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                path,
+                conn: Mutex::new(conn),
+                boot_id: boot_id(),
+                options,
+                changes: watch::Sender::new(0),
+                poller: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// Runs `f` on the connection in a blocking thread.
+    async fn with_conn<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(&mut Connection, &Inner) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut conn = inner.conn.lock().unwrap_or_else(|p| p.into_inner());
+            f(&mut conn, &inner).map_err(|e| sql_error(&inner.path, what, e))
+        })
+        .await
+        .map_err(|e| {
+            StoreError::unavailable(format!("{what}: the database task failed")).with_source(e)
+        })?
+    }
+
+    /// Runs `f` in one `BEGIN IMMEDIATE` transaction with the store clock read inside it.
+    async fn transact<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(&rusqlite::Transaction<'_>, Now<'_>) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        self.with_conn(what, move |conn, inner| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let now = Now {
+                ns: monotonic_ns(),
+                boot_id: &inner.boot_id,
+            };
+            let out = f(&tx, now)?;
+            tx.commit()?;
+            Ok(out)
+        })
+        .await
+    }
+
+    fn ensure_poller(&self) -> watch::Receiver<u64> {
+        let rx = self.inner.changes.subscribe();
+        if !self.inner.poller.swap(true, Ordering::SeqCst) {
+            let inner = self.inner.clone();
+            std::thread::Builder::new()
+                .name("tenure-sqlite-watch".into())
+                .spawn(move || poll_changes(&inner))
+                .map_err(|e| tracing::warn!(error = %e, "could not start the SQLite watch thread"))
+                .ok();
+        }
+        rx
+    }
+}
+
+/// The store clock as read inside a transaction.
+#[derive(Clone, Copy)]
+struct Now<'a> {
+    ns: i64,
+    boot_id: &'a str,
+}
+
+/// One row of the lease table.
+struct Row {
+    election: String,
+    holder: Option<String>,
+    token: i64,
+    revision: i64,
+    ttl_ms: i64,
+    boot_id: String,
+    expires_ns: i64,
+    acquired_ms: Option<i64>,
+    renewed_ms: Option<i64>,
+    evicted: bool,
+    metadata: Vec<u8>,
+}
+
+impl Row {
+    fn read(r: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            election: r.get(0)?,
+            holder: r.get(1)?,
+            token: r.get(2)?,
+            revision: r.get(3)?,
+            ttl_ms: r.get(4)?,
+            boot_id: r.get(5)?,
+            expires_ns: r.get(6)?,
+            acquired_ms: r.get(7)?,
+            renewed_ms: r.get(8)?,
+            evicted: r.get::<_, i64>(9)? != 0,
+            metadata: r.get(10)?,
+        })
+    }
+
+    /// The record, if the row holds a lease that has not expired at `now`.
+    fn live(&self, now: Now<'_>) -> Option<LeaseRecord> {
+        let holder = self.holder.as_deref()?;
+        if self.boot_id != now.boot_id || self.expires_ns <= now.ns {
+            return None;
+        }
+        // Rows are written only through this crate; a name or id that no longer
+        // validates (hand-edited table) is skipped rather than trusted.
+        Some(LeaseRecord {
+            election: ElectionName::new(&self.election).ok()?,
+            holder: HolderId::new(holder).ok()?,
+            token: FencingToken(self.token as u64),
+            revision: Revision(self.revision as u64),
+            ttl: Duration::from_millis(self.ttl_ms as u64),
+            acquired_at: self.acquired_ms.map(wall_time),
+            renewed_at: self.renewed_ms.map(wall_time),
+            remaining: Some(Duration::from_nanos((self.expires_ns - now.ns) as u64)),
+            evicted: self.evicted,
+            metadata: self.metadata.clone(),
+        })
+    }
+}
+
+fn select_row(tx: &Connection, election: &str) -> rusqlite::Result<Option<Row>> {
+    tx.query_row(
+        &format!("SELECT {COLUMNS} FROM tenure_leases WHERE election = ?1"),
+        [election],
+        Row::read,
+    )
+    .optional()
+}
+
+fn wall_time(ms: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)
+}
+
+fn wall_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn ttl_ns(ttl: Duration) -> i64 {
+    ttl.as_nanos().min(i64::MAX as u128) as i64
+}
+
+/// Re-reads the row just written and returns it as a live record.
+fn reread(tx: &Connection, election: &str, now: Now<'_>) -> rusqlite::Result<LeaseRecord> {
+    select_row(tx, election)?
+        .and_then(|r| r.live(now))
+        .ok_or(rusqlite::Error::QueryReturnedNoRows)
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for SqliteStore {
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
+        req.validate()?;
+        let req = req.clone();
+        self.transact("acquire", move |tx, now| {
+            let e = req.election.as_str();
+            let row = select_row(tx, e)?;
+            let expires = now.ns.saturating_add(ttl_ns(req.ttl));
+            let ttl_ms = req.ttl.as_millis() as i64;
+            match row.as_ref().and_then(|r| r.live(now)) {
+                Some(cur) if cur.holder != req.holder || cur.evicted => return Ok(Acquire::Held(cur)),
+                Some(_) => {
+                    tx.execute(
+                        "UPDATE tenure_leases SET revision = revision + 1, ttl_ms = ?2, expires_ns = ?3,
+                         renewed_ms = ?4, metadata = ?5 WHERE election = ?1",
+                        params![e, ttl_ms, expires, wall_ms(), req.metadata],
+                    )?;
+                }
+                None => {
+                    let (token, revision) = row.map(|r| (r.token + 1, r.revision + 1)).unwrap_or((1, 1));
+                    tx.execute(
+                        &format!(
+                            "INSERT OR REPLACE INTO tenure_leases ({COLUMNS})
+                             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8, 0, ?9)"
+                        ),
+                        params![e, req.holder.as_str(), token, revision, ttl_ms, now.boot_id, expires, wall_ms(), req.metadata],
+                    )?;
+                }
+            }
+            Ok(Acquire::Acquired(reread(tx, e, now)?))
+        })
+        .await
+    }
+
+    async fn renew(&self, held: &LeaseRecord, ttl: Duration) -> Result<Renew, StoreError> {
+        check_ttl(ttl)?;
+        let held = held.clone();
+        self.transact("renew", move |tx, now| {
+            let e = held.election.as_str();
+            let cur = select_row(tx, e)?.and_then(|r| r.live(now));
+            match cur {
+                Some(c) if c.holder == held.holder && c.token == held.token && !c.evicted => {
+                    tx.execute(
+                        "UPDATE tenure_leases SET revision = revision + 1, ttl_ms = ?2, expires_ns = ?3, renewed_ms = ?4
+                         WHERE election = ?1",
+                        params![e, ttl.as_millis() as i64, now.ns.saturating_add(ttl_ns(ttl)), wall_ms()],
+                    )?;
+                    Ok(Renew::Renewed(reread(tx, e, now)?))
+                }
+                other => Ok(Renew::Lost(other)),
+            }
+        })
+        .await
+    }
+
+    async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
+        let held = held.clone();
+        self.transact("release", move |tx, _now| {
+            tx.execute(
+                "UPDATE tenure_leases SET holder = NULL, evicted = 0, revision = revision + 1
+                 WHERE election = ?1 AND holder = ?2 AND token = ?3",
+                params![
+                    held.election.as_str(),
+                    held.holder.as_str(),
+                    held.token.0 as i64
+                ],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {
+        let election = election.clone();
+        self.with_conn("get", move |conn, inner| {
+            let row = select_row(conn, election.as_str())?;
+            let now = Now {
+                ns: monotonic_ns(),
+                boot_id: &inner.boot_id,
+            };
+            Ok(row.and_then(|r| r.live(now)))
+        })
+        .await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        let prefix = prefix.to_string();
+        self.with_conn("list", move |conn, inner| {
+            let mut stmt = conn.prepare(&format!(
+                "SELECT {COLUMNS} FROM tenure_leases
+                 WHERE holder IS NOT NULL AND substr(election, 1, length(?1)) = ?1 ORDER BY election"
+            ))?;
+            let rows = stmt.query_map([&prefix], Row::read)?.collect::<rusqlite::Result<Vec<_>>>()?;
+            let now = Now {
+                ns: monotonic_ns(),
+                boot_id: &inner.boot_id,
+            };
+            Ok(rows.iter().filter_map(|r| r.live(now)).collect())
+        })
+        .await
+    }
+
+    async fn evict(
+        &self,
+        election: &ElectionName,
+        how: Evict,
+    ) -> Result<Option<LeaseRecord>, StoreError> {
+        let election = election.clone();
+        self.transact("evict", move |tx, now| {
+            let e = election.as_str();
+            let Some(cur) = select_row(tx, e)?.and_then(|r| r.live(now)) else {
+                return Ok(None);
+            };
+            let sql = match how {
+                Evict::Now => "UPDATE tenure_leases SET holder = NULL, evicted = 0, revision = revision + 1 WHERE election = ?1",
+                Evict::AfterTerm => "UPDATE tenure_leases SET evicted = 1, revision = revision + 1 WHERE election = ?1",
+            };
+            tx.execute(sql, [e])?;
+            Ok(Some(cur))
+        })
+        .await
+    }
+
+    fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
+        let mut changes = self.ensure_poller();
+        let (tx, rx) = mpsc::channel(16);
+        let store = self.clone();
+        let election = election.clone();
+        tokio::spawn(async move {
+            let key = |r: &Option<LeaseRecord>| {
+                r.as_ref()
+                    .map(|r| (r.holder.clone(), r.token, r.revision, r.evicted))
+            };
+            let mut last = match store.get(&election).await {
+                Ok(r) => key(&r),
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            };
+            loop {
+                tokio::select! {
+                    _ = tx.closed() => return,
+                    r = changes.changed() => if r.is_err() {
+                        let _ = tx.send(Err(StoreError::unavailable("the SQLite watch stopped"))).await;
+                        return;
+                    },
+                }
+                let rec = store.get(&election).await;
+                match rec {
+                    Ok(rec) if key(&rec) == last => {}
+                    Ok(rec) => {
+                        last = key(&rec);
+                        if tx.send(Ok(rec)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                }
+            }
+        });
+        Some(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
+    }
+
+    fn describe(&self) -> String {
+        format!("sqlite:{}", self.inner.path.display())
+    }
+}
+
+/// The watch thread: checks `PRAGMA data_version` on its own connection (which
+/// changes whenever another connection commits) and tells the watchers. It stops
+/// when nobody is watching.
+fn poll_changes(inner: &Arc<Inner>) {
+    let conn = match connect(&inner.path, &inner.options) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "the SQLite watch could not open its connection");
+            inner.poller.store(false, Ordering::SeqCst);
+            return;
+        }
+    };
+    let mut last: Option<i64> = None;
+    loop {
+        if inner.changes.receiver_count() == 0 {
+            inner.poller.store(false, Ordering::SeqCst);
+            // A watcher may have subscribed between the check and the flag reset.
+            if inner.changes.receiver_count() == 0 || inner.poller.swap(true, Ordering::SeqCst) {
+                return;
+            }
+        }
+        match conn.query_row("PRAGMA data_version", [], |r| r.get::<_, i64>(0)) {
+            Ok(v) if last != Some(v) => {
+                if last.is_some() {
+                    inner.changes.send_modify(|n| *n += 1);
+                }
+                last = Some(v);
+            }
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, "the SQLite watch could not read data_version"),
+        }
+        std::thread::sleep(inner.options.watch_interval);
+    }
+}
+
+fn connect(path: &Path, options: &SqliteOptions) -> Result<Connection, StoreError> {
+    let conn = Connection::open(path).map_err(|e| sql_error(path, "opening the database", e))?;
+    conn.busy_timeout(options.busy_timeout)
+        .map_err(|e| sql_error(path, "setting the busy timeout", e))?;
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+        .map_err(|e| sql_error(path, "switching to WAL", e))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        tracing::warn!(path = %path.display(), %mode, "SQLite did not switch to WAL");
+    }
+    conn.execute_batch("PRAGMA synchronous = NORMAL;")
+        .map_err(|e| sql_error(path, "setting synchronous", e))?;
+    Ok(conn)
+}
+
+fn sql_error(path: &Path, what: &str, e: rusqlite::Error) -> StoreError {
+    let code = e.sqlite_error_code();
+    let (kind, hint) = match code {
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => (
+            ErrorKind::Unavailable,
+            "another process holds the database lock; retry",
+        ),
+        Some(ErrorCode::DiskFull) => (
+            ErrorKind::Unavailable,
+            "the disk is full; free space and retry",
+        ),
+        Some(ErrorCode::ReadOnly | ErrorCode::PermissionDenied | ErrorCode::CannotOpen) => (
+            ErrorKind::Unauthorized,
+            "check that the file and its directory exist and are writable by this user",
+        ),
+        Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt) => (
+            ErrorKind::Misconfigured,
+            "the file is not a usable SQLite database",
+        ),
+        _ => (ErrorKind::Unavailable, "retry"),
+    };
+    StoreError::new(
+        kind,
+        format!("SQLite {}: {what} failed ({hint})", path.display()),
+    )
+    .with_source(e)
+}
+
+/// The host's monotonic clock, shared by every process on the host, in nanoseconds.
+fn monotonic_ns() -> i64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec
+        .saturating_mul(1_000_000_000)
+        .saturating_add(t.tv_nsec as i64)
+}
+
+/// The kernel's boot id: monotonic readings from another boot mean nothing.
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown-boot".to_string())
+}
+
+/// File systems on which SQLite's locking (and a shared clock) cannot be trusted.
+const NETWORK_FS: &[(i64, &str)] = &[
+    (0x6969, "NFS"),
+    (0x517B, "SMB"),
+    (0xFF53_4D42, "CIFS"),
+    (0xFE53_4D42, "SMB2"),
+    (0x0102_1997, "9P"),
+    (0x00C3_6400, "CephFS"),
+    (0x0116_1970, "GFS2"),
+    (0x7461_636F, "OCFS2"),
+    (0x0BD0_0BD0, "Lustre"),
+    (0x5346_414F, "AFS"),
+    (0x7375_7245, "Coda"),
+];
+const FUSE: i64 = 0x6573_5546;
+
+fn check_file_system(path: &Path) -> Result<(), StoreError> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let stat = match rustix::fs::statfs(dir) {
+        Ok(s) => s,
+        Err(e) => {
+            return Err(StoreError::new(
+                ErrorKind::Misconfigured,
+                format!(
+                    "cannot use {} for the SQLite store: its directory {} is not reachable",
+                    path.display(),
+                    dir.display()
+                ),
+            )
+            .with_source(std::io::Error::from(e)));
+        }
+    };
+    let fs_type = stat.f_type as i64;
+    if let Some((_, name)) = NETWORK_FS.iter().find(|(magic, _)| *magic == fs_type) {
+        return Err(StoreError::new(
+            ErrorKind::Misconfigured,
+            format!(
+                "{} is on a network file system ({name}); SQLite's locking is not safe there and the hosts \
+                 share no clock. Put the database on a local disk, or use a server store (postgres://, redis://, etcd://, …)",
+                path.display()
+            ),
+        ));
+    }
+    if fs_type == FUSE {
+        tracing::warn!(path = %path.display(), "the SQLite store is on a FUSE file system; if it is a network file system, SQLite's locking is not safe there");
+    }
+    Ok(())
+}
