@@ -1,0 +1,414 @@
+//! The runtime on paused time: renewal, step-down, ambiguity, handover, events.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tenure::{Elector, Event, Evict, Instant, LeaseStore, MemoryStore, OustReason, observe};
+use tenure_testkit::faults::{Fault, FaultyStore};
+
+const TTL: Duration = Duration::from_secs(3);
+
+fn elector(store: Arc<dyn LeaseStore>, holder: &str) -> Elector {
+    Elector::builder(store, "jobs/sweeper")
+        .holder(holder)
+        .ttl(TTL)
+        .jitter(0.0)
+        .build()
+        .unwrap()
+}
+
+type Log = Arc<Mutex<Vec<(Instant, Event)>>>;
+
+/// Records every event of `e` with the (paused) time it arrived.
+fn record(e: &Elector) -> Log {
+    let log: Log = Arc::default();
+    let mut rx = e.events();
+    let l = log.clone();
+    tokio::spawn(async move {
+        while let Ok(ev) = rx.recv().await {
+            l.lock().unwrap().push((Instant::now(), ev));
+        }
+    });
+    log
+}
+
+fn events(log: &Log) -> Vec<Event> {
+    log.lock().unwrap().iter().map(|(_, e)| e.clone()).collect()
+}
+
+fn when(log: &Log, pred: impl Fn(&Event) -> bool) -> Option<Instant> {
+    log.lock()
+        .unwrap()
+        .iter()
+        .find(|(_, e)| pred(e))
+        .map(|(t, _)| *t)
+}
+
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(1)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn leader_renews_every_third_of_the_ttl() {
+    let store = FaultyStore::new(Arc::new(MemoryStore::new()));
+    let a = elector(Arc::new(store.clone()), "a");
+    let l = a.leadership().await.unwrap();
+    let first_deadline = l.deadline();
+    let before = store.calls();
+    tokio::time::sleep(TTL * 3 + Duration::from_millis(1)).await;
+    let renewals = store.calls() - before;
+    assert_eq!(renewals, 9, "three TTLs at one renewal per TTL/3");
+    assert!(l.is_valid(), "a leader that renews stays valid");
+    assert!(
+        l.deadline() > first_deadline + TTL * 2,
+        "each renewal moves the deadline"
+    );
+    assert!(
+        l.deadline() <= Instant::now() + TTL,
+        "the deadline never lies a whole TTL ahead"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn steps_down_before_the_deadline_when_the_store_hangs() {
+    let store = FaultyStore::new(Arc::new(MemoryStore::new()));
+    let a = elector(Arc::new(store.clone()), "a");
+    let log = record(&a);
+    let l = a.leadership().await.unwrap();
+    store.set(Fault::Hang);
+    let deadline_then = l.deadline();
+    l.cancelled().await;
+    let stepped = Instant::now();
+    assert!(!l.is_valid());
+    assert!(
+        stepped < deadline_then,
+        "step-down at {stepped:?} must come before the deadline {deadline_then:?}"
+    );
+    let cfg = a.config();
+    assert!(
+        deadline_then - stepped >= cfg.deadline_offset() - cfg.renew_deadline,
+        "the work gets the whole gap between renew_deadline and the deadline to stop"
+    );
+    drop(l);
+    settle().await;
+    assert!(events(&log).contains(&Event::Ousted {
+        reason: OustReason::RenewFailed
+    }));
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_candidates_never_overlap_when_the_leader_is_cut_off() {
+    let shared = Arc::new(MemoryStore::new());
+    let a_store = FaultyStore::new(shared.clone());
+    let a = elector(Arc::new(a_store.clone()), "a");
+    let b = elector(shared.clone(), "b");
+    let la = a.leadership().await.unwrap();
+    b.start();
+    settle().await;
+    a_store.set(Fault::Hang);
+    let lb = b.leadership().await.unwrap();
+    let b_elected = Instant::now();
+    assert!(
+        !la.is_valid(),
+        "A must have stepped down before B was elected"
+    );
+    assert!(
+        la.deadline() <= b_elected,
+        "A's deadline {:?} outlives B's election {b_elected:?}",
+        la.deadline()
+    );
+    assert!(lb.token() > la.token());
+    let took = b_elected.duration_since(la.deadline());
+    assert!(took < TTL, "B took over {took:?} after A's deadline");
+}
+
+#[tokio::test(start_paused = true)]
+async fn ambiguous_acquire_is_never_acted_on() {
+    let inner = Arc::new(MemoryStore::new());
+    let store = FaultyStore::new(inner.clone());
+    store.set(Fault::LoseResponse);
+    let a = elector(Arc::new(store.clone()), "a");
+    let log = record(&a);
+    a.start();
+    tokio::time::sleep(TTL / 2).await;
+    let rec = inner.get(&"jobs/sweeper".parse().unwrap()).await.unwrap();
+    assert_eq!(
+        rec.map(|r| r.holder.to_string()),
+        Some("a".into()),
+        "the acquire was applied"
+    );
+    assert!(
+        a.current().is_none(),
+        "but its answer was lost, so the candidate must not lead"
+    );
+    assert!(
+        !events(&log)
+            .iter()
+            .any(|e| matches!(e, Event::Elected { .. }))
+    );
+    store.set(Fault::None);
+    let l = a.leadership().await.unwrap();
+    assert!(l.is_valid());
+}
+
+#[tokio::test(start_paused = true)]
+async fn graceful_shutdown_hands_over_at_once() {
+    let store = Arc::new(MemoryStore::new());
+    let a = elector(store.clone(), "a");
+    let b = elector(store.clone(), "b");
+    let a_log = record(&a);
+    let la = a.leadership().await.unwrap();
+    b.start();
+    settle().await;
+    let token = la.token();
+    drop(la);
+    let stopped = Instant::now();
+    a.shutdown().await;
+    let lb = b.leadership().await.unwrap();
+    let handover = Instant::now() - stopped;
+    assert!(
+        handover < Duration::from_millis(50),
+        "handover took {handover:?}, not a TTL"
+    );
+    assert!(lb.token() > token);
+    assert!(
+        events(&a_log).contains(&Event::LeaderChanged(None)),
+        "the releasing leader reports no leader"
+    );
+    assert_eq!(
+        when(&a_log, |e| matches!(
+            e,
+            Event::Ousted {
+                reason: OustReason::ShuttingDown
+            }
+        ))
+        .is_some(),
+        true
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn resign_hands_over_and_campaigns_again() {
+    let store = Arc::new(MemoryStore::new());
+    let a = elector(store.clone(), "a");
+    let b = elector(store.clone(), "b");
+    let la = a.leadership().await.unwrap();
+    b.start();
+    settle().await;
+    la.resign().await;
+    let lb = b.leadership().await.unwrap();
+    drop(lb);
+    b.shutdown().await;
+    let la2 = a.leadership().await.unwrap();
+    assert!(
+        la2.is_valid(),
+        "the resigned candidate leads again without a restart"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn recampaigns_after_losing_to_an_eviction() {
+    let store = Arc::new(MemoryStore::new());
+    let a = elector(store.clone(), "a");
+    let log = record(&a);
+    let l1 = a.leadership().await.unwrap();
+    store
+        .evict(&"jobs/sweeper".parse().unwrap(), Evict::AfterTerm)
+        .await
+        .unwrap();
+    l1.cancelled().await;
+    drop(l1);
+    let l2 = a.leadership().await.unwrap();
+    assert!(events(&log).contains(&Event::Ousted {
+        reason: OustReason::Evicted
+    }));
+    assert!(l2.is_valid());
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_while_leader_cancels_the_task_and_runs_it_again() {
+    let store = Arc::new(MemoryStore::new());
+    let a = elector(store.clone(), "a");
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let r = runs.clone();
+    let name = "jobs/sweeper".parse().unwrap();
+    let store2 = store.clone();
+    let driver = tokio::spawn(async move {
+        // Evict the first term; then shut down during the second.
+        tokio::time::sleep(TTL).await;
+        store2.evict(&name, Evict::AfterTerm).await.unwrap();
+        tokio::time::sleep(TTL * 3).await;
+    });
+    let a2 = a.clone();
+    let out = a
+        .run_while_leader(move |l| {
+            let r = r.clone();
+            let a2 = a2.clone();
+            let store = store.clone();
+            async move {
+                let n = {
+                    let mut runs = r.lock().unwrap();
+                    runs.push(l.token());
+                    runs.len()
+                };
+                if n == 2 {
+                    tokio::spawn(async move { a2.shutdown().await });
+                }
+                l.cancelled().await;
+                // The work is still running: nobody else may hold the lease yet.
+                let rec = store.get(l.election()).await.unwrap();
+                assert!(
+                    rec.is_none_or(|r| r.holder.as_str() == "a"),
+                    "another leader while the task ran"
+                );
+            }
+        })
+        .await;
+    driver.abort();
+    assert!(out.is_err(), "shut down, not finished");
+    let runs = runs.lock().unwrap();
+    assert_eq!(runs.len(), 2, "the task ran once per term");
+    assert!(runs[1] > runs[0]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_while_leader_returns_the_output_and_releases() {
+    let store = Arc::new(MemoryStore::new());
+    let a = elector(store.clone(), "a");
+    let out = a
+        .run_while_leader(|l| async move { l.token().0 * 10 })
+        .await
+        .unwrap();
+    assert_eq!(out, 10);
+    assert_eq!(
+        store.get(&"jobs/sweeper".parse().unwrap()).await.unwrap(),
+        None,
+        "released on completion"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn release_waits_for_the_guarded_work() {
+    let store = Arc::new(MemoryStore::new());
+    let a = elector(store.clone(), "a");
+    let l = a.leadership().await.unwrap();
+    let work = l.clone();
+    drop(l);
+    let stopping = tokio::spawn({
+        let a = a.clone();
+        async move { a.shutdown().await }
+    });
+    work.cancelled().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        store
+            .get(&"jobs/sweeper".parse().unwrap())
+            .await
+            .unwrap()
+            .is_some(),
+        "the lease must not be released while a Leadership clone is held"
+    );
+    drop(work);
+    stopping.await.unwrap();
+    assert_eq!(
+        store.get(&"jobs/sweeper".parse().unwrap()).await.unwrap(),
+        None
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn observers_see_leaders_and_no_leader() {
+    let store = Arc::new(MemoryStore::new());
+    let mut obs = observe(store.clone(), "jobs/sweeper".parse().unwrap());
+    assert_eq!(
+        obs.changed().await,
+        Some(None),
+        "first reading: nobody leads"
+    );
+    let a = elector(store.clone(), "a");
+    let la = a.leadership().await.unwrap();
+    let seen = obs.changed().await.unwrap().unwrap();
+    assert_eq!((seen.holder.as_str(), seen.token), ("a", la.token()));
+    drop(la);
+    a.shutdown().await;
+    assert_eq!(
+        obs.changed().await,
+        Some(None),
+        "a release is reported as no leader"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn observers_see_a_silent_expiry() {
+    // A store that cannot watch: the observer must wake up when the record expires.
+    let inner = Arc::new(MemoryStore::new());
+    let store = Arc::new(FaultyStore::new(inner.clone()).without_watch());
+    let a_store = FaultyStore::new(inner.clone());
+    let a = elector(Arc::new(a_store.clone()), "a");
+    let _la = a.leadership().await.unwrap();
+    let mut obs = tenure::observe_with(
+        store,
+        "jobs/sweeper".parse().unwrap(),
+        Duration::from_secs(3600),
+        Arc::new(tenure::TokioClock),
+    );
+    assert!(obs.changed().await.unwrap().is_some());
+    a_store.set(Fault::Hang);
+    let t0 = Instant::now();
+    assert_eq!(obs.changed().await, Some(None));
+    assert!(
+        Instant::now() - t0 <= TTL + Duration::from_millis(10),
+        "seen at expiry, not at the next hourly poll"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn followers_on_a_watching_store_make_no_requests_in_steady_state() {
+    let inner = Arc::new(MemoryStore::new());
+    let a = elector(inner.clone(), "a");
+    let _la = a.leadership().await.unwrap();
+    let b_store = FaultyStore::new(inner.clone());
+    let b = elector(Arc::new(b_store.clone()), "b");
+    let b_log = record(&b);
+    b.start();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let before = b_store.calls();
+    tokio::time::sleep(TTL * 10).await;
+    assert_eq!(
+        b_store.calls() - before,
+        0,
+        "a watching follower polls nothing while the leader renews"
+    );
+    assert!(
+        events(&b_log)
+            .iter()
+            .any(|e| matches!(e, Event::LeaderChanged(Some(l)) if l.holder.as_str() == "a"))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn cool_down_delays_the_leadership() {
+    let store = Arc::new(MemoryStore::new());
+    let a = Elector::builder(store, "jobs/sweeper")
+        .ttl(TTL)
+        .cool_down(Duration::from_millis(700))
+        .build()
+        .unwrap();
+    let t0 = Instant::now();
+    let _l = a.leadership().await.unwrap();
+    assert!(Instant::now() - t0 >= Duration::from_millis(700));
+}
+
+#[test]
+fn bad_settings_name_the_setting() {
+    let store = Arc::new(MemoryStore::new());
+    let err = Elector::builder(store.clone(), "jobs/x")
+        .ttl(Duration::from_secs(10))
+        .renew_deadline(Duration::from_secs(11))
+        .build()
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("renew_deadline"), "{err}");
+    let err = Elector::builder(store, "jobs//x").build().err().unwrap();
+    assert!(err.to_string().contains("empty path segment"), "{err}");
+}
