@@ -282,15 +282,22 @@ impl Elector {
     ///
     /// The lease is released only after the task has finished. When the task
     /// finishes on its own while still leading, the elector releases the lease, shuts
-    /// down, and this returns the task's output. It returns [`ElectError::ShutDown`]
-    /// if the elector is shut down first.
+    /// down, and this returns the task's output. If the elector is shut down first, it
+    /// returns [`ElectError::ShutDown`] once the lease has been released.
     pub async fn run_while_leader<F, Fut, T>(&self, mut task: F) -> Result<T, ElectError>
     where
         F: FnMut(Leadership) -> Fut,
         Fut: Future<Output = T>,
     {
         loop {
-            let leadership = self.leadership().await?;
+            let leadership = match self.leadership().await {
+                Ok(l) => l,
+                Err(e) => {
+                    // Shut down: return only once the lease has been released.
+                    self.shutdown().await;
+                    return Err(e);
+                }
+            };
             let cancel = leadership.cancel.clone();
             let mut fut = Box::pin(task(leadership.clone()));
             tokio::select! {

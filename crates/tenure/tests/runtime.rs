@@ -168,7 +168,9 @@ async fn graceful_shutdown_hands_over_at_once() {
         "the releasing leader reports no leader"
     );
     assert!(
-        events(&a_log).contains(&Event::Ousted { reason: OustReason::ShuttingDown }),
+        events(&a_log).contains(&Event::Ousted {
+            reason: OustReason::ShuttingDown
+        }),
         "the leader reports why it stepped down"
     );
 }

@@ -1,0 +1,192 @@
+//! Three OS processes on one database file: one leader at a time, takeover within
+//! TTL plus one second after SIGKILL, near-instant handover after a clean stop, and
+//! tokens that only grow. The test binary runs itself as the worker processes.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tenure::Elector;
+use tenure_sqlite::SqliteStore;
+
+const TTL: Duration = Duration::from_secs(2);
+
+fn now_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// The worker: leads "proc/job" and logs `start|tick|stop token pid ns` lines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run by sqlite_processes_elect_one_leader as a child process"]
+async fn worker_process() {
+    let db = std::env::var("TENURE_TEST_DB")
+        .expect("the worker runs only as a child of the process test");
+    let log_path = PathBuf::from(std::env::var("TENURE_TEST_LOG").unwrap());
+    let store = Arc::new(SqliteStore::open(&db).await.unwrap());
+    let elector = Elector::builder(store, "proc/job")
+        .ttl(TTL)
+        .build()
+        .unwrap();
+    let stopper = elector.clone();
+    tokio::spawn(async move {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
+        term.recv().await;
+        stopper.shutdown().await;
+    });
+    let log = move |what: &str, token: u64| {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(&log_path)
+            .unwrap();
+        writeln!(f, "{what} {token} {} {}", std::process::id(), now_ns()).unwrap();
+    };
+    let _ = elector
+        .run_while_leader(|l| {
+            let log = log.clone();
+            async move {
+                log("start", l.token().0);
+                while l.is_valid() {
+                    log("tick", l.token().0);
+                    tokio::select! {
+                        _ = l.cancelled() => break,
+                        _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                    }
+                }
+                log("stop", l.token().0);
+            }
+        })
+        .await;
+}
+
+struct Line {
+    what: String,
+    token: u64,
+    pid: u32,
+    ns: u64,
+}
+
+fn read_log(path: &Path) -> Vec<Line> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let mut p = l.split(' ');
+            Some(Line {
+                what: p.next()?.to_string(),
+                token: p.next()?.parse().ok()?,
+                pid: p.next()?.parse().ok()?,
+                ns: p.next()?.parse().ok()?,
+            })
+        })
+        .collect()
+}
+
+fn spawn_worker(db: &Path, log: &Path) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "worker_process", "--nocapture"])
+        .env("TENURE_TEST_DB", db)
+        .env("TENURE_TEST_LOG", log)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits until a start line beyond the first `seen` appears; returns it.
+fn wait_start(log: &Path, seen: usize, within: Duration) -> Line {
+    let t0 = std::time::Instant::now();
+    loop {
+        let starts: Vec<Line> = read_log(log)
+            .into_iter()
+            .filter(|l| l.what == "start")
+            .collect();
+        if let Some(l) = starts.into_iter().nth(seen) {
+            return l;
+        }
+        assert!(t0.elapsed() < within, "no new leader within {within:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn sqlite_processes_elect_one_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, log) = (dir.path().join("leases.db"), dir.path().join("log"));
+    let mut children: Vec<Child> = (0..3).map(|_| spawn_worker(&db, &log)).collect();
+
+    let first = wait_start(&log, 0, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        read_log(&log).iter().filter(|l| l.what == "start").count(),
+        1,
+        "exactly one leader"
+    );
+
+    // SIGKILL the leader: another leads within TTL + 1 s.
+    let idx = children.iter().position(|c| c.id() == first.pid).unwrap();
+    let mut leader = children.remove(idx);
+    let killed_at = now_ns();
+    leader.kill().unwrap();
+    leader.wait().unwrap();
+    let second = wait_start(&log, 1, TTL + Duration::from_secs(5));
+    let takeover = Duration::from_nanos(second.ns - killed_at);
+    eprintln!("takeover after SIGKILL: {takeover:?} (TTL {TTL:?})");
+    assert!(
+        takeover <= TTL + Duration::from_secs(1),
+        "takeover took {takeover:?}"
+    );
+    assert!(second.token > first.token);
+
+    // SIGTERM the new leader: it releases, and the last one leads well within a TTL.
+    let idx = children.iter().position(|c| c.id() == second.pid).unwrap();
+    let mut leader = children.remove(idx);
+    let stopped_at = now_ns();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&leader),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let status = leader.wait().unwrap();
+    assert!(
+        status.success(),
+        "a worker stopped by SIGTERM exits cleanly: {status:?}"
+    );
+    let third = wait_start(&log, 2, TTL);
+    let handover = Duration::from_nanos(third.ns - stopped_at);
+    eprintln!("handover after a clean stop: {handover:?}");
+    assert!(
+        handover < TTL / 2,
+        "a clean stop must hand over without waiting for expiry, took {handover:?}"
+    );
+    assert!(third.token > second.token);
+
+    for mut c in children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+
+    // No two leaders' activity overlaps: each term's last line precedes the next start.
+    let lines = read_log(&log);
+    let mut terms: Vec<(u64, u64, u64)> = Vec::new(); // token, first ns, last ns
+    for l in &lines {
+        match terms.iter_mut().find(|t| t.0 == l.token) {
+            Some(t) => t.2 = t.2.max(l.ns),
+            None => terms.push((l.token, l.ns, l.ns)),
+        }
+    }
+    terms.sort_by_key(|t| t.1);
+    for w in terms.windows(2) {
+        assert!(w[0].0 < w[1].0, "tokens grow in the order terms start");
+        assert!(
+            w[0].2 < w[1].1,
+            "term {} was still active when term {} started",
+            w[0].0,
+            w[1].0
+        );
+    }
+}
