@@ -1,0 +1,142 @@
+//! Running a command as a supervised child whose whole process group dies with us.
+//!
+//! `tenure` starts the command through itself (`tenure __child PID -- CMD…`): that
+//! small supervisor asks the kernel to signal it when its parent dies
+//! (`PR_SET_PDEATHSIG`), starts CMD in its own process group, and on that signal kills
+//! the whole group with SIGKILL. So even a SIGKILL of `tenure run` leaves no orphan
+//! that could keep acting as a second leader.
+
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use rustix::process::{Pid, Signal};
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{SignalKind, signal};
+
+/// The hidden subcommand's body: supervise `cmd` and return its exit code.
+pub async fn supervisor(parent: i32, cmd: &[String]) -> i32 {
+    // Ask for SIGUSR2 when our parent dies, then check it has not died already.
+    if let Err(e) = rustix::process::set_parent_process_death_signal(Some(Signal::USR2)) {
+        eprintln!("tenure: cannot arrange to stop with the parent process: {e}");
+        return 125;
+    }
+    if rustix::process::getppid().map(Pid::as_raw_pid) != Some(parent) {
+        return 125;
+    }
+    let (Ok(mut parent_died), Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::user_defined2()),
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        eprintln!("tenure: cannot install signal handlers");
+        return 125;
+    };
+    let Some((program, args)) = cmd.split_first() else {
+        eprintln!("tenure: no command given");
+        return 2;
+    };
+    let mut child = match Command::new(program).args(args).spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("tenure: cannot start {program:?}: {e}");
+            return if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
+        }
+    };
+    loop {
+        tokio::select! {
+            status = child.wait() => return status.map(exit_code).unwrap_or(1),
+            _ = parent_died.recv() => {
+                // `tenure` is gone: nobody renews the lease. Kill everything now.
+                let _ = rustix::process::kill_process_group(rustix::process::getpgrp(), Signal::KILL);
+                return 137;
+            }
+            // The whole group received these from `tenure`; the command decides.
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    }
+}
+
+/// The exit code a shell would report for `status`.
+pub fn exit_code(status: ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(1)
+}
+
+/// A command running under the supervisor, in its own process group.
+pub struct Supervised {
+    child: Child,
+    group: Pid,
+}
+
+impl Supervised {
+    /// Starts `cmd` with `env` added to our environment.
+    pub fn spawn(cmd: &[String], env: &[(&str, String)]) -> Result<Self> {
+        let exe = std::env::current_exe()
+            .context("cannot find the tenure executable to supervise the command")?;
+        let child = Command::new(exe)
+            .arg("__child")
+            .arg(std::process::id().to_string())
+            .arg("--")
+            .args(cmd)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .process_group(0)
+            .spawn()
+            .with_context(|| {
+                format!(
+                    "cannot start {:?}",
+                    cmd.first().map(String::as_str).unwrap_or("")
+                )
+            })?;
+        let pid = child
+            .id()
+            .context("the command exited before it could be supervised")?;
+        let group = Pid::from_raw(pid as i32).context("the command has an invalid process id")?;
+        Ok(Self { child, group })
+    }
+
+    /// The process group id (the supervisor's pid).
+    pub fn pid(&self) -> i32 {
+        self.group.as_raw_pid()
+    }
+
+    /// Waits for the command to exit on its own, then clears its process group.
+    pub async fn wait(&mut self) -> i32 {
+        let code = self.child.wait().await.map(exit_code).unwrap_or(1);
+        self.kill_group(Signal::KILL);
+        code
+    }
+
+    /// Stops the command: SIGTERM to its whole group, SIGKILL after `grace`.
+    /// Returns once the supervisor has exited and the group has been killed.
+    pub async fn stop(&mut self, grace: Duration) -> i32 {
+        self.kill_group(Signal::TERM);
+        let code = match tokio::time::timeout(grace, self.child.wait()).await {
+            Ok(status) => status.map(exit_code).unwrap_or(1),
+            Err(_) => {
+                tracing::warn!(
+                    pid = self.pid(),
+                    ?grace,
+                    "the command did not stop within the grace period; killing it"
+                );
+                self.kill_group(Signal::KILL);
+                self.child.wait().await.map(exit_code).unwrap_or(1)
+            }
+        };
+        self.kill_group(Signal::KILL);
+        code
+    }
+
+    fn kill_group(&self, sig: Signal) {
+        // ESRCH (the group is already gone) is the expected answer after an exit.
+        let _ = rustix::process::kill_process_group(self.group, sig);
+    }
+}

@@ -1,0 +1,312 @@
+//! `tenure`: run a command on exactly one of several replicas, and inspect elections.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand};
+use tenure::ElectionName;
+
+mod child;
+mod cron;
+mod demo;
+mod inspect;
+mod run;
+mod store_url;
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0    success (for run: the command succeeded, or tenure was stopped by SIGINT/SIGTERM)
+  1    error (store unreachable, bad store URL, …); the whole error chain is printed
+  2    usage error (bad flag, bad election name, evict without --yes off a terminal)
+  N    run: the command's own exit code; 128+S when it died of signal S
+
+Store: --store URL or TENURE_STORE. Supported: sqlite:PATH (default:
+$XDG_STATE_HOME/tenure/tenure.db, else ~/.local/state/tenure/tenure.db).";
+
+/// Leader election for replicas: run a command on exactly one of them.
+#[derive(Parser)]
+#[command(name = "tenure", version, after_help = EXIT_CODES)]
+struct Cli {
+    /// Lease store URL, e.g. sqlite:/var/lib/app/tenure.db
+    #[arg(
+        long,
+        global = true,
+        env = "TENURE_STORE",
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    store: Option<String>,
+    /// More log output on stderr (-v debug, -vv trace); RUST_LOG overrides
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    /// Only warnings and errors on stderr
+    #[arg(short, long, global = true)]
+    quiet: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Campaign, and run a command only while this process leads
+    #[command(after_help = "\
+Examples:
+  tenure run billing/nightly -- ./nightly-report.sh
+  tenure run queue/sweeper --ttl 15s --grace 5s --keep-going -- python sweeper.py
+
+While it leads, the command runs with TENURE_ELECTION, TENURE_TOKEN (the fencing
+token: pass it to whatever the command writes to) and TENURE_HOLDER set. When
+leadership ends, the command's process group gets SIGTERM, then SIGKILL after
+--grace, before the lease deadline. If tenure itself dies, even by SIGKILL, the
+command dies with it. SIGINT/SIGTERM stop the command, release, and exit 0.")]
+    Run(RunArgs),
+    /// Show who leads an election
+    #[command(after_help = "\
+Examples:
+  tenure status billing/nightly
+  tenure status billing/nightly --json")]
+    Status {
+        /// The election
+        #[arg(value_parser = election)]
+        election: ElectionName,
+        /// Print JSON: {\"election\":…, \"leader\": null | {\"holder\":…, \"token\":…, …}}
+        #[arg(long)]
+        json: bool,
+    },
+    /// List elections that have a leader
+    #[command(after_help = "\
+Examples:
+  tenure list
+  tenure list billing/ --json")]
+    List {
+        /// Only elections whose names start with this
+        #[arg(default_value = "")]
+        prefix: String,
+        /// Print a JSON array of status objects
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make the leader stand down
+    #[command(after_help = "\
+By default the evicted leader stops its command and releases; nobody else can
+lead before that, or before its current term runs out, so two commands never
+overlap. --now clears the lease at once: only for a leader known to be dead.
+
+Examples:
+  tenure evict billing/nightly
+  tenure evict billing/nightly --yes
+  tenure evict billing/nightly --yes --now")]
+    Evict {
+        /// The election
+        #[arg(value_parser = election)]
+        election: ElectionName,
+        /// Do not ask for confirmation (required when not on a terminal)
+        #[arg(long, short)]
+        yes: bool,
+        /// Clear the lease at once (the old leader may still be acting)
+        #[arg(long)]
+        now: bool,
+    },
+    /// Print a line for every change of leader, until interrupted
+    #[command(after_help = "\
+Examples:
+  tenure watch billing/nightly
+  tenure watch billing/nightly --json | jq .leader.holder")]
+    Watch {
+        /// The election
+        #[arg(value_parser = election)]
+        election: ElectionName,
+        /// Print one JSON object per line
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a command at each tick, only on the replica that leads
+    #[command(after_help = "\
+Examples:
+  tenure schedule reports/hourly --every 1h -- ./report.sh
+  tenure schedule db/vacuum --cron \"0 3 * * *\" -- ./vacuum.sh
+
+Ticks of --every fall on multiples of the period since the Unix epoch, so every
+replica agrees on them; --cron takes five fields (minute hour day month weekday,
+names like mon or jan allowed, and @hourly, @daily, …), evaluated in UTC. A tick
+that comes while the previous run is still going is skipped.")]
+    Schedule(ScheduleArgs),
+    /// See tenure work in under a minute: candidates, a crash, a handover
+    #[command(after_help = "\
+Starts several `tenure run` processes on a temporary SQLite store, kills the
+leader with SIGKILL, stops the next one gracefully, and prints how long each
+takeover took.
+
+Example:
+  tenure demo --candidates 5")]
+    Demo {
+        /// How many candidates to start
+        #[arg(long, default_value_t = 5)]
+        candidates: usize,
+        /// Lease TTL of the candidates
+        #[arg(long, default_value = "2s", value_parser = duration)]
+        ttl: Duration,
+    },
+    #[command(name = "__child", hide = true)]
+    Child {
+        parent: i32,
+        #[arg(last = true, required = true)]
+        cmd: Vec<String>,
+    },
+    #[command(name = "__demo-job", hide = true)]
+    DemoJob { dir: PathBuf },
+}
+
+#[derive(Args)]
+struct CampaignArgs {
+    /// The election, e.g. billing/nightly-report
+    #[arg(value_parser = election)]
+    election: ElectionName,
+    /// Holder id (default hostname.pid.random)
+    #[arg(long)]
+    id: Option<String>,
+    /// Lease TTL: how long the lease outlives a leader that died
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    ttl: Duration,
+    /// How long the command gets between SIGTERM and SIGKILL when leadership ends
+    #[arg(long, default_value = "3s", value_parser = duration)]
+    grace: Duration,
+    /// Text published with the lease for observers (e.g. host:port), at most 4 KiB
+    #[arg(long)]
+    metadata: Option<String>,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    campaign: CampaignArgs,
+    /// When the command exits on its own, hand over and campaign again instead of exiting
+    #[arg(long)]
+    keep_going: bool,
+    /// The command and its arguments
+    #[arg(last = true, required = true, value_name = "CMD")]
+    cmd: Vec<String>,
+}
+
+#[derive(Args)]
+#[group(id = "when", required = true, args = ["every", "cron"])]
+struct ScheduleArgs {
+    #[command(flatten)]
+    campaign: CampaignArgs,
+    /// Run at every multiple of this period, e.g. 1m, 1h30m
+    #[arg(long, value_parser = duration)]
+    every: Option<Duration>,
+    /// Run at the times of this cron expression (UTC), e.g. "0 3 * * *"
+    #[arg(long)]
+    cron: Option<String>,
+    /// The command and its arguments
+    #[arg(last = true, required = true, value_name = "CMD")]
+    cmd: Vec<String>,
+}
+
+fn election(s: &str) -> Result<ElectionName, String> {
+    ElectionName::new(s).map_err(|e| e.to_string())
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{e} (write durations like 500ms, 10s, 1m30s)"))
+}
+
+impl CampaignArgs {
+    fn campaign(&self) -> run::Campaign {
+        run::Campaign {
+            election: self.election.to_string(),
+            id: self.id.clone(),
+            ttl: self.ttl,
+            grace: self.grace,
+            metadata: self.metadata.clone(),
+        }
+    }
+}
+
+fn init_logging(verbose: u8, quiet: bool) {
+    use tracing_subscriber::EnvFilter;
+    let default = match (quiet, verbose) {
+        (true, _) => "warn",
+        (false, 0) => "warn,tenure=info,tenure_cli=info,tenure_sqlite=info",
+        (false, 1) => "info,tenure=debug,tenure_cli=debug,tenure_sqlite=debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}
+
+async fn dispatch(cli: Cli) -> Result<i32> {
+    let store = cli.store.as_deref();
+    match cli.command {
+        Command::Child { parent, cmd } => Ok(child::supervisor(parent, &cmd).await),
+        Command::DemoJob { dir } => demo::job(&dir).await,
+        Command::Demo { candidates, ttl } => demo::demo(candidates, ttl).await.map(|()| 0),
+        Command::Run(a) => {
+            let c = a.campaign.campaign();
+            let s = store_url::open(store).await?;
+            run::run(s, &c, a.keep_going, &a.cmd).await
+        }
+        Command::Schedule(a) => {
+            let schedule = match (a.every, &a.cron) {
+                (Some(p), _) if p.is_zero() => anyhow::bail!("--every must be above zero"),
+                (Some(p), _) => cron::Schedule::Every(p),
+                (None, Some(expr)) => cron::Schedule::Cron(Box::new(cron::Cron::parse(expr)?)),
+                (None, None) => anyhow::bail!("give --every or --cron"),
+            };
+            let c = a.campaign.campaign();
+            let s = store_url::open(store).await?;
+            run::schedule(s, &c, &schedule, &a.cmd).await
+        }
+        Command::Status { election, json } => {
+            inspect::status(store_url::open(store).await?, &election, json)
+                .await
+                .map(|()| 0)
+        }
+        Command::List { prefix, json } => {
+            inspect::list(store_url::open(store).await?, &prefix, json)
+                .await
+                .map(|()| 0)
+        }
+        Command::Evict { election, yes, now } => {
+            inspect::evict(store_url::open(store).await?, &election, yes, now).await
+        }
+        Command::Watch { election, json } => {
+            inspect::watch(store_url::open(store).await?, &election, json)
+                .await
+                .map(|()| 0)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if !matches!(cli.command, Command::Child { .. } | Command::DemoJob { .. }) {
+        init_logging(cli.verbose, cli.quiet);
+    }
+    // One thread: a child's parent-death signal follows the thread that started it.
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tenure: error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match rt.block_on(dispatch(cli)) {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(e) => {
+            eprintln!("tenure: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! `tenure run` and `tenure schedule`: a command that runs only while this process leads.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Result, bail};
+use tenure::{CancellationToken, Config, Elector, Leadership, LeaseStore};
+
+use crate::child::Supervised;
+use crate::cron::Schedule;
+
+/// Time kept between killing the command and the lease deadline, for the kill itself.
+const KILL_MARGIN: Duration = Duration::from_millis(200);
+
+/// Settings shared by `run` and `schedule`.
+pub struct Campaign {
+    pub election: String,
+    pub id: Option<String>,
+    pub ttl: Duration,
+    pub grace: Duration,
+    pub metadata: Option<String>,
+}
+
+impl Campaign {
+    /// Builds the elector, stepping down early enough that the command can be
+    /// stopped (SIGTERM, `grace`, SIGKILL) before the lease deadline.
+    pub fn elector(&self, store: Arc<dyn LeaseStore>) -> Result<Elector> {
+        let cfg = Config::new(self.ttl);
+        if let Err(e) = cfg.validate() {
+            bail!(
+                "invalid --ttl {}: {}",
+                humantime::format_duration(self.ttl),
+                e.reason
+            );
+        }
+        let budget = cfg
+            .deadline_offset()
+            .saturating_sub(cfg.renew_interval + KILL_MARGIN);
+        if self.grace.is_zero() || self.grace >= budget {
+            bail!(
+                "--grace {} does not fit inside --ttl {}: the command must be stopped before the lease \
+                 runs out, so --grace must be above zero and below {} for this TTL (or choose a longer --ttl)",
+                humantime::format_duration(self.grace),
+                humantime::format_duration(self.ttl),
+                humantime::format_duration(Duration::from_millis(budget.as_millis() as u64)),
+            );
+        }
+        let mut b = Elector::builder(store, &self.election)
+            .ttl(self.ttl)
+            .renew_deadline(cfg.deadline_offset() - self.grace - KILL_MARGIN);
+        if let Some(id) = &self.id {
+            b = b.holder(id);
+        }
+        if let Some(m) = &self.metadata {
+            b = b.metadata(m.as_bytes().to_vec());
+        }
+        Ok(b.build()?)
+    }
+}
+
+/// A token cancelled on SIGINT or SIGTERM.
+pub fn stop_on_signals() -> Result<CancellationToken> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let stop = CancellationToken::new();
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let s = stop.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = int.recv() => tracing::info!("interrupted; stopping"),
+            _ = term.recv() => tracing::info!("terminated; stopping"),
+        }
+        s.cancel();
+    });
+    Ok(stop)
+}
+
+fn child_env(l: &Leadership) -> Vec<(&'static str, String)> {
+    vec![
+        ("TENURE_ELECTION", l.election().to_string()),
+        ("TENURE_TOKEN", l.token().to_string()),
+        ("TENURE_HOLDER", l.holder().to_string()),
+    ]
+}
+
+/// How a supervised command ended.
+enum End {
+    /// It exited on its own with this code.
+    Exited(i32),
+    /// Leadership ended; it was stopped.
+    Lost,
+    /// We were told to stop; it was stopped.
+    Stopped,
+}
+
+/// Runs `cmd` while `l` holds; stops it when the term ends or `stop` fires.
+async fn supervise(
+    l: &Leadership,
+    cmd: &[String],
+    grace: Duration,
+    stop: &CancellationToken,
+) -> Result<End> {
+    let mut child = Supervised::spawn(cmd, &child_env(l))?;
+    tracing::info!(token = %l.token(), pid = child.pid(), "leading; started the command");
+    tokio::select! {
+        code = child.wait() => Ok(End::Exited(code)),
+        _ = l.cancelled() => {
+            tracing::warn!(token = %l.token(), "leadership ended; stopping the command");
+            child.stop(grace).await;
+            Ok(End::Lost)
+        }
+        _ = stop.cancelled() => {
+            child.stop(grace).await;
+            Ok(End::Stopped)
+        }
+    }
+}
+
+/// `tenure run`: returns the exit code.
+pub async fn run(
+    store: Arc<dyn LeaseStore>,
+    c: &Campaign,
+    keep_going: bool,
+    cmd: &[String],
+) -> Result<i32> {
+    let elector = c.elector(store)?;
+    let stop = stop_on_signals()?;
+    tracing::info!(election = %elector.election(), holder = %elector.holder(), "campaigning");
+    loop {
+        let l = tokio::select! {
+            l = elector.leadership() => l?,
+            _ = stop.cancelled() => {
+                elector.shutdown().await;
+                return Ok(0);
+            }
+        };
+        match supervise(&l, cmd, c.grace, &stop).await? {
+            End::Exited(code) if keep_going => {
+                tracing::info!(
+                    code,
+                    "the command exited; handing over and campaigning again"
+                );
+                l.resign().await;
+            }
+            End::Exited(code) => {
+                tracing::info!(code, "the command exited; releasing the lease");
+                drop(l);
+                elector.shutdown().await;
+                return Ok(code);
+            }
+            End::Lost => drop(l),
+            End::Stopped => {
+                drop(l);
+                elector.shutdown().await;
+                return Ok(0);
+            }
+        }
+    }
+}
+
+/// `tenure schedule`: runs `cmd` at each tick of `schedule` while leading; returns on a signal.
+pub async fn schedule(
+    store: Arc<dyn LeaseStore>,
+    c: &Campaign,
+    schedule: &Schedule,
+    cmd: &[String],
+) -> Result<i32> {
+    let elector = c.elector(store)?;
+    let stop = stop_on_signals()?;
+    elector.start();
+    tracing::info!(election = %elector.election(), holder = %elector.holder(), %schedule, "campaigning; running the command at each tick while leading");
+    let mut next = schedule.next_after(SystemTime::now());
+    loop {
+        let Some(at) = next else {
+            tracing::warn!("the schedule has no further ticks");
+            elector.shutdown().await;
+            return Ok(0);
+        };
+        let wait = at.duration_since(SystemTime::now()).unwrap_or_default();
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.cancelled() => {
+                elector.shutdown().await;
+                return Ok(0);
+            }
+        }
+        if SystemTime::now() < at {
+            continue; // woke early (the wall clock moved); wait again
+        }
+        match elector.current().filter(Leadership::is_valid) {
+            Some(l) => {
+                tracing::info!(tick = %humantime::format_rfc3339_seconds(at), "tick");
+                let end = supervise(&l, cmd, c.grace, &stop).await?;
+                drop(l);
+                if let End::Exited(code) = end {
+                    tracing::info!(code, "the command finished");
+                }
+                if matches!(end, End::Stopped) {
+                    elector.shutdown().await;
+                    return Ok(0);
+                }
+            }
+            None => tracing::debug!("tick: not leading"),
+        }
+        let now = SystemTime::now();
+        let following = schedule.next_after(at);
+        next = schedule.next_after(now.max(at));
+        if following.is_some() && following < next {
+            tracing::warn!("ticks passed while the command was still running; they were skipped");
+        }
+    }
+}

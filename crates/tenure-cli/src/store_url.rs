@@ -1,0 +1,126 @@
+//! Choosing a store from a URL.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use tenure::LeaseStore;
+
+/// The schemes this build supports, for error messages and help.
+pub const SCHEMES: &str = "sqlite:PATH";
+
+/// Where the default SQLite database lives: `$XDG_STATE_HOME/tenure/tenure.db`, else
+/// `~/.local/state/tenure/tenure.db`.
+pub fn default_sqlite_path() -> Result<PathBuf> {
+    let base = match std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            let home = std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .context("neither XDG_STATE_HOME nor HOME is set; pass --store sqlite:PATH")?;
+            PathBuf::from(home).join(".local/state")
+        }
+    };
+    Ok(base.join("tenure").join("tenure.db"))
+}
+
+/// A URL with any password (and user info) replaced, safe to print.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let (authority, tail) = match rest.find(['/', '?', '#']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:***@{host}{tail}")
+        }
+        None => url.to_string(),
+    }
+}
+
+/// Opens the store `url` names, or the default SQLite database when `url` is `None`.
+pub async fn open(url: Option<&str>) -> Result<Arc<dyn LeaseStore>> {
+    let url = url.map(str::trim).filter(|u| !u.is_empty());
+    let path = match url {
+        None => {
+            let path = default_sqlite_path()?;
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).with_context(|| {
+                    format!("cannot create the state directory {}", dir.display())
+                })?;
+            }
+            path
+        }
+        Some(url) => {
+            let (scheme, rest) = url.split_once(':').with_context(|| {
+                format!(
+                    "store URL {:?} has no scheme; supported: {SCHEMES}",
+                    redact(url)
+                )
+            })?;
+            match scheme {
+                "sqlite" => {
+                    let path = rest.strip_prefix("//").unwrap_or(rest);
+                    if path.is_empty() {
+                        bail!(
+                            "store URL {url:?} names no file; write sqlite:PATH, e.g. sqlite:/var/lib/app/tenure.db"
+                        );
+                    }
+                    PathBuf::from(path)
+                }
+                "postgres" | "postgresql" | "mysql" | "mariadb" | "redis" | "rediss" | "etcd"
+                | "nats" => {
+                    bail!("the {scheme} store is not part of this build yet; supported: {SCHEMES}")
+                }
+                other => bail!(
+                    "unknown store scheme {other:?} in {:?}; supported: {SCHEMES}",
+                    redact(url)
+                ),
+            }
+        }
+    };
+    let store = tenure_sqlite::SqliteStore::open(&path)
+        .await
+        .with_context(|| format!("cannot open the SQLite store at {}", path.display()))?;
+    Ok(Arc::new(store))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(
+            redact("postgres://app:s3cret@db:5432/x"),
+            "postgres://app:***@db:5432/x"
+        );
+        assert_eq!(
+            redact("redis://:pw@127.0.0.1:6379"),
+            "redis://:***@127.0.0.1:6379"
+        );
+        assert_eq!(redact("sqlite:/tmp/a.db"), "sqlite:/tmp/a.db");
+        assert_eq!(redact("etcd://h1:2379,h2:2379"), "etcd://h1:2379,h2:2379");
+    }
+
+    #[tokio::test]
+    async fn unknown_schemes_list_the_supported_ones() {
+        let err = open(Some("ftp://x")).await.err().unwrap().to_string();
+        assert!(
+            err.contains("unknown store scheme \"ftp\"") && err.contains(SCHEMES),
+            "{err}"
+        );
+        let err = open(Some("postgres://u:pw@h/db"))
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(!err.contains("pw"), "{err}");
+        let err = open(Some("sqlite:")).await.err().unwrap().to_string();
+        assert!(err.contains("names no file"), "{err}");
+    }
+}
