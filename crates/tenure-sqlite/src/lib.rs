@@ -406,12 +406,20 @@ impl LeaseStore for SqliteStore {
         let (tx, rx) = mpsc::channel(16);
         let store = self.clone();
         let election = election.clone();
+        let interval = self.inner.options.watch_interval;
         tokio::spawn(async move {
             let key = |r: &Option<LeaseRecord>| {
                 r.as_ref()
                     .map(|r| (r.holder.clone(), r.token, r.revision, r.evicted))
             };
-            let mut last = match store.get(&election).await {
+            // Reads can meet a transient lock (a checkpoint, a writer's recovery): retry those.
+            let read = async |store: &SqliteStore| loop {
+                match store.get(&election).await {
+                    Err(e) if e.is_retryable() => tokio::time::sleep(interval).await,
+                    other => return other,
+                }
+            };
+            let mut last = match read(&store).await {
                 Ok(r) => key(&r),
                 Err(e) => {
                     let _ = tx.send(Err(e)).await;
@@ -426,8 +434,7 @@ impl LeaseStore for SqliteStore {
                         return;
                     },
                 }
-                let rec = store.get(&election).await;
-                match rec {
+                match read(&store).await {
                     Ok(rec) if key(&rec) == last => {}
                     Ok(rec) => {
                         last = key(&rec);

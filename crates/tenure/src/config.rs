@@ -49,8 +49,9 @@ pub struct Config {
     /// Random delay, up to this, before the first campaign, so that a fleet started at
     /// once does not hit the store at once. Default 0.
     pub splay: Duration,
-    /// After resigning, wait this long before campaigning again, so that another
-    /// candidate takes over. Default `retry_period`.
+    /// After resigning or being evicted, wait this long before campaigning again, so
+    /// that another candidate takes over (one that polls included). Default
+    /// `2 * retry_period`.
     pub resign_backoff: Duration,
     /// Metadata published with the lease (at most 4096 bytes).
     pub metadata: Vec<u8>,
@@ -71,7 +72,7 @@ impl Config {
             cool_down: Duration::ZERO,
             jitter: 0.2,
             splay: Duration::ZERO,
-            resign_backoff: retry,
+            resign_backoff: retry * 2,
             metadata: Vec::new(),
         }
     }

@@ -475,7 +475,8 @@ async fn campaign_loop(shared: &Shared) {
         };
         match lead(shared, &mut view, lease, sent).await {
             OustReason::ShuttingDown => return,
-            OustReason::Resigned
+            // Stand aside so that another candidate takes over.
+            OustReason::Resigned | OustReason::Evicted
                 if sleep_or_shutdown(shared, shared.clock.now() + cfg.resign_backoff).await =>
             {
                 return;

@@ -73,9 +73,15 @@ pub fn observe_with(
     let token = stop.clone();
     tokio::spawn(async move {
         let mut watch = store.watch(&election);
+        let mut watch_failed_at = None;
         let mut first = true;
         loop {
             let read_at = clock.now();
+            // A failed watch is tried again after a poll period; polling covers the gap.
+            if watch.is_none() && watch_failed_at.is_some_and(|t| read_at >= t + poll) {
+                watch = store.watch(&election);
+                watch_failed_at = None;
+            }
             let wake_at = match store.get(&election).await {
                 Ok(rec) => {
                     let leader = rec.as_ref().map(|r| r.leader());
@@ -116,7 +122,11 @@ pub fn observe_with(
             tokio::select! {
                 _ = token.cancelled() => return,
                 _ = clock.sleep_until(wake_at) => {}
-                ev = event => if !matches!(ev, Some(Ok(_))) { watch = None },
+                ev = event => if !matches!(ev, Some(Ok(_))) {
+                    tracing::debug!(%election, "the watch failed; polling until it can be renewed");
+                    watch = None;
+                    watch_failed_at = Some(clock.now());
+                },
             }
         }
     });

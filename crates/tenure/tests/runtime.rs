@@ -214,6 +214,28 @@ async fn recampaigns_after_losing_to_an_eviction() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn eviction_moves_leadership_to_another_candidate() {
+    let inner = Arc::new(MemoryStore::new());
+    let a = elector(inner.clone(), "a");
+    let la = a.leadership().await.unwrap();
+    // B polls (no watch): it must still win before A campaigns again.
+    let b = elector(
+        Arc::new(FaultyStore::new(inner.clone()).without_watch()),
+        "b",
+    );
+    b.start();
+    settle().await;
+    inner
+        .evict(&"jobs/sweeper".parse().unwrap(), Evict::AfterTerm)
+        .await
+        .unwrap();
+    la.cancelled().await;
+    drop(la);
+    let lb = b.leadership().await.unwrap();
+    assert_eq!(lb.holder().as_str(), "b");
+}
+
+#[tokio::test(start_paused = true)]
 async fn run_while_leader_cancels_the_task_and_runs_it_again() {
     let store = Arc::new(MemoryStore::new());
     let a = elector(store.clone(), "a");

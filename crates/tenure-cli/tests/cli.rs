@@ -1,0 +1,486 @@
+//! The `tenure` binary as users run it: several `tenure run` processes on one SQLite
+//! file, crashes, eviction, inspection, schedules, bad input.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const TENURE: &str = env!("CARGO_BIN_EXE_tenure");
+
+/// A child process that is killed when dropped, so a failed test leaves nothing running.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl std::ops::Deref for Proc {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Proc {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+struct Env {
+    dir: tempfile::TempDir,
+}
+
+impl Env {
+    fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+    fn store(&self) -> String {
+        format!("sqlite:{}", self.dir.path().join("t.db").display())
+    }
+    fn log(&self) -> PathBuf {
+        self.dir.path().join("children.log")
+    }
+    fn cmd(&self) -> Command {
+        let mut c = Command::new(TENURE);
+        c.env("TENURE_STORE", self.store())
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null());
+        c
+    }
+    fn tenure(&self, args: &[&str]) -> Output {
+        self.cmd().args(args).output().unwrap()
+    }
+    /// `tenure run` whose child logs `start|tick HOLDER TOKEN PID WALL_NS` lines.
+    fn run(&self, id: &str, ttl: &str) -> Proc {
+        let script = format!(
+            "echo start $TENURE_HOLDER $TENURE_TOKEN $$ $(date +%s%N) >> {log}; \
+             while true; do echo tick $TENURE_HOLDER $TENURE_TOKEN $$ $(date +%s%N) >> {log}; sleep 0.05; done",
+            log = self.log().display()
+        );
+        self.cmd()
+            .args([
+                "run",
+                "jobs/report",
+                "--id",
+                id,
+                "--ttl",
+                ttl,
+                "--grace",
+                "300ms",
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .map(Proc)
+            .unwrap()
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Line {
+    what: String,
+    holder: String,
+    token: u64,
+    pid: i32,
+    ns: u64,
+}
+
+fn read_log(path: &Path) -> Vec<Line> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let p: Vec<&str> = l.split(' ').collect();
+            Some(Line {
+                what: p.first()?.to_string(),
+                holder: p.get(1)?.to_string(),
+                token: p.get(2)?.parse().ok()?,
+                pid: p.get(3)?.parse().ok()?,
+                ns: p.get(4)?.parse().ok()?,
+            })
+        })
+        .collect()
+}
+
+fn wall_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
+
+fn starts(log: &Path) -> Vec<Line> {
+    read_log(log)
+        .into_iter()
+        .filter(|l| l.what == "start")
+        .collect()
+}
+
+fn wait_starts(log: &Path, n: usize, within: Duration) -> Vec<Line> {
+    let t0 = Instant::now();
+    loop {
+        let s = starts(log);
+        if s.len() >= n {
+            return s;
+        }
+        assert!(
+            t0.elapsed() < within,
+            "expected {n} leaders within {within:?}, saw {}",
+            s.len()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn signal(pid: u32, sig: rustix::process::Signal) {
+    let _ = rustix::process::kill_process(rustix::process::Pid::from_raw(pid as i32).unwrap(), sig);
+}
+
+fn alive(pid: i32) -> bool {
+    rustix::process::Pid::from_raw(pid)
+        .is_some_and(|p| rustix::process::test_kill_process(p).is_ok())
+}
+
+/// No two children's activity overlaps, and tokens grow in the order terms start.
+fn assert_no_overlap(log: &Path) {
+    let mut terms: Vec<(u64, u64, u64)> = Vec::new();
+    for l in read_log(log) {
+        match terms.iter_mut().find(|t| t.0 == l.token) {
+            Some(t) => t.2 = t.2.max(l.ns),
+            None => terms.push((l.token, l.ns, l.ns)),
+        }
+    }
+    terms.sort_by_key(|t| t.1);
+    for w in terms.windows(2) {
+        assert!(w[0].0 < w[1].0, "tokens must grow: {terms:?}");
+        assert!(
+            w[0].2 < w[1].1,
+            "the child with token {} still ran when token {} started",
+            w[0].0,
+            w[1].0
+        );
+    }
+}
+
+fn stop_all(children: Vec<Proc>) {
+    for mut c in children {
+        signal(c.id(), rustix::process::Signal::TERM);
+        let _ = c.wait();
+    }
+}
+
+#[test]
+fn three_runs_one_child_at_a_time_and_sigkill_takes_the_child_along() {
+    let env = Env::new();
+    let mut runs: Vec<(String, Proc)> = (1..=3)
+        .map(|i| (format!("run-{i}"), env.run(&format!("run-{i}"), "2s")))
+        .collect();
+    let first = wait_starts(&env.log(), 1, Duration::from_secs(20)).remove(0);
+    std::thread::sleep(Duration::from_millis(700));
+    assert_eq!(starts(&env.log()).len(), 1, "exactly one child runs");
+
+    let i = runs.iter().position(|(id, _)| *id == first.holder).unwrap();
+    let (_, mut leader) = runs.remove(i);
+    let killed = wall_ns();
+    leader.kill().unwrap();
+    leader.wait().unwrap();
+    let second = wait_starts(&env.log(), 2, Duration::from_secs(10)).remove(1);
+    let takeover = Duration::from_nanos(second.ns.saturating_sub(killed));
+    eprintln!("takeover after SIGKILL of tenure run: {takeover:?}");
+    assert!(
+        takeover <= Duration::from_secs(3),
+        "another child must start within TTL + 1 s, took {takeover:?}"
+    );
+    assert!(second.token > first.token);
+    assert!(
+        !alive(first.pid),
+        "the SIGKILLed tenure run's child (pid {}) must die with it",
+        first.pid
+    );
+    let late = read_log(&env.log())
+        .into_iter()
+        .filter(|l| l.token == first.token && l.ns > killed + 200_000_000)
+        .count();
+    assert_eq!(
+        late, 0,
+        "the orphaned child kept working after its tenure run was killed"
+    );
+
+    stop_all(runs.into_iter().map(|(_, c)| c).collect());
+    assert_no_overlap(&env.log());
+}
+
+#[test]
+fn evict_moves_leadership_and_status_list_watch_show_it() {
+    let env = Env::new();
+    let mut watch = Proc(
+        env.cmd()
+            .args(["watch", "jobs/report", "--json"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let runs = vec![env.run("run-a", "3s"), env.run("run-b", "3s")];
+    let first = wait_starts(&env.log(), 1, Duration::from_secs(20)).remove(0);
+
+    let out = env.tenure(&["status", "jobs/report", "--json"]);
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["election"], "jobs/report");
+    assert_eq!(v["leader"]["holder"], first.holder.as_str());
+    assert_eq!(v["leader"]["token"], first.token);
+    assert!(v["leader"]["expires_in_ms"].as_u64().unwrap() <= 3000);
+    let human = String::from_utf8(env.tenure(&["status", "jobs/report"]).stdout).unwrap();
+    assert!(
+        human.contains(&first.holder) && human.contains("token"),
+        "{human}"
+    );
+
+    let out = env.tenure(&["list", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 1);
+    assert_eq!(v[0]["leader"]["holder"], first.holder.as_str());
+    let table = String::from_utf8(env.tenure(&["list", "jobs/"]).stdout).unwrap();
+    assert!(
+        table.contains("jobs/report") && table.contains(&first.holder),
+        "{table}"
+    );
+
+    let evicted = wall_ns();
+    let out = env.tenure(&["evict", "jobs/report", "--yes"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let second = wait_starts(&env.log(), 2, Duration::from_secs(10)).remove(1);
+    assert_ne!(
+        second.holder, first.holder,
+        "the other candidate leads after the eviction"
+    );
+    assert!(second.token > first.token);
+    eprintln!(
+        "leadership moved {:?} after evict",
+        Duration::from_nanos(second.ns - evicted)
+    );
+    assert!(!alive(first.pid), "the evicted leader stopped its child");
+
+    let v: serde_json::Value =
+        serde_json::from_slice(&env.tenure(&["status", "jobs/report", "--json"]).stdout).unwrap();
+    assert_eq!(v["leader"]["holder"], second.holder.as_str());
+
+    // Give watchers a moment: a leadership shorter than the store's notification
+    // interval (20 ms for SQLite) may be coalesced away.
+    std::thread::sleep(Duration::from_millis(300));
+    stop_all(runs);
+    // After every candidate stopped cleanly, nobody leads.
+    let v: serde_json::Value =
+        serde_json::from_slice(&env.tenure(&["status", "jobs/report", "--json"]).stdout).unwrap();
+    assert_eq!(v["leader"], serde_json::Value::Null);
+
+    std::thread::sleep(Duration::from_millis(300));
+    signal(watch.id(), rustix::process::Signal::INT);
+    let status = watch.wait().unwrap();
+    assert!(status.success(), "watch exits 0 when interrupted");
+    let lines: Vec<serde_json::Value> = BufReader::new(watch.stdout.take().unwrap())
+        .lines()
+        .map(|l| serde_json::from_str(&l.unwrap()).unwrap())
+        .collect();
+    let holders: Vec<Option<String>> = lines
+        .iter()
+        .map(|v| v["leader"]["holder"].as_str().map(String::from))
+        .collect();
+    let a = holders
+        .iter()
+        .position(|h| h.as_deref() == Some(&first.holder))
+        .expect("watch showed the first leader");
+    let b = holders
+        .iter()
+        .position(|h| h.as_deref() == Some(&second.holder))
+        .unwrap_or_else(|| {
+            panic!(
+                "watch showed the second leader {} (started {}): {lines:?} {:?}",
+                second.holder,
+                second.ns,
+                starts(&env.log())
+            )
+        });
+    assert!(a < b, "in order: {holders:?}");
+    assert_eq!(
+        holders.last().unwrap(),
+        &None,
+        "watch showed that nobody leads at the end: {holders:?}"
+    );
+    assert_no_overlap(&env.log());
+}
+
+#[test]
+fn run_exits_with_the_commands_code_and_releases() {
+    let env = Env::new();
+    let out = env.tenure(&[
+        "run",
+        "jobs/once",
+        "--",
+        "sh",
+        "-c",
+        "test \"$TENURE_TOKEN\" -ge 1 && exit 7",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(7),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let human = String::from_utf8(env.tenure(&["status", "jobs/once"]).stdout).unwrap();
+    assert!(human.contains("no leader"), "released on exit: {human}");
+    let out = env.tenure(&["run", "jobs/once", "--", "/nonexistent/program"]);
+    assert_eq!(out.status.code(), Some(127));
+}
+
+#[test]
+fn sigterm_stops_the_command_releases_and_exits_zero() {
+    let env = Env::new();
+    let mut run = env.run("run-t", "5s");
+    let first = wait_starts(&env.log(), 1, Duration::from_secs(20)).remove(0);
+    signal(run.id(), rustix::process::Signal::TERM);
+    let status = run.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert!(!alive(first.pid), "the command was stopped");
+    let human = String::from_utf8(env.tenure(&["status", "jobs/report"]).stdout).unwrap();
+    assert!(human.contains("no leader"), "{human}");
+}
+
+#[test]
+fn schedule_runs_ticks_on_the_leader_only() {
+    let env = Env::new();
+    let log = env.log();
+    let script = format!(
+        "echo tick $TENURE_HOLDER $TENURE_TOKEN $$ $(date +%s%N) >> {}",
+        log.display()
+    );
+    let scheds: Vec<Proc> = ["s-1", "s-2"]
+        .iter()
+        .map(|id| {
+            env.cmd()
+                .args([
+                    "schedule",
+                    "jobs/tick",
+                    "--every",
+                    "1s",
+                    "--id",
+                    id,
+                    "--ttl",
+                    "3s",
+                    "--grace",
+                    "300ms",
+                ])
+                .args(["--", "sh", "-c", &script])
+                .spawn()
+                .map(Proc)
+                .unwrap()
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(4500));
+    stop_all(scheds);
+    let ticks = read_log(&log);
+    assert!(
+        ticks.len() >= 3,
+        "expected a tick per second, got {}",
+        ticks.len()
+    );
+    let holders: std::collections::BTreeSet<_> = ticks.iter().map(|t| t.holder.clone()).collect();
+    assert_eq!(holders.len(), 1, "only the leader runs ticks: {holders:?}");
+    let seconds: std::collections::BTreeSet<_> =
+        ticks.iter().map(|t| t.ns / 1_000_000_000).collect();
+    assert_eq!(seconds.len(), ticks.len(), "no tick ran twice");
+}
+
+#[test]
+fn bad_input_gets_clear_errors_and_documented_codes() {
+    let env = Env::new();
+    let out = env.tenure(&["status", "a//b"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("empty path segment") && err.contains("1 to 200 characters"),
+        "{err}"
+    );
+
+    let out = env
+        .cmd()
+        .args(["status", "x", "--store", "ftp://user:hunter2@host/x"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("unknown store scheme") && err.contains("sqlite:PATH"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("hunter2"),
+        "credentials are never printed: {err}"
+    );
+
+    let out = env.tenure(&["run", "x", "--ttl", "10s", "--grace", "9s", "--", "true"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--grace 9s does not fit inside --ttl 10s"),
+        "{err}"
+    );
+
+    let out = env.tenure(&["run", "x", "--ttl", "soon", "--", "true"]);
+    assert_eq!(out.status.code(), Some(2));
+
+    let out = env
+        .cmd()
+        .args(["status", "x", "--store", "sqlite:/nonexistent-dir/sub/t.db"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("tenure: error: cannot open the SQLite store at /nonexistent-dir/sub/t.db"),
+        "{err}"
+    );
+
+    // Evict asks for confirmation; off a terminal it needs --yes.
+    let _l = env.tenure(&["run", "jobs/e", "--", "true"]);
+    let mut holder = env.run("run-e", "5s");
+    wait_starts(&env.log(), 1, Duration::from_secs(20));
+    let out = env.tenure(&["evict", "jobs/report"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--yes"));
+    signal(holder.id(), rustix::process::Signal::TERM);
+    holder.wait().unwrap();
+}
+
+#[test]
+fn demo_runs_and_reports() {
+    let out = Command::new(TENURE)
+        .args(["demo", "--candidates", "3"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("tokens grew      yes") && text.contains("orphaned jobs    none"),
+        "{text}"
+    );
+}
