@@ -502,7 +502,7 @@ fn connect(path: &Path, options: &SqliteOptions) -> Result<Connection, StoreErro
     if !mode.eq_ignore_ascii_case("wal") {
         tracing::warn!(path = %path.display(), %mode, "SQLite did not switch to WAL");
     }
-    conn.execute_batch("PRAGMA synchronous = NORMAL;")
+    conn.execute_batch("PRAGMA synchronous = FULL;")
         .map_err(|e| sql_error(path, "setting synchronous", e))?;
     Ok(conn)
 }
