@@ -338,11 +338,12 @@ impl LeaseStore for SqliteStore {
         self.transact("release", move |tx, _now| {
             tx.execute(
                 "UPDATE tenure_leases SET holder = NULL, evicted = 0, revision = revision + 1
-                 WHERE election = ?1 AND holder = ?2 AND token = ?3",
+                 WHERE election = ?1 AND holder = ?2 AND token = ?3 AND revision = ?4",
                 params![
                     held.election.as_str(),
                     held.holder.as_str(),
-                    held.token.0 as i64
+                    held.token.0 as i64,
+                    held.revision.0 as i64
                 ],
             )?;
             Ok(())

@@ -79,6 +79,7 @@ cases!(
     renew_after_takeover_fails,
     release_clears_and_is_idempotent,
     release_by_non_holder_is_harmless,
+    delayed_release_of_an_earlier_term_is_harmless,
     evict_after_term_blocks_until_release,
     evict_after_term_blocks_until_term_ends,
     evict_now_frees_at_once,
@@ -343,6 +344,30 @@ async fn release_by_non_holder_is_harmless(h: Arc<dyn Harness>) {
     held(&*s2, &req(&e, &b, LONG)).await;
 }
 
+/// A holder that re-acquires its own live record keeps the token; a release sent in
+/// its earlier term and delivered late must not clear the current term.
+async fn delayed_release_of_an_earlier_term_is_harmless(h: Arc<dyn Harness>) {
+    let s = h.open().await;
+    let e = election("late-release");
+    let a = holder("a");
+    let first = acquired(&*s, &req(&e, &a, LONG)).await;
+    let second = acquired(&*s, &req(&e, &a, LONG)).await;
+    assert_eq!(second.token, first.token);
+    s.release(&first).await.unwrap();
+    let got = s
+        .get(&e)
+        .await
+        .unwrap()
+        .expect("a release carrying an older revision leaves the record");
+    assert_eq!(got.token, second.token);
+    s.release(&second).await.unwrap();
+    assert_eq!(
+        s.get(&e).await.unwrap(),
+        None,
+        "the release of the current revision clears it"
+    );
+}
+
 async fn evict_after_term_blocks_until_release(h: Arc<dyn Harness>) {
     let (s1, s2, op) = (h.open().await, h.open().await, h.open().await);
     let e = election("evict-release");
@@ -360,20 +385,24 @@ async fn evict_after_term_blocks_until_release(h: Arc<dyn Harness>) {
         .unwrap()
         .expect("an evicted lease stays until its holder releases");
     assert!(shown.evicted, "get shows the eviction");
-    match s1.renew(&la, LONG).await.unwrap() {
-        Renew::Lost(Some(cur)) => assert!(
-            cur.evicted && cur.holder == a,
-            "Lost shows our own evicted record"
-        ),
+    let evicted = match s1.renew(&la, LONG).await.unwrap() {
+        Renew::Lost(Some(cur)) => {
+            assert!(
+                cur.evicted && cur.holder == a && cur.token == la.token,
+                "Lost shows our own evicted record"
+            );
+            cur
+        }
         other => panic!("an evicted holder must not renew, got {other:?}"),
-    }
+    };
     let blocked = held(&*s2, &req(&e, &b, LONG)).await;
     assert!(
         blocked.evicted && blocked.holder == a,
         "nobody else may acquire while the evicted holder may still act"
     );
     held(&*s1, &req(&e, &a, LONG)).await;
-    s1.release(&la).await.unwrap();
+    // The eviction moved the revision: the holder releases the record as Lost showed it.
+    s1.release(&evicted).await.unwrap();
     let lb = acquired(&*s2, &req(&e, &b, LONG)).await;
     assert!(lb.token > la.token);
 }
@@ -434,7 +463,8 @@ async fn tokens_increase_across_release_evict_expiry(h: Arc<dyn Harness>) {
         let l = acquired(&*s, &req(&e, &holder("t"), LONG)).await;
         check(l.token, "an eviction now");
         s.evict(&e, Evict::AfterTerm).await.unwrap();
-        s.release(&l).await.unwrap();
+        let evicted = s.get(&e).await.unwrap().expect("evicted, not yet released");
+        s.release(&evicted).await.unwrap();
         let l = acquired(&*s, &req(&e, &holder("x"), h.short_ttl())).await;
         check(l.token, "an eviction after term");
         if round == 0 {

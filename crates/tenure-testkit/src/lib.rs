@@ -3,10 +3,12 @@
 //! - [`conformance`]: the contract tests every [`tenure::LeaseStore`] passes.
 //! - [`faults`]: a store wrapper that injects failures, for runtime tests.
 //! - [`history`]: a checker for recorded histories (invariants I1–I4).
+//! - [`sim`]: the deterministic simulation behind `tenure-sim`.
 
 pub mod conformance;
 pub mod faults;
 pub mod history;
+pub mod sim;
 
 /// A name unique to this run, for isolating tests that share a store.
 pub fn unique(prefix: &str) -> String {

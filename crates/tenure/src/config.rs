@@ -55,6 +55,11 @@ pub struct Config {
     pub resign_backoff: Duration,
     /// Metadata published with the lease (at most 4096 bytes).
     pub metadata: Vec<u8>,
+    /// Test only, and unsafe: date each term from when the store's answer *arrived*
+    /// instead of when the request was sent. It exists so that the simulation can show
+    /// that it catches this mistake.
+    #[doc(hidden)]
+    pub mutation_date_from_response: bool,
 }
 
 impl Config {
@@ -74,6 +79,7 @@ impl Config {
             splay: Duration::ZERO,
             resign_backoff: retry * 2,
             metadata: Vec::new(),
+            mutation_date_from_response: false,
         }
     }
 

@@ -270,6 +270,7 @@ impl Elector {
                 return Err(ElectError::ShutDown);
             }
             tokio::select! {
+                biased;
                 _ = rx.changed() => {}
                 _ = self.shared.shutdown.cancelled() => return Err(ElectError::ShutDown),
             }
@@ -301,6 +302,7 @@ impl Elector {
             let cancel = leadership.cancel.clone();
             let mut fut = Box::pin(task(leadership.clone()));
             tokio::select! {
+                biased;
                 out = &mut fut => {
                     drop(fut);
                     drop(leadership);
@@ -492,6 +494,7 @@ async fn campaign_loop(shared: &Shared) {
 /// Sleeps until `until`; true if shutdown came first.
 async fn sleep_or_shutdown(shared: &Shared, until: Instant) -> bool {
     tokio::select! {
+        biased;
         _ = shared.clock.sleep_until(until) => false,
         _ = shared.shutdown.cancelled() => true,
     }
@@ -506,6 +509,7 @@ async fn call<T>(
 ) -> Result<T, StoreError> {
     let limit = until.saturating_duration_since(shared.clock.now());
     tokio::select! {
+        biased;
         r = fut => r,
         _ = shared.clock.sleep_until(until) => Err(StoreError::timed_out(what, limit)),
     }
@@ -603,6 +607,7 @@ async fn follow(shared: &Shared, view: &mut View<'_>) -> Option<(LeaseRecord, In
             }
         }
         tokio::select! {
+            biased;
             _ = shared.shutdown.cancelled() => return None,
             _ = shared.clock.sleep_until(wake_at) => attempt = true,
             ev = next_event(&mut watch) => match ev {
@@ -661,7 +666,15 @@ async fn lead(
 ) -> OustReason {
     let cfg = &shared.cfg;
     let election = &shared.req.election;
-    let mut times = TermTimes::after_success(cfg, sent);
+    // The term is dated from when the request was sent (see the mutation's doc).
+    let dated = |sent: Instant| {
+        if cfg.mutation_date_from_response {
+            shared.clock.now()
+        } else {
+            sent
+        }
+    };
+    let mut times = TermTimes::after_success(cfg, dated(sent));
     let deadline_cell = Arc::new(Mutex::new(times.deadline));
     let cancel = CancellationToken::new();
     let (resign_tx, mut resign_rx) = mpsc::unbounded_channel();
@@ -714,12 +727,16 @@ async fn lead(
                 match call(shared, "renew", until, shared.store.renew(&lease, cfg.ttl)).await {
                     Ok(Renew::Renewed(rec)) => {
                         lease = rec;
-                        times = TermTimes::after_success(cfg, sent);
+                        times = TermTimes::after_success(cfg, dated(sent));
                         *deadline_cell.lock().unwrap_or_else(|p| p.into_inner()) = times.deadline;
                     }
                     Ok(Renew::Lost(cur)) => {
                         break match cur {
-                            Some(r) if r.holder == lease.holder && r.token == lease.token && r.evicted => OustReason::Evicted,
+                            Some(r) if r.holder == lease.holder && r.token == lease.token && r.evicted => {
+                                // Release the record as it now stands (its revision moved).
+                                lease = r;
+                                OustReason::Evicted
+                            }
                             other => OustReason::Lost { to: other.map(|r| r.leader()) },
                         };
                     }
@@ -757,6 +774,7 @@ async fn lead(
     let mut warned = false;
     loop {
         tokio::select! {
+            biased;
             _ = alive_rx.recv() => break,
             _ = shared.clock.sleep_until(times.deadline), if !warned => {
                 warned = true;

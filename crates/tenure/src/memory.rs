@@ -4,9 +4,10 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::watch;
+use tokio::sync::broadcast;
 use tokio_stream::StreamExt;
-use tokio_stream::wrappers::WatchStream as TokioWatchStream;
+use tokio_stream::wrappers::BroadcastStream;
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 
 use crate::clock::{Clock, Instant, TokioClock};
 use crate::name::ElectionName;
@@ -33,7 +34,9 @@ struct Slot {
     current: Option<(LeaseRecord, Instant)>,
     last_token: u64,
     revision: u64,
-    changes: watch::Sender<Option<LeaseRecord>>,
+    /// A broadcast rather than a watch channel: its waiters wake in a fixed order, which
+    /// keeps simulations deterministic.
+    changes: broadcast::Sender<Option<LeaseRecord>>,
 }
 
 impl Default for MemoryStore {
@@ -75,7 +78,7 @@ impl MemoryStore {
             current: None,
             last_token: 0,
             revision: 0,
-            changes: watch::Sender::new(None),
+            changes: broadcast::channel(64).0,
         })
     }
 }
@@ -100,7 +103,7 @@ impl Slot {
     fn write(&mut self, rec: Option<(LeaseRecord, Instant)>, now: Instant) -> Option<LeaseRecord> {
         self.current = rec;
         let live = self.live(now);
-        self.changes.send_replace(live.clone());
+        let _ = self.changes.send(live.clone());
         live
     }
 }
@@ -174,6 +177,7 @@ impl LeaseStore for MemoryStore {
         if let Some(cur) = slot.live(now)
             && cur.holder == held.holder
             && cur.token == held.token
+            && cur.revision == held.revision
         {
             slot.revision += 1;
             slot.write(None, now);
@@ -229,7 +233,16 @@ impl LeaseStore for MemoryStore {
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
         let mut map = self.lock();
         let rx = Self::slot(&mut map, election).changes.subscribe();
-        Some(Box::pin(TokioWatchStream::from_changes(rx).map(Ok)))
+        let store = self.clone();
+        let election = election.clone();
+        Some(Box::pin(BroadcastStream::new(rx).map(move |ev| match ev {
+            Ok(rec) => Ok(rec),
+            // A watcher that fell behind gets the record as it stands now.
+            Err(BroadcastStreamRecvError::Lagged(_)) => {
+                let now = store.inner.clock.now();
+                Ok(store.lock().get_mut(&election).and_then(|s| s.live(now)))
+            }
+        })))
     }
 
     fn describe(&self) -> String {

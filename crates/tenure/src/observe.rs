@@ -120,6 +120,7 @@ pub fn observe_with(
                 }
             };
             tokio::select! {
+                biased;
                 _ = token.cancelled() => return,
                 _ = clock.sleep_until(wake_at) => {}
                 ev = event => if !matches!(ev, Some(Ok(_))) {

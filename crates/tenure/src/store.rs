@@ -140,6 +140,7 @@ impl StdError for StoreError {
 ///    `try_acquire`) keeps the token.
 /// 5. **Renew is a compare-and-set on (holder, token)** and never succeeds once the
 ///    record belongs to another grant or has expired, or the holder was evicted.
+///    **Release is a compare-and-set on (holder, token, revision).**
 /// 6. **Eviction never makes two leaders.** [`Evict::AfterTerm`] stops renewal and
 ///    blocks every other candidate until the holder releases or its term runs out;
 ///    only [`Evict::Now`] clears the record at once.
@@ -161,8 +162,12 @@ pub trait LeaseStore: Send + Sync + 'static {
         ttl: std::time::Duration,
     ) -> Result<Renew, StoreError>;
 
-    /// Clears the record if it is still the grant `held`; otherwise does nothing.
-    /// Idempotent. The token counter survives.
+    /// Clears the record if it is still exactly `held`: same holder, token **and
+    /// revision**; otherwise does nothing. Idempotent. The token counter survives.
+    ///
+    /// Comparing the revision matters: a holder that re-acquires its own live record
+    /// keeps the token, so a release delayed in the network from its earlier term would
+    /// otherwise clear the lease of its current term.
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError>;
 
     /// The current record of `election`, or `None` if nobody holds it (never an

@@ -61,7 +61,10 @@ proptest! {
                     Op::Renew { holder } => {
                         if let Some(l) = leases.get(&holder).cloned() {
                             match store.renew(&l, Duration::from_millis(500)).await.unwrap() {
-                                Renew::Renewed(r) => assert_eq!(r.token, l.token),
+                                Renew::Renewed(r) => {
+                                    assert_eq!(r.token, l.token);
+                                    leases.insert(holder, r);
+                                }
                                 Renew::Lost(_) => { leases.remove(&holder); }
                             }
                         }

@@ -1,0 +1,611 @@
+//! Deterministic simulation: the real [`Elector`] on simulated time, against a store
+//! that loses requests and answers, stalls, restarts and jumps its clock, with
+//! candidates whose clocks drift, that crash, stop, and pause between checking
+//! `is_valid()` and writing to a fenced resource.
+//!
+//! Each seed runs on its own single-threaded tokio runtime with paused time; every
+//! random choice (the runtime's jitter included) comes from the seed, and the runtime's
+//! `select!`s are biased, so a seed replays exactly. The history is checked with
+//! [`crate::history::check`].
+
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tenure::{
+    Acquire, AcquireRequest, Clock, Config, ElectionName, Elector, Event, Evict, Instant,
+    LeaseRecord, LeaseStore, MemoryStore, Renew, StoreError, WatchStream,
+};
+
+use crate::history::{self, Liveness, Record, Summary};
+
+/// A deliberate bug, to show that the simulation catches it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mutant {
+    /// Safety margin zero (and no allowance for drift): store clock jumps go uncovered.
+    ZeroSafetyMargin,
+    /// Terms dated from when the answer arrived, not when the request was sent.
+    DeadlineFromResponse,
+    /// The store renews without comparing holder and token.
+    RenewWithoutCas,
+}
+
+/// What one seed covered and found.
+#[derive(Clone, Debug)]
+pub struct SeedReport {
+    /// The seed.
+    pub seed: u64,
+    /// Simulated time.
+    pub simulated: Duration,
+    /// Faults injected (lost requests and answers, stalls, restarts, clock jumps, crashes, pauses).
+    pub faults: u64,
+    /// The checker's findings.
+    pub summary: Summary,
+    /// A hash of the whole event log, to show that a seed replays exactly.
+    pub log_hash: u64,
+    /// The event log itself, when [`SimConfig::keep_log`] is set.
+    pub log: Vec<String>,
+}
+
+/// Simulated time from the start of the seed, in nanoseconds.
+fn ns(origin: Instant) -> u64 {
+    Instant::now().duration_since(origin).as_nanos() as u64
+}
+
+/// A candidate's clock: runs at `rate` times real (simulated) time.
+struct DriftClock {
+    origin: Instant,
+    rate: f64,
+}
+
+impl Clock for DriftClock {
+    fn now(&self) -> Instant {
+        self.origin
+            + Instant::now()
+                .duration_since(self.origin)
+                .mul_f64(self.rate)
+    }
+    fn sleep_until(&self, deadline: Instant) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
+        let real = self.origin
+            + deadline
+                .saturating_duration_since(self.origin)
+                .div_f64(self.rate)
+            + Duration::from_micros(1);
+        Box::pin(tokio::time::sleep_until(real))
+    }
+}
+
+/// The store's clock: real time plus forward jumps.
+struct JumpClock {
+    jumped: AtomicU64,
+}
+
+impl Clock for JumpClock {
+    fn now(&self) -> Instant {
+        Instant::now() + Duration::from_nanos(self.jumped.load(Ordering::SeqCst))
+    }
+    fn sleep_until(&self, deadline: Instant) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
+        let real = deadline - Duration::from_nanos(self.jumped.load(Ordering::SeqCst));
+        Box::pin(tokio::time::sleep_until(real))
+    }
+}
+
+/// Shared state of the simulated store and the history.
+struct World {
+    origin: Instant,
+    rng: Mutex<fastrand::Rng>,
+    store: MemoryStore,
+    store_clock: Arc<JumpClock>,
+    /// Until when (ns) the store is down.
+    down_until: AtomicU64,
+    /// How hard faults hit, 0 (calm) to 1; set to 0 at the end of a run.
+    chaos: Mutex<f64>,
+    ttl: Duration,
+    mutant: Option<Mutant>,
+    max_latency: Duration,
+    records: Mutex<Vec<Record>>,
+    log: Mutex<Vec<String>>,
+    faults: AtomicU64,
+    /// The fenced resource: the highest token accepted.
+    fence: AtomicU64,
+}
+
+impl World {
+    fn rand(&self) -> f64 {
+        self.rng.lock().unwrap().f64()
+    }
+    fn chance(&self, p: f64) -> bool {
+        self.rand() < p
+    }
+    fn record(&self, r: Record) {
+        self.log.lock().unwrap().push(format!("{r:?}"));
+        self.records.lock().unwrap().push(r);
+    }
+    fn note(&self, what: String) {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("{} {what}", ns(self.origin)));
+    }
+    fn fault(&self, what: &str) {
+        self.faults.fetch_add(1, Ordering::SeqCst);
+        self.note(format!("fault {what}"));
+    }
+    fn chaos(&self) -> f64 {
+        *self.chaos.lock().unwrap()
+    }
+    /// One leg of a request's trip (there or back).
+    fn latency(&self) -> Duration {
+        let chaos = self.chaos();
+        if self.chance(0.01 * chaos) {
+            self.fault("very slow");
+            return self.ttl.mul_f64(1.5 * self.rand());
+        }
+        if self.chance(0.05 * chaos) {
+            self.fault("slow");
+            return self.max_latency.mul_f64(4.0 * self.rand());
+        }
+        self.max_latency.mul_f64(self.rand())
+    }
+    /// The fenced resource: accepts a write unless a higher token was accepted before.
+    fn write(&self, election: &str, token: u64) {
+        let prev = self.fence.fetch_max(token, Ordering::SeqCst);
+        let accepted = token >= prev;
+        self.record(Record::Write {
+            election: election.into(),
+            token,
+            at: ns(self.origin),
+            accepted,
+        });
+    }
+}
+
+/// One candidate's handle on the store: adds latency and faults; dies with its candidate.
+struct SimStore {
+    world: Arc<World>,
+    dead: Arc<AtomicBool>,
+    /// Until when (ns) this candidate is cut off from the store.
+    cut_until: Arc<AtomicU64>,
+}
+
+impl SimStore {
+    fn cut(&self) -> bool {
+        ns(self.world.origin) < self.cut_until.load(Ordering::SeqCst)
+    }
+
+    /// Sends `op` to the store. It travels in a task of its own, so a request the
+    /// caller gave up on (timed out) may still be applied later, as on a real network.
+    async fn call<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        op: impl Future<Output = Result<T, StoreError>> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        if self.dead.load(Ordering::SeqCst) {
+            return std::future::pending().await;
+        }
+        if self.cut() {
+            if self.world.chance(0.5) {
+                return Err(StoreError::unavailable(format!(
+                    "{what}: connection refused"
+                )));
+            }
+            return std::future::pending().await;
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let w = self.world.clone();
+        let cut_until = self.cut_until.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(w.latency()).await;
+            if ns(w.origin) < w.down_until.load(Ordering::SeqCst) {
+                if w.chance(0.5) {
+                    let _ = tx.send(Err(StoreError::unavailable(format!(
+                        "{what}: store restarting"
+                    ))));
+                }
+                return;
+            }
+            if w.chance(0.03 * w.chaos()) {
+                w.fault("lost request");
+                return;
+            }
+            let out = op.await;
+            if w.chance(0.03 * w.chaos()) {
+                w.fault("lost answer");
+                return;
+            }
+            tokio::time::sleep(w.latency()).await;
+            if ns(w.origin) < cut_until.load(Ordering::SeqCst) {
+                return; // the answer is lost in the partition
+            }
+            let _ = tx.send(out);
+        });
+        match rx.await {
+            Ok(out) if !self.dead.load(Ordering::SeqCst) => out,
+            _ => std::future::pending().await,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for SimStore {
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
+        let w = self.world.clone();
+        let req = req.clone();
+        let requested = ns(w.origin);
+        self.call("acquire", async move {
+            let before = w.store.get(&req.election).await?;
+            let r = w.store.try_acquire(&req).await?;
+            if let Acquire::Acquired(l) = &r
+                && before.as_ref().is_none_or(|b| b.token != l.token)
+            {
+                w.record(Record::Grant {
+                    election: req.election.to_string(),
+                    holder: req.holder.to_string(),
+                    token: l.token.0,
+                    requested,
+                    completed: ns(w.origin),
+                });
+            }
+            Ok(r)
+        })
+        .await
+    }
+
+    async fn renew(&self, held: &LeaseRecord, ttl: Duration) -> Result<Renew, StoreError> {
+        let w = self.world.clone();
+        let held = held.clone();
+        self.call("renew", async move {
+            match w.store.renew(&held, ttl).await? {
+                Renew::Lost(_) if w.mutant == Some(Mutant::RenewWithoutCas) => {
+                    // The bug: overwrite whatever is there with the caller's lease.
+                    w.store.evict(&held.election, Evict::Now).await?;
+                    let req = AcquireRequest::new(held.election.clone(), held.holder.clone(), ttl);
+                    w.store.try_acquire(&req).await?;
+                    Ok(Renew::Renewed(held))
+                }
+                other => Ok(other),
+            }
+        })
+        .await
+    }
+
+    async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
+        let (store, held) = (self.world.store.clone(), held.clone());
+        self.call("release", async move { store.release(&held).await })
+            .await
+    }
+
+    async fn get(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {
+        let (store, e) = (self.world.store.clone(), election.clone());
+        self.call("get", async move { store.get(&e).await }).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        let (store, p) = (self.world.store.clone(), prefix.to_string());
+        self.call("list", async move { store.list(&p).await }).await
+    }
+
+    async fn evict(
+        &self,
+        election: &ElectionName,
+        how: Evict,
+    ) -> Result<Option<LeaseRecord>, StoreError> {
+        let (store, e) = (self.world.store.clone(), election.clone());
+        self.call("evict", async move { store.evict(&e, how).await })
+            .await
+    }
+
+    fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
+        // A partitioned candidate hears nothing; it finds out by renewing.
+        let cut_until = self.cut_until.clone();
+        let origin = self.world.origin;
+        let stream = self.world.store.watch(election)?;
+        Some(Box::pin(tokio_stream::StreamExt::filter(
+            stream,
+            move |_| ns(origin) >= cut_until.load(Ordering::SeqCst),
+        )))
+    }
+
+    fn describe(&self) -> String {
+        "sim".into()
+    }
+}
+
+/// Settings of a simulation run.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// Simulated time per seed.
+    pub duration: Duration,
+    /// The mutant to plant, if any.
+    pub mutant: Option<Mutant>,
+    /// Keep the event log in the report (for replaying one seed).
+    pub keep_log: bool,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            duration: Duration::from_secs(60),
+            mutant: None,
+            keep_log: false,
+        }
+    }
+}
+
+const ELECTION: &str = "sim/job";
+
+struct Candidate {
+    name: String,
+    elector: Elector,
+    dead: Arc<AtomicBool>,
+    cut_until: Arc<AtomicU64>,
+    work: tokio::task::JoinHandle<()>,
+    /// When its guarded work last stopped (ns): a graceful handover starts there.
+    work_stopped: Arc<AtomicU64>,
+}
+
+/// Runs one seed and checks its history.
+pub fn run_seed(seed: u64, cfg: &SimConfig) -> SeedReport {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime");
+    fastrand::seed(seed);
+    rt.block_on(simulate(seed, cfg))
+}
+
+async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let origin = Instant::now();
+    let ttl = Duration::from_millis([500, 1000, 2000, 3000][rng.usize(0..4)]);
+    let store_clock = Arc::new(JumpClock {
+        jumped: AtomicU64::new(0),
+    });
+    // Calm seeds have no store faults, so that liveness can be judged on them.
+    let calm = seed % 4 == 0;
+    let chaos = if calm { 0.0 } else { 0.3 + 0.7 * rng.f64() };
+    let max_latency = ttl / [20, 50, 200, 1000][rng.usize(0..4)];
+    let world = Arc::new(World {
+        origin,
+        rng: Mutex::new(fastrand::Rng::with_seed(seed ^ 0x5eed)),
+        store: MemoryStore::with_clock(store_clock.clone()),
+        store_clock,
+        down_until: AtomicU64::new(0),
+        chaos: Mutex::new(chaos),
+        ttl,
+        mutant: cfg.mutant,
+        max_latency,
+        records: Mutex::new(Vec::new()),
+        log: Mutex::new(Vec::new()),
+        faults: AtomicU64::new(0),
+        fence: AtomicU64::new(0),
+    });
+    let mut runtime_cfg = Config::new(ttl);
+    // Step down only at the deadline, so the deadline rule itself is what keeps terms apart.
+    runtime_cfg.renew_deadline = runtime_cfg.deadline_offset();
+    let max_drift = runtime_cfg.max_drift;
+    let margin = runtime_cfg.safety_margin;
+    match cfg.mutant {
+        Some(Mutant::ZeroSafetyMargin) => {
+            runtime_cfg.safety_margin = Duration::ZERO;
+            runtime_cfg.max_drift = 0.0;
+            runtime_cfg.renew_deadline = runtime_cfg.deadline_offset();
+        }
+        Some(Mutant::DeadlineFromResponse) => runtime_cfg.mutation_date_from_response = true,
+        _ => {}
+    }
+
+    let mut candidates: BTreeMap<u32, Candidate> = BTreeMap::new();
+    let mut next_id = 0u32;
+    let spawn = |id: u32, rng: &mut fastrand::Rng| -> Candidate {
+        let name = format!("c{id}");
+        let dead = Arc::new(AtomicBool::new(false));
+        let cut_until = Arc::new(AtomicU64::new(0));
+        let rate = 1.0 + max_drift * (rng.f64() * 2.0 - 1.0);
+        let clock = Arc::new(DriftClock { origin, rate });
+        let store = Arc::new(SimStore {
+            world: world.clone(),
+            dead: dead.clone(),
+            cut_until: cut_until.clone(),
+        });
+        let elector = Elector::builder(store, ELECTION)
+            .holder(&name)
+            .config(runtime_cfg.clone())
+            .clock(clock)
+            .build()
+            .expect("a valid simulation config");
+        let w = world.clone();
+        let e = elector.clone();
+        let holder = name.clone();
+        let work_stopped = Arc::new(AtomicU64::new(0));
+        let stopped = work_stopped.clone();
+        let mut events = elector.events();
+        let w2 = world.clone();
+        let h2 = name.clone();
+        tokio::spawn(async move {
+            while let Ok(ev) = events.recv().await {
+                w2.note(format!("{h2} {ev:?}"));
+                if let Event::Elected { token } = ev {
+                    w2.record(Record::Elected {
+                        election: ELECTION.into(),
+                        holder: h2.clone(),
+                        token: token.0,
+                        at: ns(w2.origin),
+                    });
+                }
+            }
+        });
+        let work = tokio::spawn(async move {
+            let _ = e
+                .run_while_leader(|l| {
+                    let w = w.clone();
+                    let holder = holder.clone();
+                    let stopped = stopped.clone();
+                    async move {
+                        loop {
+                            if !l.is_valid() {
+                                break;
+                            }
+                            let token = l.token().0;
+                            w.record(Record::Belief {
+                                election: ELECTION.into(),
+                                holder: holder.clone(),
+                                token,
+                                at: ns(w.origin),
+                            });
+                            if w.chance(0.002) {
+                                // A pause (GC, SIGSTOP) between the check and the write.
+                                w.fault("pause before write");
+                                tokio::time::sleep(ttl.mul_f64(2.0 * w.rand())).await;
+                            }
+                            w.write(ELECTION, token);
+                            let nap = Duration::from_millis(5 + (w.rand() * 45.0) as u64);
+                            tokio::select! {
+                                biased;
+                                _ = l.cancelled() => break,
+                                _ = tokio::time::sleep(nap) => {}
+                            }
+                        }
+                        stopped.store(ns(w.origin), Ordering::SeqCst);
+                    }
+                })
+                .await;
+        });
+        Candidate {
+            name,
+            elector,
+            dead,
+            cut_until,
+            work,
+            work_stopped,
+        }
+    };
+    let n = 2 + rng.usize(0..3);
+    for _ in 0..n {
+        candidates.insert(next_id, spawn(next_id, &mut rng));
+        next_id += 1;
+    }
+
+    // The fault schedule: every so often, one event.
+    let end = origin + cfg.duration;
+    while Instant::now() < end {
+        tokio::time::sleep(ttl.mul_f64(0.5 + 2.0 * rng.f64())).await;
+        let leader = world
+            .store
+            .get(&ElectionName::new(ELECTION).unwrap())
+            .await
+            .ok()
+            .flatten();
+        let leader_id = leader.as_ref().and_then(|l| {
+            candidates
+                .iter()
+                .find(|(_, c)| c.name == l.holder.as_str())
+                .map(|(id, _)| *id)
+        });
+        match rng.usize(0..10) {
+            0 | 1 => {
+                // Crash the leader: no release, its work stops at once.
+                if let Some(id) = leader_id {
+                    let c = candidates.remove(&id).unwrap();
+                    c.dead.store(true, Ordering::SeqCst);
+                    c.work.abort();
+                    world.fault("crash");
+                    world.record(Record::Stop {
+                        election: ELECTION.into(),
+                        holder: c.name.clone(),
+                        at: ns(origin),
+                        graceful: false,
+                    });
+                    drop(c.elector);
+                }
+            }
+            2 => {
+                // Stop the leader gracefully.
+                if let Some(id) = leader_id {
+                    let c = candidates.remove(&id).unwrap();
+                    world.note(format!("stop {}", c.name));
+                    let asked = ns(origin);
+                    c.elector.shutdown().await;
+                    let _ = c.work.await;
+                    // The handover starts once the guarded work has stopped (a paused
+                    // task delays it); judged for liveness only without store faults.
+                    if calm {
+                        let at = asked.max(c.work_stopped.load(Ordering::SeqCst));
+                        world.record(Record::Stop {
+                            election: ELECTION.into(),
+                            holder: c.name.clone(),
+                            at,
+                            graceful: true,
+                        });
+                    }
+                }
+            }
+            3 if !calm => {
+                world.fault("store restart");
+                let down = ttl.mul_f64(rng.f64());
+                world
+                    .down_until
+                    .store(ns(origin) + down.as_nanos() as u64, Ordering::SeqCst);
+            }
+            4 if !calm => {
+                // The store's clock steps forward by up to half the default safety margin.
+                world.fault("store clock jump");
+                let jump = margin.mul_f64(0.5 * rng.f64()).as_nanos() as u64;
+                world.store_clock.jumped.fetch_add(jump, Ordering::SeqCst);
+            }
+            5..=7 if !calm => {
+                // A partition: the leader (or, in one case of three, anyone) loses the store.
+                let target = match (leader_id, rng.usize(0..3)) {
+                    (Some(id), 0 | 1) => Some(id),
+                    _ => candidates
+                        .keys()
+                        .nth(rng.usize(0..candidates.len()))
+                        .copied(),
+                };
+                if let Some(c) = target.and_then(|id| candidates.get(&id)) {
+                    world.fault("partition");
+                    let until = ns(origin) + ttl.mul_f64(0.5 + 2.5 * rng.f64()).as_nanos() as u64;
+                    c.cut_until.store(until, Ordering::SeqCst);
+                }
+            }
+            _ => {}
+        }
+        while candidates.len() < 2 {
+            candidates.insert(next_id, spawn(next_id, &mut rng));
+            next_id += 1;
+        }
+    }
+    for (_, c) in std::mem::take(&mut candidates) {
+        c.dead.store(true, Ordering::SeqCst);
+        c.work.abort();
+    }
+    *world.chaos.lock().unwrap() = 0.0;
+
+    let records = world.records.lock().unwrap().clone();
+    let until = ns(origin);
+    let liveness = calm.then_some(Liveness {
+        // TTL on the slowest clock, the store's answer, the follower's expiry wake-up.
+        after_crash: (ttl.mul_f64(1.0 + 2.0 * max_drift) + world.max_latency * 2 + ttl / 10)
+            .as_nanos() as u64,
+        after_stop: (world.max_latency * 4 + Duration::from_millis(5)).as_nanos() as u64,
+        until,
+    });
+    let summary = history::check(&records, liveness);
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    world.log.lock().unwrap().hash(&mut hasher);
+    SeedReport {
+        seed,
+        simulated: cfg.duration,
+        faults: world.faults.load(Ordering::SeqCst),
+        summary,
+        log_hash: hasher.finish(),
+        log: if cfg.keep_log {
+            world.log.lock().unwrap().clone()
+        } else {
+            Vec::new()
+        },
+    }
+}
