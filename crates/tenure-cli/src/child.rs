@@ -1,11 +1,18 @@
 //! Running a command as a supervised child whose whole process group dies with us.
 //!
-//! `tenure` starts the command through itself (`tenure __child PID -- CMD…`): that
-//! small supervisor asks the kernel to signal it when its parent dies
+//! `tenure` starts the command through itself (`tenure __child PID DEADLINE_FILE GRACE_MS
+//! -- CMD…`): that small supervisor asks the kernel to signal it when its parent dies
 //! (`PR_SET_PDEATHSIG`), starts CMD in its own process group, and on that signal kills
 //! the whole group with SIGKILL. So even a SIGKILL of `tenure run` leaves no orphan
 //! that could keep acting as a second leader.
+//!
+//! It is also a dead man's switch: `tenure` writes to DEADLINE_FILE the instant (on the
+//! host's monotonic clock) by which the command must start stopping, and moves it
+//! forward after every renewal. If that instant passes, because `tenure` is frozen
+//! (SIGSTOP, a stalled VM) or stuck, the supervisor itself sends SIGTERM to the group,
+//! and SIGKILL after the grace period, before the lease deadline.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::Duration;
 
@@ -14,8 +21,30 @@ use rustix::process::{Pid, Signal};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
 
+/// The host's monotonic clock in nanoseconds: the clock of tokio's `Instant`, shared by
+/// every process on the host.
+pub fn monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// The instant written in the deadline file (0 if unreadable: no limit).
+fn read_stop_at(path: &Path) -> u64 {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Writes the instant by which the command must start stopping, atomically.
+fn write_stop_at(path: &Path, stop_at_ns: u64) -> std::io::Result<()> {
+    let tmp = path.with_extension("new");
+    std::fs::write(&tmp, stop_at_ns.to_string())?;
+    std::fs::rename(tmp, path)
+}
+
 /// The hidden subcommand's body: supervise `cmd` and return its exit code.
-pub async fn supervisor(parent: i32, cmd: &[String]) -> i32 {
+pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, cmd: &[String]) -> i32 {
     // Ask for SIGUSR2 when our parent dies, then check it has not died already.
     if let Err(e) = rustix::process::set_parent_process_death_signal(Some(Signal::USR2)) {
         eprintln!("tenure: cannot arrange to stop with the parent process: {e}");
@@ -47,17 +76,40 @@ pub async fn supervisor(parent: i32, cmd: &[String]) -> i32 {
             };
         }
     };
+    let group = rustix::process::getpgrp();
+    let mut check = tokio::time::interval(Duration::from_millis(20));
+    let mut terminated_at: Option<u64> = None;
     loop {
         tokio::select! {
+            biased;
             status = child.wait() => return status.map(exit_code).unwrap_or(1),
             _ = parent_died.recv() => {
                 // `tenure` is gone: nobody renews the lease. Kill everything now.
-                let _ = rustix::process::kill_process_group(rustix::process::getpgrp(), Signal::KILL);
+                let _ = rustix::process::kill_process_group(group, Signal::KILL);
                 return 137;
             }
             // The whole group received these from `tenure`; the command decides.
             _ = term.recv() => {}
             _ = int.recv() => {}
+            _ = check.tick() => {
+                let now = monotonic_ns();
+                match terminated_at {
+                    None => {
+                        let stop_at = read_stop_at(deadline_file);
+                        if stop_at > 0 && now >= stop_at {
+                            // `tenure` did not extend the deadline: it is frozen or stuck.
+                            eprintln!("tenure: the lease was not renewed in time; stopping the command");
+                            let _ = rustix::process::kill_process_group(group, Signal::TERM);
+                            terminated_at = Some(now);
+                        }
+                    }
+                    Some(t) if now >= t + grace.as_nanos() as u64 => {
+                        let _ = rustix::process::kill_process_group(group, Signal::KILL);
+                        return 137;
+                    }
+                    Some(_) => {}
+                }
+            }
         }
     }
 }
@@ -75,16 +127,33 @@ pub fn exit_code(status: ExitStatus) -> i32 {
 pub struct Supervised {
     child: Child,
     group: Pid,
+    deadline_file: PathBuf,
+    _dir: tempfile::TempDir,
 }
 
 impl Supervised {
-    /// Starts `cmd` with `env` added to our environment.
-    pub fn spawn(cmd: &[String], env: &[(&str, String)]) -> Result<Self> {
+    /// Starts `cmd` with `env` added to our environment. The supervisor stops it on its
+    /// own at `stop_at_ns` (monotonic) unless [`Supervised::extend`] moves that on.
+    pub fn spawn(
+        cmd: &[String],
+        env: &[(&str, String)],
+        stop_at_ns: u64,
+        grace: Duration,
+    ) -> Result<Self> {
         let exe = std::env::current_exe()
             .context("cannot find the tenure executable to supervise the command")?;
+        let dir = tempfile::Builder::new()
+            .prefix("tenure-run-")
+            .tempdir()
+            .context("cannot create the command's deadline file")?;
+        let deadline_file = dir.path().join("deadline");
+        write_stop_at(&deadline_file, stop_at_ns)
+            .context("cannot write the command's deadline file")?;
         let child = Command::new(exe)
             .arg("__child")
             .arg(std::process::id().to_string())
+            .arg(&deadline_file)
+            .arg(grace.as_millis().to_string())
             .arg("--")
             .args(cmd)
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
@@ -100,7 +169,19 @@ impl Supervised {
             .id()
             .context("the command exited before it could be supervised")?;
         let group = Pid::from_raw(pid as i32).context("the command has an invalid process id")?;
-        Ok(Self { child, group })
+        Ok(Self {
+            child,
+            group,
+            deadline_file,
+            _dir: dir,
+        })
+    }
+
+    /// Moves the instant at which the supervisor stops the command on its own.
+    pub fn extend(&self, stop_at_ns: u64) {
+        if let Err(e) = write_stop_at(&self.deadline_file, stop_at_ns) {
+            tracing::warn!(error = %e, "cannot extend the command's deadline; it may be stopped early");
+        }
     }
 
     /// The process group id (the supervisor's pid).

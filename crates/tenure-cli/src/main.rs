@@ -152,6 +152,8 @@ Example:
     #[command(name = "__child", hide = true)]
     Child {
         parent: i32,
+        deadline_file: PathBuf,
+        grace_ms: u64,
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
     },
@@ -247,7 +249,18 @@ fn init_logging(verbose: u8, quiet: bool) {
 async fn dispatch(cli: Cli) -> Result<i32> {
     let store = cli.store.as_deref();
     match cli.command {
-        Command::Child { parent, cmd } => Ok(child::supervisor(parent, &cmd).await),
+        Command::Child {
+            parent,
+            deadline_file,
+            grace_ms,
+            cmd,
+        } => Ok(child::supervisor(
+            parent,
+            &deadline_file,
+            Duration::from_millis(grace_ms),
+            &cmd,
+        )
+        .await),
         Command::DemoJob { dir } => demo::job(&dir).await,
         Command::Demo { candidates, ttl } => demo::demo(candidates, ttl).await.map(|()| 0),
         Command::Run(a) => {

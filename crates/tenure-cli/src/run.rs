@@ -93,6 +93,13 @@ enum End {
     Stopped,
 }
 
+/// The monotonic instant (ns) by which the command must start stopping: the local
+/// deadline less the grace period and the kill margin.
+fn stop_at_ns(l: &Leadership, grace: Duration) -> u64 {
+    let left = l.remaining().saturating_sub(grace + KILL_MARGIN);
+    crate::child::monotonic_ns() + left.as_nanos() as u64
+}
+
 /// Runs `cmd` while `l` holds; stops it when the term ends or `stop` fires.
 async fn supervise(
     l: &Leadership,
@@ -100,18 +107,31 @@ async fn supervise(
     grace: Duration,
     stop: &CancellationToken,
 ) -> Result<End> {
-    let mut child = Supervised::spawn(cmd, &child_env(l))?;
+    let mut child = Supervised::spawn(cmd, &child_env(l), stop_at_ns(l, grace), grace)?;
     tracing::info!(token = %l.token(), pid = child.pid(), "leading; started the command");
-    tokio::select! {
-        code = child.wait() => Ok(End::Exited(code)),
-        _ = l.cancelled() => {
-            tracing::warn!(token = %l.token(), "leadership ended; stopping the command");
-            child.stop(grace).await;
-            Ok(End::Lost)
-        }
-        _ = stop.cancelled() => {
-            child.stop(grace).await;
-            Ok(End::Stopped)
+    // Tell the supervisor of every renewal, so that it stops the command on its own
+    // only if this process stops renewing (frozen or stuck).
+    let mut deadline = l.deadline();
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    loop {
+        tokio::select! {
+            biased;
+            code = child.wait() => return Ok(End::Exited(code)),
+            _ = l.cancelled() => {
+                tracing::warn!(token = %l.token(), "leadership ended; stopping the command");
+                child.stop(grace).await;
+                return Ok(End::Lost);
+            }
+            _ = stop.cancelled() => {
+                child.stop(grace).await;
+                return Ok(End::Stopped);
+            }
+            _ = tick.tick() => {
+                if l.deadline() != deadline && l.is_valid() {
+                    deadline = l.deadline();
+                    child.extend(stop_at_ns(l, grace));
+                }
+            }
         }
     }
 }

@@ -221,6 +221,29 @@ fn three_runs_one_child_at_a_time_and_sigkill_takes_the_child_along() {
 }
 
 #[test]
+fn a_frozen_tenure_run_still_stops_its_command_before_the_deadline() {
+    let env = Env::new();
+    let mut runs: Vec<(String, Proc)> = (1..=2)
+        .map(|i| (format!("run-{i}"), env.run(&format!("run-{i}"), "2s")))
+        .collect();
+    let first = wait_starts(&env.log(), 1, Duration::from_secs(20)).remove(0);
+    let i = runs.iter().position(|(id, _)| *id == first.holder).unwrap();
+    // Freeze the leader's tenure process (not its command) for longer than the TTL.
+    signal(runs[i].1.id(), rustix::process::Signal::STOP);
+    let second = wait_starts(&env.log(), 2, Duration::from_secs(10)).remove(1);
+    assert_ne!(second.holder, first.holder);
+    assert!(
+        !alive(first.pid),
+        "the frozen leader's command was stopped by its supervisor"
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    signal(runs[i].1.id(), rustix::process::Signal::CONT);
+    std::thread::sleep(Duration::from_millis(500));
+    stop_all(runs.into_iter().map(|(_, c)| c).collect());
+    assert_no_overlap(&env.log());
+}
+
+#[test]
 fn evict_moves_leadership_and_status_list_watch_show_it() {
     let env = Env::new();
     let mut watch = Proc(

@@ -699,8 +699,13 @@ async fn lead(
     let mut resigners: Vec<oneshot::Sender<()>> = Vec::new();
 
     let reason = loop {
-        if shared.clock.now() >= times.deadline {
+        // After a pause (SIGSTOP, a stalled VM) these may already have passed.
+        let now = shared.clock.now();
+        if now >= times.deadline {
             break OustReason::DeadlinePassed;
+        }
+        if now >= times.stop_at {
+            break OustReason::RenewFailed;
         }
         let publish_wait = async {
             match pending {
@@ -771,7 +776,8 @@ async fn lead(
     let _ = shared.events.send(Event::Ousted {
         reason: reason.clone(),
     });
-    let mut warned = false;
+    // Warn if the work outlives the deadline, unless we only woke up past it.
+    let mut warned = shared.clock.now() >= times.deadline;
     loop {
         tokio::select! {
             biased;
