@@ -1,0 +1,466 @@
+//! `tenure-torture`: real `tenure run` candidates under injected faults, checked.
+//!
+//! Starts N `tenure run` processes against one store. Each runs a probe while it leads:
+//! the probe writes every 10 ms to a fenced resource (a file that accepts a token only if
+//! it is at least the highest accepted so far) and logs every attempt on the host's
+//! monotonic clock. Meanwhile the leader is killed (SIGKILL), frozen (SIGSTOP for longer
+//! than the TTL, then SIGCONT) or stopped (SIGTERM). At the end the history checker judges
+//! the log: one actor at a time (I1), growing tokens (I2), no stale write accepted (I3),
+//! a new leader within TTL + 1 s of a crash or freeze and within 1 s of a stop (I4).
+//!
+//! ```text
+//! cargo build -p tenure-cli -p tenure-testkit --bins
+//! target/debug/tenure-torture --tenure target/debug/tenure --duration 60s
+//! ```
+//!
+//! Exits 1 if any invariant was broken, 2 on bad arguments.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal};
+use tenure_testkit::history::{self, Liveness, Record};
+
+const ELECTION: &str = "torture/job";
+
+fn now_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+fn parse_duration(s: &str) -> Option<Duration> {
+    if let Some(ms) = s.strip_suffix("ms") {
+        return ms.parse().ok().map(Duration::from_millis);
+    }
+    if let Some(m) = s.strip_suffix('m') {
+        return m.parse::<u64>().ok().map(|m| Duration::from_secs(m * 60));
+    }
+    s.strip_suffix('s')
+        .unwrap_or(s)
+        .parse::<f64>()
+        .ok()
+        .map(Duration::from_secs_f64)
+}
+
+fn append(path: &Path, line: &str) {
+    // One write of a short line to an O_APPEND file is atomic among processes.
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+    {
+        let _ = f.write_all(format!("{line}\n").as_bytes());
+    }
+}
+
+/// The probe a candidate runs while it leads.
+fn probe(dir: &Path) -> ExitCode {
+    let holder = std::env::var("TENURE_HOLDER").unwrap_or_default();
+    let token: u64 = std::env::var("TENURE_TOKEN")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(0);
+    let events = dir.join("events");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s = stop.clone();
+    // SIGTERM: finish the current write, log, exit.
+    let _ = signal_hook_term(s);
+    append(&events, &format!("start {holder} {token} {}", now_ns()));
+    let lock_path = dir.join("fence.lock");
+    let fence_path = dir.join("fence");
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        let Ok(lock) = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+        else {
+            return ExitCode::from(1);
+        };
+        if rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).is_err() {
+            return ExitCode::from(1);
+        }
+        let highest: u64 = std::fs::read_to_string(&fence_path)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        let accepted = token >= highest;
+        if accepted {
+            let _ = std::fs::write(&fence_path, token.to_string());
+        }
+        append(
+            &events,
+            &format!(
+                "{} {holder} {token} {}",
+                if accepted { "accept" } else { "reject" },
+                now_ns()
+            ),
+        );
+        drop(lock);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    append(&events, &format!("stop {holder} {token} {}", now_ns()));
+    ExitCode::SUCCESS
+}
+
+/// Sets `flag` on SIGTERM, polling a signal in a thread (no unsafe handler needed).
+fn signal_hook_term(flag: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Option<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .ok()?;
+    std::thread::spawn(move || {
+        rt.block_on(async {
+            if let Ok(mut term) =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            {
+                term.recv().await;
+                flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        })
+    });
+    Some(())
+}
+
+struct Args {
+    tenure: PathBuf,
+    store: Option<String>,
+    candidates: usize,
+    duration: Duration,
+    ttl: Duration,
+    grace: Duration,
+    seed: u64,
+}
+
+fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
+    let mut a = Args {
+        tenure: std::env::current_exe()
+            .ok()
+            .and_then(|p| p.parent().map(|d| d.join("tenure")))
+            .unwrap_or_default(),
+        store: None,
+        candidates: 4,
+        duration: Duration::from_secs(60),
+        ttl: Duration::from_secs(2),
+        grace: Duration::from_millis(300),
+        seed: 1,
+    };
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--tenure" => a.tenure = PathBuf::from(value()?),
+            "--store" => a.store = Some(value()?),
+            "--candidates" => {
+                a.candidates = value()?.parse().map_err(|e| format!("--candidates: {e}"))?
+            }
+            "--duration" => {
+                a.duration = parse_duration(&value()?).ok_or("--duration: e.g. 60s or 10m")?
+            }
+            "--ttl" => a.ttl = parse_duration(&value()?).ok_or("--ttl: e.g. 2s")?,
+            "--grace" => a.grace = parse_duration(&value()?).ok_or("--grace: e.g. 300ms")?,
+            "--seed" => a.seed = value()?.parse().map_err(|e| format!("--seed: {e}"))?,
+            "-h" | "--help" => {
+                return Err("usage: tenure-torture [--tenure PATH] [--store URL] [--candidates 4] [--duration 60s] \
+                            [--ttl 2s] [--grace 300ms] [--seed N]\n       tenure-torture probe --dir DIR"
+                    .into());
+            }
+            other => return Err(format!("unknown argument {other:?}; see --help")),
+        }
+    }
+    if !a.tenure.is_file() {
+        return Err(format!(
+            "no tenure binary at {}; build it (cargo build -p tenure-cli) or pass --tenure PATH",
+            a.tenure.display()
+        ));
+    }
+    if a.candidates < 2 {
+        return Err("--candidates must be at least 2".into());
+    }
+    Ok(a)
+}
+
+struct Candidate {
+    id: String,
+    child: Child,
+    frozen_until: Option<Instant>,
+}
+
+fn signal(child: &Child, sig: Signal) {
+    if let Some(pid) = Pid::from_raw(child.id() as i32) {
+        let _ = rustix::process::kill_process(pid, sig);
+    }
+}
+
+fn spawn(a: &Args, store: &str, dir: &Path, id: &str) -> std::io::Result<Child> {
+    let me = std::env::current_exe()?;
+    Command::new(&a.tenure)
+        .args(["run", ELECTION, "--store", store, "--id", id])
+        .args([
+            "--ttl",
+            &format!("{}ms", a.ttl.as_millis()),
+            "--grace",
+            &format!("{}ms", a.grace.as_millis()),
+        ])
+        .arg("--")
+        .arg(me)
+        .args(["probe", "--dir"])
+        .arg(dir)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join(format!("{id}.log")))?)
+        .spawn()
+}
+
+/// The holder whose probe started last: the leader as far as the log tells.
+fn current_leader(events: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(events).ok()?;
+    text.lines()
+        .rev()
+        .find(|l| l.starts_with("start "))
+        .and_then(|l| l.split(' ').nth(1))
+        .map(String::from)
+}
+
+fn percentile(sorted: &[u64], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    Duration::from_nanos(sorted[((sorted.len() - 1) as f64 * p).round() as usize])
+}
+
+fn torture(a: Args) -> Result<bool, String> {
+    let tmp =
+        tempfile::tempdir().map_err(|e| format!("cannot create a temporary directory: {e}"))?;
+    let dir = tmp.path().to_path_buf();
+    let store = a
+        .store
+        .clone()
+        .unwrap_or_else(|| format!("sqlite:{}", dir.join("store.db").display()));
+    let events = dir.join("events");
+    let mut rng = fastrand::Rng::with_seed(a.seed);
+    let mut next = 0;
+    let mut cands: Vec<Candidate> = Vec::new();
+    let mut add = |cands: &mut Vec<Candidate>| -> Result<(), String> {
+        next += 1;
+        let id = format!("cand-{next}");
+        let child =
+            spawn(&a, &store, &dir, &id).map_err(|e| format!("cannot start tenure run: {e}"))?;
+        cands.push(Candidate {
+            id,
+            child,
+            frozen_until: None,
+        });
+        Ok(())
+    };
+    for _ in 0..a.candidates {
+        add(&mut cands)?;
+    }
+    println!(
+        "torture: {} candidates on {store}, TTL {:?}, grace {:?}, for {:?} (seed {})",
+        a.candidates, a.ttl, a.grace, a.duration, a.seed
+    );
+    let started = Instant::now();
+    let mut records: Vec<Record> = Vec::new();
+    let mut faults: BTreeMap<&str, u32> = BTreeMap::new();
+    while started.elapsed() < a.duration {
+        std::thread::sleep(a.ttl.mul_f64(0.75 + 1.5 * rng.f64()));
+        // Thaw candidates whose freeze is over.
+        for c in cands.iter_mut() {
+            if c.frozen_until.is_some_and(|t| Instant::now() >= t) {
+                signal(&c.child, Signal::CONT);
+                c.frozen_until = None;
+            }
+        }
+        let Some(leader) = current_leader(&events) else {
+            continue;
+        };
+        let Some(i) = cands
+            .iter()
+            .position(|c| c.id == leader && c.frozen_until.is_none())
+        else {
+            continue;
+        };
+        let at = now_ns();
+        match rng.usize(0..3) {
+            0 => {
+                let mut c = cands.remove(i);
+                signal(&c.child, Signal::KILL);
+                let _ = c.child.wait();
+                records.push(Record::Stop {
+                    election: ELECTION.into(),
+                    holder: c.id,
+                    at,
+                    graceful: false,
+                });
+                *faults.entry("SIGKILL").or_default() += 1;
+                add(&mut cands)?;
+            }
+            1 => {
+                let c = &mut cands[i];
+                signal(&c.child, Signal::STOP);
+                c.frozen_until = Some(Instant::now() + a.ttl.mul_f64(1.2 + 1.3 * rng.f64()));
+                records.push(Record::Stop {
+                    election: ELECTION.into(),
+                    holder: c.id.clone(),
+                    at,
+                    graceful: false,
+                });
+                *faults.entry("SIGSTOP").or_default() += 1;
+            }
+            _ => {
+                let mut c = cands.remove(i);
+                signal(&c.child, Signal::TERM);
+                let _ = c.child.wait();
+                records.push(Record::Stop {
+                    election: ELECTION.into(),
+                    holder: c.id,
+                    at,
+                    graceful: true,
+                });
+                *faults.entry("SIGTERM").or_default() += 1;
+                add(&mut cands)?;
+            }
+        }
+    }
+    let until = now_ns();
+    for c in cands.iter_mut() {
+        signal(&c.child, Signal::CONT);
+        signal(&c.child, Signal::TERM);
+    }
+    for c in cands.iter_mut() {
+        let _ = c.child.wait();
+    }
+
+    // The probes' log becomes the history.
+    let text = std::fs::read_to_string(&events).unwrap_or_default();
+    let mut granted: BTreeMap<(String, u64), u64> = BTreeMap::new();
+    for line in text.lines() {
+        let p: Vec<&str> = line.split(' ').collect();
+        let (Some(kind), Some(holder), Some(token), Some(at)) = (
+            p.first(),
+            p.get(1),
+            p.get(2).and_then(|t| t.parse::<u64>().ok()),
+            p.get(3).and_then(|t| t.parse::<u64>().ok()),
+        ) else {
+            continue;
+        };
+        let e = ELECTION.to_string();
+        match *kind {
+            "start" => {
+                granted.entry((holder.to_string(), token)).or_insert(at);
+                records.push(Record::Elected {
+                    election: e,
+                    holder: holder.to_string(),
+                    token,
+                    at,
+                });
+            }
+            "accept" | "reject" => {
+                records.push(Record::Belief {
+                    election: e.clone(),
+                    holder: holder.to_string(),
+                    token,
+                    at,
+                });
+                records.push(Record::Write {
+                    election: e,
+                    token,
+                    at,
+                    accepted: *kind == "accept",
+                });
+            }
+            _ => {}
+        }
+    }
+    for ((holder, token), at) in &granted {
+        records.push(Record::Grant {
+            election: ELECTION.into(),
+            holder: holder.clone(),
+            token: *token,
+            requested: *at,
+            completed: *at,
+        });
+    }
+    let liveness = Liveness {
+        after_crash: (a.ttl + Duration::from_secs(1)).as_nanos() as u64,
+        after_stop: Duration::from_secs(1).as_nanos() as u64,
+        until,
+    };
+    let s = history::check(&records, Some(liveness));
+    let mut takeovers = s.takeovers_after_crash.clone();
+    takeovers.sort();
+    let mut handovers = s.handovers_after_stop.clone();
+    handovers.sort();
+    let ttl = a.ttl.as_secs_f64();
+    let ratio = |d: Duration| d.as_secs_f64() / ttl;
+    println!("leadership terms    {}", s.terms);
+    println!(
+        "faults injected     {}",
+        faults
+            .iter()
+            .map(|(k, v)| format!("{v} {k}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!(
+        "crash takeover      p50 {:?} ({:.2} TTL)  p99 {:?} ({:.2} TTL)  max {:?} ({:.2} TTL)",
+        percentile(&takeovers, 0.5),
+        ratio(percentile(&takeovers, 0.5)),
+        percentile(&takeovers, 0.99),
+        ratio(percentile(&takeovers, 0.99)),
+        percentile(&takeovers, 1.0),
+        ratio(percentile(&takeovers, 1.0))
+    );
+    println!(
+        "graceful handover   p50 {:?}  max {:?}",
+        percentile(&handovers, 0.5),
+        percentile(&handovers, 1.0)
+    );
+    println!(
+        "writes              {} accepted, {} stale rejected by the fence",
+        s.writes_accepted, s.stale_writes_rejected
+    );
+    println!("violations          {}", s.violations.len());
+    for v in s.violations.iter().take(10) {
+        println!("  {v}");
+    }
+    if !s.violations.is_empty() {
+        let keep = std::env::temp_dir().join(format!("tenure-torture-{}", std::process::id()));
+        let _ = std::fs::rename(&dir, &keep);
+        println!("logs kept in {}", keep.display());
+    }
+    Ok(s.violations.is_empty())
+}
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1).peekable();
+    if args.peek().map(String::as_str) == Some("probe") {
+        args.next();
+        let dir = match (args.next().as_deref(), args.next()) {
+            (Some("--dir"), Some(d)) => PathBuf::from(d),
+            _ => {
+                eprintln!("usage: tenure-torture probe --dir DIR");
+                return ExitCode::from(2);
+            }
+        };
+        return probe(&dir);
+    }
+    match parse_args(args) {
+        Err(e) => {
+            eprintln!("tenure-torture: {e}");
+            ExitCode::from(2)
+        }
+        Ok(a) => match torture(a) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(1),
+            Err(e) => {
+                eprintln!("tenure-torture: {e}");
+                ExitCode::from(1)
+            }
+        },
+    }
+}
