@@ -223,7 +223,7 @@ fn three_runs_one_child_at_a_time_and_sigkill_takes_the_child_along() {
 #[test]
 fn a_frozen_tenure_run_still_stops_its_command_before_the_deadline() {
     let env = Env::new();
-    let mut runs: Vec<(String, Proc)> = (1..=2)
+    let runs: Vec<(String, Proc)> = (1..=2)
         .map(|i| (format!("run-{i}"), env.run(&format!("run-{i}"), "2s")))
         .collect();
     let first = wait_starts(&env.log(), 1, Duration::from_secs(20)).remove(0);
