@@ -4,10 +4,12 @@
 //! - [`faults`]: a store wrapper that injects failures, for runtime tests.
 //! - [`history`]: a checker for recorded histories (invariants I1–I4).
 //! - [`sim`]: the deterministic simulation behind `tenure-sim`.
+//! - [`servers`]: throwaway PostgreSQL, MariaDB, Redis, NATS and etcd servers.
 
 pub mod conformance;
 pub mod faults;
 pub mod history;
+pub mod servers;
 pub mod sim;
 
 /// A name unique to this run, for isolating tests that share a store.

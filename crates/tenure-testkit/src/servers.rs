@@ -1,0 +1,468 @@
+//! Throwaway servers for tests: started from the installed binary on a free loopback
+//! port with a temporary data directory of their own, stopped by process id.
+//!
+//! A missing binary makes [`launch`] return `None` after saying so on stderr, so the
+//! test can return early; with `TENURE_REQUIRE_SERVERS=1` (as CI sets it) it panics
+//! instead, naming the Debian package to install.
+//!
+//! ```no_run
+//! use tenure_testkit::servers::{self, Kind};
+//! let Some(pg) = servers::launch(Kind::Postgres) else { return };
+//! let url = pg.url(); // postgres://postgres@127.0.0.1:PORT/postgres
+//! ```
+
+use std::ffi::OsString;
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal};
+
+/// Which server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// PostgreSQL (`initdb` + `postgres`); run as the `postgres` user when we are root.
+    Postgres,
+    /// MariaDB (`mariadb-install-db` + `mariadbd`); run as the `mysql` user when we are root.
+    MariaDb,
+    /// Redis without persistence.
+    Redis,
+    /// nats-server with JetStream.
+    Nats,
+    /// A one-member etcd cluster.
+    Etcd,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Postgres => "PostgreSQL",
+            Kind::MariaDb => "MariaDB",
+            Kind::Redis => "Redis",
+            Kind::Nats => "NATS",
+            Kind::Etcd => "etcd",
+        }
+    }
+
+    fn package(self) -> &'static str {
+        match self {
+            Kind::Postgres => "postgresql",
+            Kind::MariaDb => "mariadb-server",
+            Kind::Redis => "redis-server",
+            Kind::Nats => "nats-server",
+            Kind::Etcd => "etcd-server",
+        }
+    }
+
+    fn program(self) -> &'static str {
+        match self {
+            Kind::Postgres => "postgres",
+            Kind::MariaDb => "mariadbd",
+            Kind::Redis => "redis-server",
+            Kind::Nats => "nats-server",
+            Kind::Etcd => "etcd",
+        }
+    }
+
+    /// The user the server runs as when we are root, if it refuses to run as root.
+    fn user(self) -> Option<&'static str> {
+        match self {
+            Kind::Postgres => Some("postgres"),
+            Kind::MariaDb => Some("mysql"),
+            _ => None,
+        }
+    }
+}
+
+/// Finds an installed program: on PATH, then where Debian keeps server binaries.
+pub fn find_program(name: &str) -> Option<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    dirs.extend(["/usr/sbin", "/usr/local/sbin", "/sbin"].map(PathBuf::from));
+    if let Ok(entries) = std::fs::read_dir("/usr/lib/postgresql") {
+        let mut versions: Vec<PathBuf> = entries.flatten().map(|e| e.path().join("bin")).collect();
+        versions.sort();
+        dirs.extend(versions.into_iter().rev());
+    }
+    dirs.into_iter().map(|d| d.join(name)).find(|p| p.is_file())
+}
+
+/// Whether tests must fail, rather than skip, when a server binary is missing.
+pub fn servers_required() -> bool {
+    std::env::var("TENURE_REQUIRE_SERVERS").is_ok_and(|v| v == "1")
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free loopback port")
+}
+
+fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// (uid, gid) of a local user, from /etc/passwd.
+fn user_ids(user: &str) -> Option<(u32, u32)> {
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        (f.first() == Some(&user))
+            .then(|| Some((f.get(2)?.parse().ok()?, f.get(3)?.parse().ok()?)))?
+    })
+}
+
+/// A running throwaway server. Dropping it kills the server and removes its data.
+pub struct Server {
+    kind: Kind,
+    port: u16,
+    /// A second port (etcd's peer port).
+    peer_port: u16,
+    dir: tempfile::TempDir,
+    program: PathBuf,
+    child: Option<Child>,
+    password: Option<String>,
+}
+
+/// Starts a server of `kind`, or returns `None` (after saying why) if its binary is not
+/// installed and servers are not required. Panics if it is installed but does not start.
+pub fn launch(kind: Kind) -> Option<Server> {
+    launch_with(kind, None)
+}
+
+/// Like [`launch`], with a password for the server's default user (Redis: `requirepass`).
+pub fn launch_with(kind: Kind, password: Option<&str>) -> Option<Server> {
+    let Some(program) = find_program(kind.program()) else {
+        let msg = format!(
+            "{} is not installed ({} not found); install the Debian package {}",
+            kind.name(),
+            kind.program(),
+            kind.package()
+        );
+        if servers_required() {
+            panic!("{msg} (TENURE_REQUIRE_SERVERS=1)");
+        }
+        eprintln!("skipping: {msg}");
+        return None;
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("tenure-server-")
+        .tempdir()
+        .expect("a temporary directory");
+    let mut s = Server {
+        kind,
+        port: free_port(),
+        peer_port: free_port(),
+        dir,
+        program,
+        child: None,
+        password: password.map(String::from),
+    };
+    s.init();
+    s.start();
+    Some(s)
+}
+
+impl Server {
+    /// The port the server listens on (127.0.0.1).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// A URL for tenure's `--store` (the password included, if one was set).
+    pub fn url(&self) -> String {
+        let p = self.port;
+        match self.kind {
+            Kind::Postgres => format!("postgres://postgres@127.0.0.1:{p}/postgres"),
+            Kind::MariaDb => format!("mysql://root@127.0.0.1:{p}/mysql"),
+            Kind::Redis => match &self.password {
+                Some(pw) => format!("redis://:{pw}@127.0.0.1:{p}"),
+                None => format!("redis://127.0.0.1:{p}"),
+            },
+            Kind::Nats => format!("nats://127.0.0.1:{p}"),
+            Kind::Etcd => format!("etcd://127.0.0.1:{p}"),
+        }
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Runs `program` (as the server's user when root), waiting for it to finish.
+    fn run_setup(&self, program: &Path, args: &[OsString]) {
+        let out = self
+            .command(program, args)
+            .output()
+            .expect("the setup program runs");
+        assert!(
+            out.status.success(),
+            "{} setup failed: {}{}",
+            self.kind.name(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn command(&self, program: &Path, args: &[OsString]) -> Command {
+        match self.kind.user().filter(|_| is_root()) {
+            Some(user) => {
+                let mut c = Command::new("setpriv");
+                c.args([
+                    &format!("--reuid={user}"),
+                    &format!("--regid={user}"),
+                    "--init-groups",
+                    "--",
+                ])
+                .arg(program)
+                .args(args);
+                c
+            }
+            None => {
+                let mut c = Command::new(program);
+                c.args(args);
+                c
+            }
+        }
+    }
+
+    fn init(&mut self) {
+        let data = self.data();
+        std::fs::create_dir_all(&data).expect("the data directory");
+        if let Some(user) = self.kind.user().filter(|_| is_root()) {
+            let (uid, gid) = user_ids(user).unwrap_or_else(|| panic!("user {user} does not exist"));
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(self.dir.path(), std::fs::Permissions::from_mode(0o755))
+                .unwrap();
+            std::os::unix::fs::chown(&data, Some(uid), Some(gid))
+                .expect("chown the data directory");
+        }
+        match self.kind {
+            Kind::Postgres => {
+                let initdb = self.program.with_file_name("initdb");
+                let initdb = if initdb.is_file() {
+                    initdb
+                } else {
+                    find_program("initdb").expect("initdb")
+                };
+                self.run_setup(
+                    &initdb,
+                    &[
+                        "-D".into(),
+                        data.into(),
+                        "-U".into(),
+                        "postgres".into(),
+                        "-A".into(),
+                        "trust".into(),
+                        "--no-sync".into(),
+                    ],
+                );
+            }
+            Kind::MariaDb => {
+                let install = find_program("mariadb-install-db").expect("mariadb-install-db");
+                let mut args: Vec<OsString> = vec![
+                    "--no-defaults".into(),
+                    format!("--datadir={}", data.display()).into(),
+                    "--auth-root-authentication-method=normal".into(),
+                    "--skip-test-db".into(),
+                ];
+                if is_root() {
+                    args.push("--user=mysql".into());
+                }
+                self.run_setup(&install, &args);
+            }
+            _ => {}
+        }
+    }
+
+    fn args(&self) -> Vec<OsString> {
+        let data = self.data();
+        let p = self.port.to_string();
+        let s = |v: &str| OsString::from(v);
+        match self.kind {
+            Kind::Postgres => vec![
+                s("-D"),
+                data.clone().into(),
+                s("-p"),
+                s(&p),
+                s("-c"),
+                s("listen_addresses=127.0.0.1"),
+                s("-c"),
+                format!("unix_socket_directories={}", data.display()).into(),
+                s("-c"),
+                s("fsync=off"),
+            ],
+            Kind::MariaDb => vec![
+                s("--no-defaults"),
+                format!("--datadir={}", data.display()).into(),
+                format!("--port={p}").into(),
+                s("--bind-address=127.0.0.1"),
+                format!("--socket={}", data.join("mysqld.sock").display()).into(),
+                s("--skip-log-bin"),
+                s("--innodb-flush-log-at-trx-commit=2"),
+            ],
+            Kind::Redis => {
+                let mut v = vec![
+                    s("--port"),
+                    s(&p),
+                    s("--bind"),
+                    s("127.0.0.1"),
+                    s("--save"),
+                    s(""),
+                    s("--appendonly"),
+                    s("no"),
+                    s("--dir"),
+                    data.into(),
+                ];
+                if let Some(pw) = &self.password {
+                    v.extend([s("--requirepass"), s(pw)]);
+                }
+                v
+            }
+            Kind::Nats => vec![
+                s("-a"),
+                s("127.0.0.1"),
+                s("-p"),
+                s(&p),
+                s("-js"),
+                s("-sd"),
+                data.into(),
+            ],
+            Kind::Etcd => {
+                let client = format!("http://127.0.0.1:{p}");
+                let peer = format!("http://127.0.0.1:{}", self.peer_port);
+                vec![
+                    s("--data-dir"),
+                    data.into(),
+                    s("--listen-client-urls"),
+                    s(&client),
+                    s("--advertise-client-urls"),
+                    s(&client),
+                    s("--listen-peer-urls"),
+                    s(&peer),
+                    s("--initial-advertise-peer-urls"),
+                    s(&peer),
+                    s("--initial-cluster"),
+                    format!("default={peer}").into(),
+                ]
+            }
+        }
+    }
+
+    /// Starts the server (again) on the same port and data, and waits until it answers.
+    pub fn start(&mut self) {
+        assert!(self.child.is_none(), "the server is already running");
+        let log = std::fs::File::create(self.dir.path().join("server.log")).expect("a server log");
+        let mut cmd = self.command(&self.program, &self.args());
+        if self.kind == Kind::MariaDb && is_root() {
+            cmd = Command::new(&self.program);
+            cmd.args(self.args()).arg("--user=mysql");
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", self.kind.name()));
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&mut self) {
+        let t0 = Instant::now();
+        loop {
+            if self.answers() {
+                return;
+            }
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                let log =
+                    std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default();
+                panic!("{} exited at start ({status}):\n{log}", self.kind.name());
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "{} did not answer within 60 s",
+                self.kind.name()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Whether the server accepts connections (and, for PostgreSQL, queries).
+    fn answers(&self) -> bool {
+        if TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            return false;
+        }
+        match self.kind {
+            Kind::Postgres => find_program("pg_isready").is_none_or(|p| {
+                Command::new(p)
+                    .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-q"])
+                    .status()
+                    .is_ok_and(|s| s.success())
+            }),
+            _ => true,
+        }
+    }
+
+    fn signal(&self, sig: Signal) {
+        if let Some(pid) = self.pid().and_then(|p| Pid::from_raw(p as i32)) {
+            let _ = rustix::process::kill_process(pid, sig);
+        }
+    }
+
+    /// Stops the server gracefully (SIGTERM; SIGKILL after 10 s). Its data stays.
+    pub fn stop(&mut self) {
+        self.signal(Signal::CONT);
+        self.signal(Signal::TERM);
+        if let Some(mut child) = self.child.take() {
+            let t0 = Instant::now();
+            while child.try_wait().ok().flatten().is_none() {
+                if t0.elapsed() > Duration::from_secs(10) {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    /// Kills the server at once (SIGKILL), as a crash would. Its data stays.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops and starts the server on the same port and data.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.start();
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open but nothing is answered.
+    pub fn pause(&self) {
+        self.signal(Signal::STOP);
+    }
+
+    /// Thaws a paused server (SIGCONT).
+    pub fn resume(&self) {
+        self.signal(Signal::CONT);
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.signal(Signal::CONT);
+        self.kill();
+    }
+}
