@@ -23,7 +23,8 @@ Exit codes:
   N    run: the command's own exit code; 128+S when it died of signal S
 
 Store: --store URL or TENURE_STORE. Supported: sqlite:PATH (default:
-$XDG_STATE_HOME/tenure/tenure.db, else ~/.local/state/tenure/tenure.db).";
+$XDG_STATE_HOME/tenure/tenure.db, else ~/.local/state/tenure/tenure.db) and
+postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME].";
 
 /// Leader election for replicas: run a command on exactly one of them.
 #[derive(Parser)]

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use tenure::LeaseStore;
 
 /// The schemes this build supports, for error messages and help.
-pub const SCHEMES: &str = "sqlite:PATH";
+pub const SCHEMES: &str = "sqlite:PATH, postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME]";
 
 /// Where the default SQLite database lives: `$XDG_STATE_HOME/tenure/tenure.db`, else
 /// `~/.local/state/tenure/tenure.db`.
@@ -72,8 +72,15 @@ pub async fn open(url: Option<&str>) -> Result<Arc<dyn LeaseStore>> {
                     }
                     PathBuf::from(path)
                 }
-                "postgres" | "postgresql" | "mysql" | "mariadb" | "redis" | "rediss" | "etcd"
-                | "nats" => {
+                "postgres" | "postgresql" => {
+                    let store = tenure_postgres::PostgresStore::connect(url)
+                        .await
+                        .with_context(|| {
+                            format!("cannot use the PostgreSQL store {}", redact(url))
+                        })?;
+                    return Ok(Arc::new(store));
+                }
+                "mysql" | "mariadb" | "redis" | "rediss" | "etcd" | "nats" => {
                     bail!("the {scheme} store is not part of this build yet; supported: {SCHEMES}")
                 }
                 other => bail!(
@@ -114,7 +121,7 @@ mod tests {
             err.contains("unknown store scheme \"ftp\"") && err.contains(SCHEMES),
             "{err}"
         );
-        let err = open(Some("postgres://u:pw@h/db"))
+        let err = open(Some("mysql://u:pw@h/db"))
             .await
             .err()
             .unwrap()

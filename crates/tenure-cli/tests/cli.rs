@@ -33,16 +33,26 @@ impl std::ops::DerefMut for Proc {
 
 struct Env {
     dir: tempfile::TempDir,
+    store: Option<String>,
 }
 
 impl Env {
     fn new() -> Self {
         Self {
             dir: tempfile::tempdir().unwrap(),
+            store: None,
+        }
+    }
+    fn with_store(url: String) -> Self {
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+            store: Some(url),
         }
     }
     fn store(&self) -> String {
-        format!("sqlite:{}", self.dir.path().join("t.db").display())
+        self.store
+            .clone()
+            .unwrap_or_else(|| format!("sqlite:{}", self.dir.path().join("t.db").display()))
     }
     fn log(&self) -> PathBuf {
         self.dir.path().join("children.log")
@@ -506,4 +516,39 @@ fn demo_runs_and_reports() {
         text.contains("tokens grew      yes") && text.contains("orphaned jobs    none"),
         "{text}"
     );
+}
+
+/// The same two-replica crash takeover on a server store, through `--store URL`.
+fn crash_takeover_on(url: String) {
+    let env = Env::with_store(url);
+    let mut runs: Vec<(String, Proc)> = (1..=2)
+        .map(|i| (format!("run-{i}"), env.run(&format!("run-{i}"), "2s")))
+        .collect();
+    let first = wait_starts(&env.log(), 1, Duration::from_secs(20)).remove(0);
+    let v: serde_json::Value =
+        serde_json::from_slice(&env.tenure(&["status", "jobs/report", "--json"]).stdout).unwrap();
+    assert_eq!(v["leader"]["holder"], first.holder.as_str());
+    let i = runs.iter().position(|(id, _)| *id == first.holder).unwrap();
+    let (_, mut leader) = runs.remove(i);
+    let killed = wall_ns();
+    leader.kill().unwrap();
+    let second = wait_starts(&env.log(), 2, Duration::from_secs(10)).remove(1);
+    let takeover = Duration::from_nanos(second.ns.saturating_sub(killed));
+    assert!(
+        takeover <= Duration::from_secs(3),
+        "takeover took {takeover:?}"
+    );
+    assert!(second.token > first.token);
+    assert!(!alive(first.pid));
+    stop_all(runs.into_iter().map(|(_, c)| c).collect());
+    assert_no_overlap(&env.log());
+}
+
+#[test]
+fn tenure_run_on_postgres() {
+    let Some(server) = tenure_testkit::servers::launch(tenure_testkit::servers::Kind::Postgres)
+    else {
+        return;
+    };
+    crash_takeover_on(server.url());
 }

@@ -5,10 +5,12 @@
 //! - [`history`]: a checker for recorded histories (invariants I1–I4).
 //! - [`sim`]: the deterministic simulation behind `tenure-sim`.
 //! - [`servers`]: throwaway PostgreSQL, MariaDB, Redis, NATS and etcd servers.
+//! - [`scenario`]: the multi-candidate scenario every server store runs.
 
 pub mod conformance;
 pub mod faults;
 pub mod history;
+pub mod scenario;
 pub mod servers;
 pub mod sim;
 

@@ -134,7 +134,8 @@ pub fn launch(kind: Kind) -> Option<Server> {
     launch_with(kind, None)
 }
 
-/// Like [`launch`], with a password for the server's default user (Redis: `requirepass`).
+/// Like [`launch`], with a password for the server's default user (PostgreSQL: the
+/// `postgres` user with scram-sha-256; Redis: `requirepass`).
 pub fn launch_with(kind: Kind, password: Option<&str>) -> Option<Server> {
     let Some(program) = find_program(kind.program()) else {
         let msg = format!(
@@ -182,7 +183,10 @@ impl Server {
     pub fn url(&self) -> String {
         let p = self.port;
         match self.kind {
-            Kind::Postgres => format!("postgres://postgres@127.0.0.1:{p}/postgres"),
+            Kind::Postgres => match &self.password {
+                Some(pw) => format!("postgres://postgres:{pw}@127.0.0.1:{p}/postgres"),
+                None => format!("postgres://postgres@127.0.0.1:{p}/postgres"),
+            },
             Kind::MariaDb => format!("mysql://root@127.0.0.1:{p}/mysql"),
             Kind::Redis => match &self.password {
                 Some(pw) => format!("redis://:{pw}@127.0.0.1:{p}"),
@@ -253,18 +257,29 @@ impl Server {
                 } else {
                     find_program("initdb").expect("initdb")
                 };
-                self.run_setup(
-                    &initdb,
-                    &[
-                        "-D".into(),
-                        data.into(),
-                        "-U".into(),
-                        "postgres".into(),
-                        "-A".into(),
-                        "trust".into(),
-                        "--no-sync".into(),
-                    ],
-                );
+                let mut args: Vec<OsString> = vec![
+                    "-D".into(),
+                    data.into(),
+                    "-U".into(),
+                    "postgres".into(),
+                    "--no-sync".into(),
+                ];
+                match &self.password {
+                    Some(pw) => {
+                        let pwfile = self.dir.path().join("pwfile");
+                        std::fs::write(&pwfile, pw).expect("the password file");
+                        use std::os::unix::fs::PermissionsExt;
+                        std::fs::set_permissions(&pwfile, std::fs::Permissions::from_mode(0o644))
+                            .unwrap();
+                        args.extend([
+                            "-A".into(),
+                            "scram-sha-256".into(),
+                            format!("--pwfile={}", pwfile.display()).into(),
+                        ]);
+                    }
+                    None => args.extend(["-A".into(), "trust".into()]),
+                }
+                self.run_setup(&initdb, &args);
             }
             Kind::MariaDb => {
                 let install = find_program("mariadb-install-db").expect("mariadb-install-db");

@@ -1,0 +1,611 @@
+//! PostgreSQL lease store for tenure.
+//!
+//! One row per election in a lease table (default `tenure_leases`, created on first
+//! use). Every decision is one statement that judges expiry with the **server's** clock
+//! (`now()`, the start of the statement's transaction, which is after the server received
+//! the request). Tokens live in the row, which is never deleted, so they keep growing
+//! across release, eviction, expiry and server restarts. A trigger sends
+//! `NOTIFY <table>` on every change, so followers wait on `LISTEN` instead of polling.
+//!
+//! ```no_run
+//! # async fn t() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = tenure_postgres::PostgresStore::connect("postgres://app@db/app?table=leases").await?;
+//! # Ok(()) }
+//! ```
+//!
+//! The URL is a libpq-style URL as sqlx reads it (`sslmode=require` and the like work),
+//! plus one parameter of our own, `table`. Credentials are never logged or shown.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
+use sqlx::{Row, Transaction};
+use tenure::{
+    Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord,
+    LeaseStore, Renew, Revision, StoreError, WatchStream, check_ttl,
+};
+use tokio::sync::{OnceCell, broadcast, mpsc};
+
+/// The default lease table.
+pub const DEFAULT_TABLE: &str = "tenure_leases";
+
+/// A lease store in a PostgreSQL table.
+#[derive(Clone)]
+pub struct PostgresStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: PgPool,
+    options: PgConnectOptions,
+    table: String,
+    described: String,
+    sql: Sql,
+    schema: OnceCell<()>,
+    /// Names of elections that changed, from the shared LISTEN connection.
+    changes: broadcast::Sender<Arc<str>>,
+    listening: std::sync::atomic::AtomicBool,
+}
+
+/// The statements, with the table name filled in.
+struct Sql {
+    acquire: String,
+    renew: String,
+    release: String,
+    get: String,
+    list: String,
+    evict_now: String,
+    evict_after_term: String,
+}
+
+const COLUMNS: &str = "election, holder, token, revision, ttl_ms, evicted, metadata, \
+    (EXTRACT(EPOCH FROM acquired_at) * 1000)::bigint AS acquired_ms, \
+    (EXTRACT(EPOCH FROM renewed_at) * 1000)::bigint AS renewed_ms, \
+    GREATEST(0, (EXTRACT(EPOCH FROM (expires_at - now())) * 1000000)::bigint) AS remaining_us";
+
+impl Sql {
+    fn new(t: &str) -> Self {
+        let live = "holder IS NOT NULL AND expires_at > now()";
+        Self {
+            acquire: format!(
+                "INSERT INTO {t} AS l (election, holder, token, revision, ttl_ms, expires_at, acquired_at, renewed_at, evicted, metadata)
+                 VALUES ($1, $2, 1, 1, $3, now() + $3 * interval '1 millisecond', now(), now(), false, $4)
+                 ON CONFLICT (election) DO UPDATE SET
+                   token = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > now() THEN l.token ELSE l.token + 1 END,
+                   acquired_at = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > now() THEN l.acquired_at ELSE now() END,
+                   holder = EXCLUDED.holder,
+                   revision = l.revision + 1,
+                   ttl_ms = EXCLUDED.ttl_ms,
+                   expires_at = EXCLUDED.expires_at,
+                   renewed_at = now(),
+                   evicted = false,
+                   metadata = EXCLUDED.metadata
+                 WHERE l.holder IS NULL OR l.expires_at <= now() OR (l.holder = EXCLUDED.holder AND NOT l.evicted)
+                 RETURNING {COLUMNS}"
+            ),
+            renew: format!(
+                "UPDATE {t} SET revision = revision + 1, ttl_ms = $4,
+                   expires_at = now() + $4 * interval '1 millisecond', renewed_at = now()
+                 WHERE election = $1 AND holder = $2 AND token = $3 AND NOT evicted AND expires_at > now()
+                 RETURNING {COLUMNS}"
+            ),
+            release: format!(
+                "UPDATE {t} SET holder = NULL, evicted = false, revision = revision + 1
+                 WHERE election = $1 AND holder = $2 AND token = $3 AND revision = $4"
+            ),
+            get: format!("SELECT {COLUMNS} FROM {t} WHERE election = $1 AND {live}"),
+            list: format!(
+                "SELECT {COLUMNS} FROM {t} WHERE {live} AND left(election, length($1)) = $1 ORDER BY election COLLATE \"C\""
+            ),
+            evict_now: format!(
+                "WITH old AS (SELECT {COLUMNS} FROM {t} WHERE election = $1 AND {live} FOR UPDATE)
+                 UPDATE {t} AS l SET holder = NULL, evicted = false, revision = l.revision + 1
+                 FROM old WHERE l.election = old.election
+                 RETURNING old.*"
+            ),
+            evict_after_term: format!(
+                "UPDATE {t} SET evicted = true, revision = revision + 1 WHERE election = $1 AND {live}
+                 RETURNING {COLUMNS}"
+            ),
+        }
+    }
+}
+
+/// Splits our own `table` parameter off the URL.
+fn split_table(url: &str) -> Result<(String, String), StoreError> {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, q),
+        None => (url, ""),
+    };
+    let mut table = DEFAULT_TABLE.to_string();
+    let mut rest = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("table", v)) => table = v.to_string(),
+            _ => rest.push(pair),
+        }
+    }
+    let valid = !table.is_empty()
+        && table.len() <= 63
+        && table.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && table.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !valid {
+        return Err(StoreError::invalid(format!(
+            "table name {table:?} is not allowed: use 1 to 63 letters, digits and underscores, not starting with a digit"
+        )));
+    }
+    let url = if rest.is_empty() {
+        base.to_string()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
+    Ok((url, table))
+}
+
+impl PostgresStore {
+    /// A store for the database `url` names (`postgres://user:password@host:port/db`, plus
+    /// an optional `table=NAME`). No connection is made yet: a server that is down now
+    /// only makes the first operations fail with retryable errors.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let (url, table) = split_table(url)?;
+        let options = PgConnectOptions::from_str(&url)
+            .map_err(|e| {
+                StoreError::new(ErrorKind::Misconfigured, "the PostgreSQL URL is not valid")
+                    .with_source(e)
+            })?
+            .application_name("tenure");
+        let described = format!(
+            "postgres://{}@{}:{}/{} (table {table})",
+            options.get_username(),
+            options.get_host(),
+            options.get_port(),
+            options.get_database().unwrap_or("")
+        );
+        let pool = PgPoolOptions::new()
+            .max_connections(4)
+            .min_connections(0)
+            .acquire_timeout(Duration::from_secs(3))
+            .connect_lazy_with(options.clone());
+        Ok(Self {
+            inner: Arc::new(Inner {
+                pool,
+                options,
+                sql: Sql::new(&table),
+                table,
+                described,
+                schema: OnceCell::new(),
+                changes: broadcast::channel(1024).0,
+                listening: std::sync::atomic::AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// Creates the lease table, its notify trigger and function if they are missing.
+    /// Every operation does this once on first use; call it to fail early.
+    pub async fn ensure_schema(&self) -> Result<(), StoreError> {
+        self.inner
+            .schema
+            .get_or_try_init(|| async {
+                let t = &self.inner.table;
+                let mut tx: Transaction<'_, sqlx::Postgres> = self.check("preparing the lease table", self.inner.pool.begin().await).await?;
+                // One process at a time: concurrent CREATEs of the same objects conflict.
+                sqlx::query("SELECT pg_advisory_xact_lock(hashtext('tenure schema ' || $1))")
+                    .bind(t)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| pg_error("creating the lease table", e))?;
+                let ddl = format!(
+                    "CREATE TABLE IF NOT EXISTS {t} (
+                        election    text PRIMARY KEY,
+                        holder      text,
+                        token       bigint NOT NULL,
+                        revision    bigint NOT NULL,
+                        ttl_ms      bigint NOT NULL,
+                        expires_at  timestamptz NOT NULL,
+                        acquired_at timestamptz,
+                        renewed_at  timestamptz,
+                        evicted     boolean NOT NULL DEFAULT false,
+                        metadata    bytea NOT NULL DEFAULT '\\x'
+                    );
+                    CREATE OR REPLACE FUNCTION {t}_notify() RETURNS trigger LANGUAGE plpgsql AS $f$
+                    BEGIN PERFORM pg_notify('{t}', NEW.election); RETURN NEW; END $f$;
+                    DO $d$ BEGIN
+                      IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = '{t}_notify' AND tgrelid = '{t}'::regclass) THEN
+                        CREATE TRIGGER {t}_notify AFTER INSERT OR UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION {t}_notify();
+                      END IF;
+                    END $d$;"
+                );
+                sqlx::raw_sql(audited(&ddl)).execute(&mut *tx).await.map_err(|e| pg_error("creating the lease table", e))?;
+                tx.commit().await.map_err(|e| pg_error("creating the lease table", e))?;
+                Ok(())
+            })
+            .await
+            .map(|_| ())
+    }
+
+    async fn fetch_one(
+        &self,
+        what: &'static str,
+        sql: &str,
+        binds: Binds<'_>,
+    ) -> Result<Option<LeaseRecord>, StoreError> {
+        self.ensure_schema().await?;
+        let row = binds
+            .apply(sqlx::query(audited(sql)))
+            .fetch_optional(&self.inner.pool)
+            .await;
+        let row = self.check(what, row).await?;
+        row.map(|r| record(&r)).transpose()
+    }
+
+    /// Turns a driver error into a store error. When the pool gave up waiting for a
+    /// connection, one direct attempt finds the real cause (refused, unknown host, bad
+    /// password) for the message.
+    async fn check<T>(&self, what: &str, r: Result<T, sqlx::Error>) -> Result<T, StoreError> {
+        match r {
+            Ok(v) => Ok(v),
+            Err(sqlx::Error::PoolTimedOut) => {
+                use sqlx::ConnectOptions;
+                let direct =
+                    tokio::time::timeout(Duration::from_secs(3), self.inner.options.connect())
+                        .await;
+                Err(match direct {
+                    // Nothing was sent without a connection: whatever failed, a retry may help,
+                    // except a refusal by the server itself (credentials, database).
+                    Ok(Err(cause @ sqlx::Error::Database(_))) => pg_error(what, cause),
+                    Ok(Err(cause)) => StoreError::unavailable(format!(
+                        "PostgreSQL: {what} failed (cannot connect to {}:{}; check the host and port in the store URL)",
+                        self.inner.options.get_host(),
+                        self.inner.options.get_port()
+                    ))
+                    .with_source(cause),
+                    _ => pg_error(what, sqlx::Error::PoolTimedOut),
+                })
+            }
+            Err(e) => Err(pg_error(what, e)),
+        }
+    }
+
+    /// Starts the shared LISTEN connection, once.
+    fn ensure_listener(&self) {
+        use std::sync::atomic::Ordering;
+        if self.inner.listening.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let inner = Arc::downgrade(&self.inner);
+        let (pool, channel) = (self.inner.pool.clone(), self.inner.table.clone());
+        tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(100);
+            loop {
+                let mut listener = match PgListener::connect_with(&pool).await {
+                    Ok(l) => l,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "LISTEN connection failed; retrying");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(2));
+                        if inner.strong_count() == 0 {
+                            return;
+                        }
+                        continue;
+                    }
+                };
+                if listener.listen(&channel).await.is_err() {
+                    tokio::time::sleep(backoff).await;
+                    continue;
+                }
+                backoff = Duration::from_millis(100);
+                // Changes may have been missed while disconnected: wake every watcher.
+                match inner.upgrade() {
+                    Some(i) => {
+                        let _ = i.changes.send(Arc::from(""));
+                    }
+                    None => return,
+                }
+                loop {
+                    let n = tokio::time::timeout(Duration::from_secs(5), listener.try_recv()).await;
+                    let Some(i) = inner.upgrade() else { return };
+                    match n {
+                        Ok(Ok(Some(n))) => {
+                            let _ = i.changes.send(Arc::from(n.payload()));
+                        }
+                        // Disconnected (None) or failed: reconnect and resynchronise.
+                        Ok(Ok(None)) | Ok(Err(_)) => break,
+                        Err(_) => {} // quiet; check that someone still cares
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// A statement built from our fixed text and the table name, which [`split_table`]
+/// restricts to letters, digits and underscores: nothing from outside reaches it.
+fn audited(sql: &str) -> sqlx::AssertSqlSafe<String> {
+    sqlx::AssertSqlSafe(sql.to_owned())
+}
+
+/// The parameters of one statement.
+enum Binds<'a> {
+    Election(&'a str),
+    Prefix(&'a str),
+    Acquire(&'a AcquireRequest),
+    Renew(&'a LeaseRecord, i64),
+    Release(&'a LeaseRecord),
+}
+
+impl Binds<'_> {
+    fn apply<'q>(
+        self,
+        q: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>
+    where
+        Self: 'q,
+    {
+        match self {
+            Binds::Election(e) | Binds::Prefix(e) => q.bind(e.to_string()),
+            Binds::Acquire(r) => q
+                .bind(r.election.to_string())
+                .bind(r.holder.to_string())
+                .bind(r.ttl.as_millis() as i64)
+                .bind(r.metadata.clone()),
+            Binds::Renew(l, ttl_ms) => q
+                .bind(l.election.to_string())
+                .bind(l.holder.to_string())
+                .bind(l.token.0 as i64)
+                .bind(ttl_ms),
+            Binds::Release(l) => q
+                .bind(l.election.to_string())
+                .bind(l.holder.to_string())
+                .bind(l.token.0 as i64)
+                .bind(l.revision.0 as i64),
+        }
+    }
+}
+
+fn record(r: &PgRow) -> Result<LeaseRecord, StoreError> {
+    let bad = |e: sqlx::Error| {
+        StoreError::new(
+            ErrorKind::Misconfigured,
+            "the lease table has an unexpected shape",
+        )
+        .with_source(e)
+    };
+    let election: String = r.try_get("election").map_err(bad)?;
+    let holder: Option<String> = r.try_get("holder").map_err(bad)?;
+    let invalid = |e: tenure::NameError| {
+        StoreError::new(
+            ErrorKind::Misconfigured,
+            "the lease table holds an invalid name",
+        )
+        .with_source(e)
+    };
+    let ms = |v: Option<i64>| v.map(|ms| UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64));
+    Ok(LeaseRecord {
+        election: ElectionName::new(election).map_err(invalid)?,
+        holder: HolderId::new(holder.unwrap_or_default()).map_err(invalid)?,
+        token: FencingToken(r.try_get::<i64, _>("token").map_err(bad)? as u64),
+        revision: Revision(r.try_get::<i64, _>("revision").map_err(bad)? as u64),
+        ttl: Duration::from_millis(r.try_get::<i64, _>("ttl_ms").map_err(bad)? as u64),
+        acquired_at: ms(r.try_get("acquired_ms").map_err(bad)?),
+        renewed_at: ms(r.try_get("renewed_ms").map_err(bad)?),
+        remaining: Some(Duration::from_micros(
+            r.try_get::<i64, _>("remaining_us").map_err(bad)?.max(0) as u64,
+        )),
+        evicted: r.try_get("evicted").map_err(bad)?,
+        metadata: r.try_get("metadata").map_err(bad)?,
+    })
+}
+
+/// Maps a driver error to a store error that says whether a retry can help.
+fn pg_error(what: &str, e: sqlx::Error) -> StoreError {
+    let (kind, hint) = match &e {
+        sqlx::Error::Database(db) => match db.code().as_deref() {
+            Some("28P01" | "28000") => (
+                ErrorKind::Unauthorized,
+                "check the user and password in the store URL",
+            ),
+            Some("42501") => (
+                ErrorKind::Unauthorized,
+                "the user may not use the lease table",
+            ),
+            Some("3D000") => (
+                ErrorKind::Misconfigured,
+                "the database in the store URL does not exist",
+            ),
+            Some("40001" | "40P01" | "55P03" | "53300" | "57P03") => {
+                (ErrorKind::Unavailable, "the server is busy; retrying")
+            }
+            Some(c) if c.starts_with("08") => (ErrorKind::Ambiguous, "the connection broke"),
+            Some(c) if c.starts_with("57") => (
+                ErrorKind::Ambiguous,
+                "the server is shutting down or restarting",
+            ),
+            _ => (ErrorKind::Misconfigured, "the server refused the statement"),
+        },
+        sqlx::Error::Io(io)
+            if matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
+            ) =>
+        {
+            (
+                ErrorKind::Unavailable,
+                "nothing listens at the store URL's host and port",
+            )
+        }
+        sqlx::Error::Io(io) if io.to_string().contains("lookup address") => {
+            (ErrorKind::Unavailable, "the host name in the store URL does not resolve")
+        }
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) => (
+            ErrorKind::Ambiguous,
+            "the connection broke; the request may have been applied",
+        ),
+        sqlx::Error::PoolTimedOut => (
+            ErrorKind::Unavailable,
+            "no connection to the server could be made in time",
+        ),
+        sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => {
+            (ErrorKind::Unavailable, "the connection pool is closed")
+        }
+        sqlx::Error::Tls(_) => (
+            ErrorKind::Misconfigured,
+            "TLS failed; check sslmode and certificates",
+        ),
+        sqlx::Error::Configuration(_) => (ErrorKind::Misconfigured, "the store URL is not valid"),
+        _ => (ErrorKind::Unavailable, "retrying"),
+    };
+    StoreError::new(kind, format!("PostgreSQL: {what} failed ({hint})")).with_source(e)
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for PostgresStore {
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
+        req.validate()?;
+        for _ in 0..5 {
+            if let Some(l) = self
+                .fetch_one("acquire", &self.inner.sql.acquire, Binds::Acquire(req))
+                .await?
+            {
+                return Ok(Acquire::Acquired(l));
+            }
+            if let Some(cur) = self.get(&req.election).await? {
+                return Ok(Acquire::Held(cur));
+            }
+            // Released between the two statements: try again.
+        }
+        Err(StoreError::unavailable(
+            "PostgreSQL: acquire kept racing with releases; retrying",
+        ))
+    }
+
+    async fn renew(&self, held: &LeaseRecord, ttl: Duration) -> Result<Renew, StoreError> {
+        check_ttl(ttl)?;
+        match self
+            .fetch_one(
+                "renew",
+                &self.inner.sql.renew,
+                Binds::Renew(held, ttl.as_millis() as i64),
+            )
+            .await?
+        {
+            Some(l) => Ok(Renew::Renewed(l)),
+            None => Ok(Renew::Lost(self.get(&held.election).await?)),
+        }
+    }
+
+    async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
+        self.ensure_schema().await?;
+        let r = Binds::Release(held)
+            .apply(sqlx::query(audited(&self.inner.sql.release)))
+            .execute(&self.inner.pool)
+            .await;
+        self.check("release", r).await?;
+        Ok(())
+    }
+
+    async fn get(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {
+        self.fetch_one(
+            "get",
+            &self.inner.sql.get,
+            Binds::Election(election.as_str()),
+        )
+        .await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        self.ensure_schema().await?;
+        let rows = Binds::Prefix(prefix)
+            .apply(sqlx::query(audited(&self.inner.sql.list)))
+            .fetch_all(&self.inner.pool)
+            .await;
+        let rows = self.check("list", rows).await?;
+        rows.iter().map(record).collect()
+    }
+
+    async fn evict(
+        &self,
+        election: &ElectionName,
+        how: Evict,
+    ) -> Result<Option<LeaseRecord>, StoreError> {
+        let sql = match how {
+            Evict::Now => &self.inner.sql.evict_now,
+            Evict::AfterTerm => &self.inner.sql.evict_after_term,
+        };
+        self.fetch_one("evict", sql, Binds::Election(election.as_str()))
+            .await
+    }
+
+    fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
+        self.ensure_listener();
+        let mut changes = self.inner.changes.subscribe();
+        let (tx, rx) = mpsc::channel(16);
+        let store = self.clone();
+        let election = election.clone();
+        tokio::spawn(async move {
+            let key = |r: &Option<LeaseRecord>| {
+                r.as_ref()
+                    .map(|r| (r.holder.clone(), r.token, r.revision, r.evicted))
+            };
+            let mut last = match store.get(&election).await {
+                Ok(r) => key(&r),
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            };
+            loop {
+                let changed = tokio::select! {
+                    _ = tx.closed() => return,
+                    c = changes.recv() => c,
+                };
+                match changed {
+                    // "" means: resynchronise; a lagging receiver also re-reads.
+                    Ok(name) if !name.is_empty() && &*name != election.as_str() => continue,
+                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => return,
+                }
+                match store.get(&election).await {
+                    Ok(rec) if key(&rec) == last => {}
+                    Ok(rec) => {
+                        last = key(&rec);
+                        if tx.send(Ok(rec)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                }
+            }
+        });
+        Some(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
+    }
+
+    fn describe(&self) -> String {
+        self.inner.described.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_parameter_is_ours_and_checked() {
+        let (url, table) = split_table("postgres://u:p@h/db?sslmode=disable&table=leases").unwrap();
+        assert_eq!(
+            (url.as_str(), table.as_str()),
+            ("postgres://u:p@h/db?sslmode=disable", "leases")
+        );
+        let (url, table) = split_table("postgres://h/db").unwrap();
+        assert_eq!(
+            (url.as_str(), table.as_str()),
+            ("postgres://h/db", DEFAULT_TABLE)
+        );
+        let err = split_table("postgres://h/db?table=x;drop").unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Invalid);
+    }
+}
