@@ -30,10 +30,7 @@ pub fn monotonic_ns() -> u64 {
 
 /// The instant written in the deadline file (0 if unreadable: no limit).
 fn read_stop_at(path: &Path) -> u64 {
-    std::fs::read_to_string(path)
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0)
+    std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
 }
 
 /// Writes the instant by which the command must start stopping, atomically.
@@ -53,11 +50,9 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, cmd:
     if rustix::process::getppid().map(Pid::as_raw_pid) != Some(parent) {
         return 125;
     }
-    let (Ok(mut parent_died), Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::user_defined2()),
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
+    let (Ok(mut parent_died), Ok(mut term), Ok(mut int)) =
+        (signal(SignalKind::user_defined2()), signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
         eprintln!("tenure: cannot install signal handlers");
         return 125;
     };
@@ -69,11 +64,7 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, cmd:
         Ok(c) => c,
         Err(e) => {
             eprintln!("tenure: cannot start {program:?}: {e}");
-            return if e.kind() == std::io::ErrorKind::NotFound {
-                127
-            } else {
-                126
-            };
+            return if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
         }
     };
     let group = rustix::process::getpgrp();
@@ -117,10 +108,7 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, cmd:
 /// The exit code a shell would report for `status`.
 pub fn exit_code(status: ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
-    status
-        .code()
-        .or_else(|| status.signal().map(|s| 128 + s))
-        .unwrap_or(1)
+    status.code().or_else(|| status.signal().map(|s| 128 + s)).unwrap_or(1)
 }
 
 /// A command running under the supervisor, in its own process group.
@@ -134,21 +122,14 @@ pub struct Supervised {
 impl Supervised {
     /// Starts `cmd` with `env` added to our environment. The supervisor stops it on its
     /// own at `stop_at_ns` (monotonic) unless [`Supervised::extend`] moves that on.
-    pub fn spawn(
-        cmd: &[String],
-        env: &[(&str, String)],
-        stop_at_ns: u64,
-        grace: Duration,
-    ) -> Result<Self> {
-        let exe = std::env::current_exe()
-            .context("cannot find the tenure executable to supervise the command")?;
+    pub fn spawn(cmd: &[String], env: &[(&str, String)], stop_at_ns: u64, grace: Duration) -> Result<Self> {
+        let exe = std::env::current_exe().context("cannot find the tenure executable to supervise the command")?;
         let dir = tempfile::Builder::new()
             .prefix("tenure-run-")
             .tempdir()
             .context("cannot create the command's deadline file")?;
         let deadline_file = dir.path().join("deadline");
-        write_stop_at(&deadline_file, stop_at_ns)
-            .context("cannot write the command's deadline file")?;
+        write_stop_at(&deadline_file, stop_at_ns).context("cannot write the command's deadline file")?;
         let child = Command::new(exe)
             .arg("__child")
             .arg(std::process::id().to_string())
@@ -159,22 +140,10 @@ impl Supervised {
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .process_group(0)
             .spawn()
-            .with_context(|| {
-                format!(
-                    "cannot start {:?}",
-                    cmd.first().map(String::as_str).unwrap_or("")
-                )
-            })?;
-        let pid = child
-            .id()
-            .context("the command exited before it could be supervised")?;
+            .with_context(|| format!("cannot start {:?}", cmd.first().map(String::as_str).unwrap_or("")))?;
+        let pid = child.id().context("the command exited before it could be supervised")?;
         let group = Pid::from_raw(pid as i32).context("the command has an invalid process id")?;
-        Ok(Self {
-            child,
-            group,
-            deadline_file,
-            _dir: dir,
-        })
+        Ok(Self { child, group, deadline_file, _dir: dir })
     }
 
     /// Moves the instant at which the supervisor stops the command on its own.

@@ -33,9 +33,7 @@ impl Schedule {
                 let n = since.as_millis() / p + 1;
                 Some(UNIX_EPOCH + Duration::from_millis((n * p) as u64))
             }
-            Schedule::Cron(c) => c
-                .next_after(since.as_secs())
-                .map(|s| UNIX_EPOCH + Duration::from_secs(s)),
+            Schedule::Cron(c) => c.next_after(since.as_secs()).map(|s| UNIX_EPOCH + Duration::from_secs(s)),
         }
     }
 }
@@ -53,9 +51,7 @@ pub struct Cron {
     weekdays_any: bool,
 }
 
-const MONTHS: [&str; 12] = [
-    "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
-];
+const MONTHS: [&str; 12] = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"];
 const WEEKDAYS: [&str; 7] = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"];
 
 impl Cron {
@@ -103,10 +99,7 @@ impl Cron {
             (true, false) => bit(self.weekdays, weekday),
             (false, false) => bit(self.days, day) || bit(self.weekdays, weekday),
         };
-        day_ok
-            && bit(self.months, month)
-            && bit(self.hours, rem / 3600)
-            && bit(self.minutes, rem % 3600 / 60)
+        day_ok && bit(self.months, month) && bit(self.hours, rem / 3600) && bit(self.minutes, rem % 3600 / 60)
     }
 
     /// The first matching minute strictly after `secs` (Unix seconds), within five years.
@@ -195,39 +188,15 @@ mod tests {
 
     #[test]
     fn cron_next_ticks() {
-        assert_eq!(
-            next("0 3 * * *", "2026-11-21T12:00:00Z"),
-            "2026-11-22T03:00:00Z"
-        );
-        assert_eq!(
-            next("*/15 * * * *", "2026-11-21T12:07:30Z"),
-            "2026-11-21T12:15:00Z"
-        );
-        assert_eq!(
-            next("0 0 29 2 *", "2026-03-01T00:00:00Z"),
-            "2028-02-29T00:00:00Z"
-        );
-        assert_eq!(
-            next("30 9 * * mon-fri", "2026-11-21T12:00:00Z"),
-            "2026-11-23T09:30:00Z"
-        ); // Sat -> Mon
-        assert_eq!(
-            next("0 12 * * 7", "2026-11-21T12:00:00Z"),
-            "2026-11-22T12:00:00Z"
-        ); // 7 = Sunday
-        assert_eq!(
-            next("0 0 1 jan *", "2026-11-21T12:00:00Z"),
-            "2027-01-01T00:00:00Z"
-        );
-        assert_eq!(
-            next("@hourly", "2026-11-21T12:00:00Z"),
-            "2026-11-21T13:00:00Z"
-        );
+        assert_eq!(next("0 3 * * *", "2026-11-21T12:00:00Z"), "2026-11-22T03:00:00Z");
+        assert_eq!(next("*/15 * * * *", "2026-11-21T12:07:30Z"), "2026-11-21T12:15:00Z");
+        assert_eq!(next("0 0 29 2 *", "2026-03-01T00:00:00Z"), "2028-02-29T00:00:00Z");
+        assert_eq!(next("30 9 * * mon-fri", "2026-11-21T12:00:00Z"), "2026-11-23T09:30:00Z"); // Sat -> Mon
+        assert_eq!(next("0 12 * * 7", "2026-11-21T12:00:00Z"), "2026-11-22T12:00:00Z"); // 7 = Sunday
+        assert_eq!(next("0 0 1 jan *", "2026-11-21T12:00:00Z"), "2027-01-01T00:00:00Z");
+        assert_eq!(next("@hourly", "2026-11-21T12:00:00Z"), "2026-11-21T13:00:00Z");
         // Day-of-month and day-of-week both set: either matches.
-        assert_eq!(
-            next("0 0 25 * sun", "2026-11-21T12:00:00Z"),
-            "2026-11-22T00:00:00Z"
-        );
+        assert_eq!(next("0 0 25 * sun", "2026-11-21T12:00:00Z"), "2026-11-22T00:00:00Z");
     }
 
     #[test]
@@ -248,10 +217,7 @@ mod tests {
     fn every_ticks_on_shared_boundaries() {
         let s = Schedule::Every(Duration::from_secs(60));
         let t = s.next_after(at("2026-11-21T12:00:10Z")).unwrap();
-        assert_eq!(
-            humantime::format_rfc3339_seconds(t).to_string(),
-            "2026-11-21T12:01:00Z"
-        );
+        assert_eq!(humantime::format_rfc3339_seconds(t).to_string(), "2026-11-21T12:01:00Z");
         assert_eq!(s.next_after(t).unwrap(), t + Duration::from_secs(60));
     }
 }

@@ -42,14 +42,11 @@ pub async fn demo(candidates: usize, ttl: Duration) -> Result<()> {
     if !(2..=20).contains(&candidates) {
         bail!("--candidates {candidates}: the demo needs 2 to 20 candidates");
     }
-    let dir =
-        tempfile::tempdir().context("cannot create a temporary directory for the demo store")?;
+    let dir = tempfile::tempdir().context("cannot create a temporary directory for the demo store")?;
     let db = dir.path().join("demo.db");
     let url = format!("sqlite:{}", db.display());
     let exe = std::env::current_exe().context("cannot find the tenure executable")?;
-    let d = Demo {
-        started: Instant::now(),
-    };
+    let d = Demo { started: Instant::now() };
     let store = crate::store_url::open(Some(&url)).await?;
     let mut leaders = Box::pin(tenure::observe(store, ElectionName::new(ELECTION)?).into_stream());
 
@@ -62,23 +59,8 @@ pub async fn demo(candidates: usize, ttl: Duration) -> Result<()> {
     for i in 1..=candidates {
         let id = format!("candidate-{i}");
         let child = Command::new(&exe)
-            .args([
-                "run",
-                ELECTION,
-                "--store",
-                &url,
-                "--ttl",
-                &humantime::format_duration(ttl).to_string(),
-            ])
-            .args([
-                "--grace",
-                "300ms",
-                "--id",
-                &id,
-                "--",
-                &exe.to_string_lossy(),
-                "__demo-job",
-            ])
+            .args(["run", ELECTION, "--store", &url, "--ttl", &humantime::format_duration(ttl).to_string()])
+            .args(["--grace", "300ms", "--id", &id, "--", &exe.to_string_lossy(), "__demo-job"])
             .arg(dir.path())
             .env("RUST_LOG", "error")
             .stdin(Stdio::null())
@@ -88,20 +70,19 @@ pub async fn demo(candidates: usize, ttl: Duration) -> Result<()> {
         procs.push((id, child));
     }
 
-    let next_leader =
-        async |leaders: &mut (dyn tokio_stream::Stream<Item = Option<Leader>> + Unpin),
-               within: Duration|
-               -> Result<Leader> {
-            let deadline = tokio::time::Instant::now() + within;
-            loop {
-                match tokio::time::timeout_at(deadline, leaders.next()).await {
-                    Ok(Some(Some(l))) => return Ok(l),
-                    Ok(Some(None)) => continue,
-                    Ok(None) => bail!("the observer stopped"),
-                    Err(_) => bail!("no leader within {within:?}"),
-                }
+    let next_leader = async |leaders: &mut (dyn tokio_stream::Stream<Item = Option<Leader>> + Unpin),
+                             within: Duration|
+           -> Result<Leader> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            match tokio::time::timeout_at(deadline, leaders.next()).await {
+                Ok(Some(Some(l))) => return Ok(l),
+                Ok(Some(None)) => continue,
+                Ok(None) => bail!("the observer stopped"),
+                Err(_) => bail!("no leader within {within:?}"),
             }
-        };
+        }
+    };
 
     let first = next_leader(&mut leaders, Duration::from_secs(10)).await?;
     d.say(format!(
@@ -113,18 +94,13 @@ pub async fn demo(candidates: usize, ttl: Duration) -> Result<()> {
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
     // Crash: SIGKILL the leading `tenure run`.
-    let i = procs
-        .iter()
-        .position(|(id, _)| id == first.holder.as_str())
-        .context("the leader is not one of ours")?;
+    let i = procs.iter().position(|(id, _)| id == first.holder.as_str()).context("the leader is not one of ours")?;
     let (crashed_id, mut crashed) = procs.remove(i);
     let job_pid: i32 = std::fs::read_to_string(dir.path().join(format!("{crashed_id}.pid")))
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(0);
-    d.say(format!(
-        "killing the leader {crashed_id} with SIGKILL (no chance to release its lease)"
-    ));
+    d.say(format!("killing the leader {crashed_id} with SIGKILL (no chance to release its lease)"));
     let killed = Instant::now();
     signal(&crashed, Signal::KILL);
     let _ = crashed.wait().await;
@@ -152,10 +128,7 @@ pub async fn demo(candidates: usize, ttl: Duration) -> Result<()> {
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
     // Graceful: SIGTERM the new leader; it stops its job and releases.
-    let i = procs
-        .iter()
-        .position(|(id, _)| id == second.holder.as_str())
-        .context("the leader is not one of ours")?;
+    let i = procs.iter().position(|(id, _)| id == second.holder.as_str()).context("the leader is not one of ours")?;
     let (stopped_id, mut stopped) = procs.remove(i);
     d.say(format!("stopping the leader {stopped_id} gracefully (SIGTERM): it stops its job, then releases the lease"));
     let term = Instant::now();
@@ -163,12 +136,7 @@ pub async fn demo(candidates: usize, ttl: Duration) -> Result<()> {
     let third = next_leader(&mut leaders, ttl + Duration::from_secs(5)).await?;
     let handover = term.elapsed();
     let _ = stopped.wait().await;
-    d.say(format!(
-        "{} took over with token {}, {} ms after the stop",
-        third.holder,
-        third.token,
-        handover.as_millis()
-    ));
+    d.say(format!("{} took over with token {}, {} ms after the stop", third.holder, third.token, handover.as_millis()));
     tokio::time::sleep(Duration::from_millis(1000)).await;
 
     d.say("stopping every candidate");
@@ -186,23 +154,9 @@ pub async fn demo(candidates: usize, ttl: Duration) -> Result<()> {
         "  leaders          {} (token {}) -> {} (token {}) -> {} (token {})",
         first.holder, first.token, second.holder, second.token, third.holder, third.token
     );
-    println!(
-        "  crash takeover   {} ms after SIGKILL, TTL {} ms",
-        takeover.as_millis(),
-        ttl.as_millis()
-    );
-    println!(
-        "  clean handover   {} ms after SIGTERM",
-        handover.as_millis()
-    );
-    println!(
-        "  orphaned jobs    {}",
-        if job_gone {
-            "none"
-        } else {
-            "ONE: the crashed leader's job survived"
-        }
-    );
+    println!("  crash takeover   {} ms after SIGKILL, TTL {} ms", takeover.as_millis(), ttl.as_millis());
+    println!("  clean handover   {} ms after SIGTERM", handover.as_millis());
+    println!("  orphaned jobs    {}", if job_gone { "none" } else { "ONE: the crashed leader's job survived" });
     println!("  tokens grew      {}", if grew { "yes" } else { "NO" });
     if !grew || !job_gone {
         bail!("the demo saw something wrong (see the summary)");
@@ -214,10 +168,7 @@ pub async fn demo(candidates: usize, ttl: Duration) -> Result<()> {
 pub async fn job(dir: &Path) -> Result<i32> {
     let holder = std::env::var("TENURE_HOLDER").unwrap_or_default();
     let token = std::env::var("TENURE_TOKEN").unwrap_or_default();
-    std::fs::write(
-        dir.join(format!("{holder}.pid")),
-        std::process::id().to_string(),
-    )?;
+    std::fs::write(dir.join(format!("{holder}.pid")), std::process::id().to_string())?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
         println!("         [{holder}] working with fencing token {token}");

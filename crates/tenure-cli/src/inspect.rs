@@ -10,8 +10,7 @@ use tenure::{ElectionName, Evict, Leader, LeaseRecord, LeaseStore};
 use tokio_stream::StreamExt;
 
 fn time(t: Option<SystemTime>) -> Value {
-    t.map(|t| Value::String(humantime::format_rfc3339_millis(t).to_string()))
-        .unwrap_or(Value::Null)
+    t.map(|t| Value::String(humantime::format_rfc3339_millis(t).to_string())).unwrap_or(Value::Null)
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -57,15 +56,8 @@ fn expires(r: &LeaseRecord) -> String {
 }
 
 /// `tenure status`.
-pub async fn status(
-    store: Arc<dyn LeaseStore>,
-    election: &ElectionName,
-    as_json: bool,
-) -> Result<()> {
-    let rec = store
-        .get(election)
-        .await
-        .with_context(|| format!("cannot read {election}"))?;
+pub async fn status(store: Arc<dyn LeaseStore>, election: &ElectionName, as_json: bool) -> Result<()> {
+    let rec = store.get(election).await.with_context(|| format!("cannot read {election}"))?;
     let mut out = std::io::stdout().lock();
     if as_json {
         writeln!(out, "{}", status_json(election.as_str(), rec.as_ref()))?;
@@ -75,16 +67,7 @@ pub async fn status(
         None => writeln!(out, "{election}: no leader")?,
         Some(r) => {
             writeln!(out, "election  {election}")?;
-            writeln!(
-                out,
-                "leader    {}{}",
-                r.holder,
-                if r.evicted {
-                    "  (evicted: stepping down)"
-                } else {
-                    ""
-                }
-            )?;
+            writeln!(out, "leader    {}{}", r.holder, if r.evicted { "  (evicted: stepping down)" } else { "" })?;
             writeln!(out, "token     {}", r.token)?;
             writeln!(out, "since     {}", ago(r.acquired_at))?;
             writeln!(out, "renewed   {}", ago(r.renewed_at))?;
@@ -99,16 +82,10 @@ pub async fn status(
 
 /// `tenure list`.
 pub async fn list(store: Arc<dyn LeaseStore>, prefix: &str, as_json: bool) -> Result<()> {
-    let recs = store
-        .list(prefix)
-        .await
-        .context("cannot list the elections")?;
+    let recs = store.list(prefix).await.context("cannot list the elections")?;
     let mut out = std::io::stdout().lock();
     if as_json {
-        let all: Vec<Value> = recs
-            .iter()
-            .map(|r| status_json(r.election.as_str(), Some(r)))
-            .collect();
+        let all: Vec<Value> = recs.iter().map(|r| status_json(r.election.as_str(), Some(r))).collect();
         writeln!(out, "{}", Value::Array(all))?;
         return Ok(());
     }
@@ -116,37 +93,15 @@ pub async fn list(store: Arc<dyn LeaseStore>, prefix: &str, as_json: bool) -> Re
         writeln!(
             out,
             "no elections have a leader{}",
-            if prefix.is_empty() {
-                String::new()
-            } else {
-                format!(" under {prefix:?}")
-            }
+            if prefix.is_empty() { String::new() } else { format!(" under {prefix:?}") }
         )?;
         return Ok(());
     }
-    let width = recs
-        .iter()
-        .map(|r| r.election.as_str().len())
-        .max()
-        .unwrap_or(8)
-        .max(8);
-    let hwidth = recs
-        .iter()
-        .map(|r| r.holder.as_str().len())
-        .max()
-        .unwrap_or(6)
-        .max(6);
-    writeln!(
-        out,
-        "{:width$}  {:hwidth$}  {:>6}  {:>9}  METADATA",
-        "ELECTION", "LEADER", "TOKEN", "EXPIRES"
-    )?;
+    let width = recs.iter().map(|r| r.election.as_str().len()).max().unwrap_or(8).max(8);
+    let hwidth = recs.iter().map(|r| r.holder.as_str().len()).max().unwrap_or(6).max(6);
+    writeln!(out, "{:width$}  {:hwidth$}  {:>6}  {:>9}  METADATA", "ELECTION", "LEADER", "TOKEN", "EXPIRES")?;
     for r in &recs {
-        let holder = if r.evicted {
-            format!("{} (evicted)", r.holder)
-        } else {
-            r.holder.to_string()
-        };
+        let holder = if r.evicted { format!("{} (evicted)", r.holder) } else { r.holder.to_string() };
         writeln!(
             out,
             "{:width$}  {:hwidth$}  {:>6}  {:>9}  {}",
@@ -161,17 +116,8 @@ pub async fn list(store: Arc<dyn LeaseStore>, prefix: &str, as_json: bool) -> Re
 }
 
 /// `tenure evict`.
-pub async fn evict(
-    store: Arc<dyn LeaseStore>,
-    election: &ElectionName,
-    yes: bool,
-    now: bool,
-) -> Result<i32> {
-    let Some(cur) = store
-        .get(election)
-        .await
-        .with_context(|| format!("cannot read {election}"))?
-    else {
+pub async fn evict(store: Arc<dyn LeaseStore>, election: &ElectionName, yes: bool, now: bool) -> Result<i32> {
+    let Some(cur) = store.get(election).await.with_context(|| format!("cannot read {election}"))? else {
         println!("{election}: no leader; nothing to evict");
         return Ok(0);
     };
@@ -198,17 +144,10 @@ pub async fn evict(
         }
     }
     let how = if now { Evict::Now } else { Evict::AfterTerm };
-    match store
-        .evict(election, how)
-        .await
-        .with_context(|| format!("cannot evict the leader of {election}"))?
-    {
+    match store.evict(election, how).await.with_context(|| format!("cannot evict the leader of {election}"))? {
         None => println!("{election}: no leader; nothing to evict"),
         Some(r) if now => {
-            println!(
-                "evicted {} (token {}) from {election} at once",
-                r.holder, r.token
-            );
+            println!("evicted {} (token {}) from {election} at once", r.holder, r.token);
             eprintln!(
                 "warning: if {} is still alive it may keep acting until its own deadline while a new leader acts too; \
                  use --now only for a leader known to be dead",
@@ -226,11 +165,7 @@ pub async fn evict(
 }
 
 /// `tenure watch`: one line per change of leader until interrupted.
-pub async fn watch(
-    store: Arc<dyn LeaseStore>,
-    election: &ElectionName,
-    as_json: bool,
-) -> Result<()> {
+pub async fn watch(store: Arc<dyn LeaseStore>, election: &ElectionName, as_json: bool) -> Result<()> {
     let observer = tenure::observe(store.clone(), election.clone());
     let mut changes = Box::pin(observer.into_stream());
     let stop = crate::run::stop_on_signals()?;

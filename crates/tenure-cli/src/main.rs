@@ -31,13 +31,7 @@ postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME].";
 #[command(name = "tenure", version, after_help = EXIT_CODES)]
 struct Cli {
     /// Lease store URL, e.g. sqlite:/var/lib/app/tenure.db
-    #[arg(
-        long,
-        global = true,
-        env = "TENURE_STORE",
-        value_name = "URL",
-        hide_env_values = true
-    )]
+    #[arg(long, global = true, env = "TENURE_STORE", value_name = "URL", hide_env_values = true)]
     store: Option<String>,
     /// More log output on stderr (-v debug, -vv trace); RUST_LOG overrides
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
@@ -214,8 +208,7 @@ fn election(s: &str) -> Result<ElectionName, String> {
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s)
-        .map_err(|e| format!("{e} (write durations like 500ms, 10s, 1m30s)"))
+    humantime::parse_duration(s).map_err(|e| format!("{e} (write durations like 500ms, 10s, 1m30s)"))
 }
 
 impl CampaignArgs {
@@ -250,18 +243,9 @@ fn init_logging(verbose: u8, quiet: bool) {
 async fn dispatch(cli: Cli) -> Result<i32> {
     let store = cli.store.as_deref();
     match cli.command {
-        Command::Child {
-            parent,
-            deadline_file,
-            grace_ms,
-            cmd,
-        } => Ok(child::supervisor(
-            parent,
-            &deadline_file,
-            Duration::from_millis(grace_ms),
-            &cmd,
-        )
-        .await),
+        Command::Child { parent, deadline_file, grace_ms, cmd } => {
+            Ok(child::supervisor(parent, &deadline_file, Duration::from_millis(grace_ms), &cmd).await)
+        }
         Command::DemoJob { dir } => demo::job(&dir).await,
         Command::Demo { candidates, ttl } => demo::demo(candidates, ttl).await.map(|()| 0),
         Command::Run(a) => {
@@ -281,22 +265,14 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             run::schedule(s, &c, &schedule, &a.cmd).await
         }
         Command::Status { election, json } => {
-            inspect::status(store_url::open(store).await?, &election, json)
-                .await
-                .map(|()| 0)
+            inspect::status(store_url::open(store).await?, &election, json).await.map(|()| 0)
         }
-        Command::List { prefix, json } => {
-            inspect::list(store_url::open(store).await?, &prefix, json)
-                .await
-                .map(|()| 0)
-        }
+        Command::List { prefix, json } => inspect::list(store_url::open(store).await?, &prefix, json).await.map(|()| 0),
         Command::Evict { election, yes, now } => {
             inspect::evict(store_url::open(store).await?, &election, yes, now).await
         }
         Command::Watch { election, json } => {
-            inspect::watch(store_url::open(store).await?, &election, json)
-                .await
-                .map(|()| 0)
+            inspect::watch(store_url::open(store).await?, &election, json).await.map(|()| 0)
         }
     }
 }
@@ -307,10 +283,7 @@ fn main() -> ExitCode {
         init_logging(cli.verbose, cli.quiet);
     }
     // One thread: a child's parent-death signal follows the thread that started it.
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("tenure: error: cannot start the async runtime: {e}");

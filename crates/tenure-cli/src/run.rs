@@ -27,15 +27,9 @@ impl Campaign {
     pub fn elector(&self, store: Arc<dyn LeaseStore>) -> Result<Elector> {
         let cfg = Config::new(self.ttl);
         if let Err(e) = cfg.validate() {
-            bail!(
-                "invalid --ttl {}: {}",
-                humantime::format_duration(self.ttl),
-                e.reason
-            );
+            bail!("invalid --ttl {}: {}", humantime::format_duration(self.ttl), e.reason);
         }
-        let budget = cfg
-            .deadline_offset()
-            .saturating_sub(cfg.renew_interval + KILL_MARGIN);
+        let budget = cfg.deadline_offset().saturating_sub(cfg.renew_interval + KILL_MARGIN);
         if self.grace.is_zero() || self.grace >= budget {
             bail!(
                 "--grace {} does not fit inside --ttl {}: the command must be stopped before the lease \
@@ -101,12 +95,7 @@ fn stop_at_ns(l: &Leadership, grace: Duration) -> u64 {
 }
 
 /// Runs `cmd` while `l` holds; stops it when the term ends or `stop` fires.
-async fn supervise(
-    l: &Leadership,
-    cmd: &[String],
-    grace: Duration,
-    stop: &CancellationToken,
-) -> Result<End> {
+async fn supervise(l: &Leadership, cmd: &[String], grace: Duration, stop: &CancellationToken) -> Result<End> {
     let mut child = Supervised::spawn(cmd, &child_env(l), stop_at_ns(l, grace), grace)?;
     tracing::info!(token = %l.token(), pid = child.pid(), "leading; started the command");
     // Tell the supervisor of every renewal, so that it stops the command on its own
@@ -137,12 +126,7 @@ async fn supervise(
 }
 
 /// `tenure run`: returns the exit code.
-pub async fn run(
-    store: Arc<dyn LeaseStore>,
-    c: &Campaign,
-    keep_going: bool,
-    cmd: &[String],
-) -> Result<i32> {
+pub async fn run(store: Arc<dyn LeaseStore>, c: &Campaign, keep_going: bool, cmd: &[String]) -> Result<i32> {
     let elector = c.elector(store)?;
     let stop = stop_on_signals()?;
     tracing::info!(election = %elector.election(), holder = %elector.holder(), "campaigning");
@@ -156,10 +140,7 @@ pub async fn run(
         };
         match supervise(&l, cmd, c.grace, &stop).await? {
             End::Exited(code) if keep_going => {
-                tracing::info!(
-                    code,
-                    "the command exited; handing over and campaigning again"
-                );
+                tracing::info!(code, "the command exited; handing over and campaigning again");
                 l.resign().await;
             }
             End::Exited(code) => {
@@ -179,12 +160,7 @@ pub async fn run(
 }
 
 /// `tenure schedule`: runs `cmd` at each tick of `schedule` while leading; returns on a signal.
-pub async fn schedule(
-    store: Arc<dyn LeaseStore>,
-    c: &Campaign,
-    schedule: &Schedule,
-    cmd: &[String],
-) -> Result<i32> {
+pub async fn schedule(store: Arc<dyn LeaseStore>, c: &Campaign, schedule: &Schedule, cmd: &[String]) -> Result<i32> {
     let elector = c.elector(store)?;
     let stop = stop_on_signals()?;
     elector.start();

@@ -49,44 +49,33 @@ pub async fn open(url: Option<&str>) -> Result<Arc<dyn LeaseStore>> {
         None => {
             let path = default_sqlite_path()?;
             if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir).with_context(|| {
-                    format!("cannot create the state directory {}", dir.display())
-                })?;
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("cannot create the state directory {}", dir.display()))?;
             }
             path
         }
         Some(url) => {
-            let (scheme, rest) = url.split_once(':').with_context(|| {
-                format!(
-                    "store URL {:?} has no scheme; supported: {SCHEMES}",
-                    redact(url)
-                )
-            })?;
+            let (scheme, rest) = url
+                .split_once(':')
+                .with_context(|| format!("store URL {:?} has no scheme; supported: {SCHEMES}", redact(url)))?;
             match scheme {
                 "sqlite" => {
                     let path = rest.strip_prefix("//").unwrap_or(rest);
                     if path.is_empty() {
-                        bail!(
-                            "store URL {url:?} names no file; write sqlite:PATH, e.g. sqlite:/var/lib/app/tenure.db"
-                        );
+                        bail!("store URL {url:?} names no file; write sqlite:PATH, e.g. sqlite:/var/lib/app/tenure.db");
                     }
                     PathBuf::from(path)
                 }
                 "postgres" | "postgresql" => {
                     let store = tenure_postgres::PostgresStore::connect(url)
                         .await
-                        .with_context(|| {
-                            format!("cannot use the PostgreSQL store {}", redact(url))
-                        })?;
+                        .with_context(|| format!("cannot use the PostgreSQL store {}", redact(url)))?;
                     return Ok(Arc::new(store));
                 }
                 "mysql" | "mariadb" | "redis" | "rediss" | "etcd" | "nats" => {
                     bail!("the {scheme} store is not part of this build yet; supported: {SCHEMES}")
                 }
-                other => bail!(
-                    "unknown store scheme {other:?} in {:?}; supported: {SCHEMES}",
-                    redact(url)
-                ),
+                other => bail!("unknown store scheme {other:?} in {:?}; supported: {SCHEMES}", redact(url)),
             }
         }
     };
@@ -102,14 +91,8 @@ mod tests {
 
     #[test]
     fn redacts_passwords() {
-        assert_eq!(
-            redact("postgres://app:s3cret@db:5432/x"),
-            "postgres://app:***@db:5432/x"
-        );
-        assert_eq!(
-            redact("redis://:pw@127.0.0.1:6379"),
-            "redis://:***@127.0.0.1:6379"
-        );
+        assert_eq!(redact("postgres://app:s3cret@db:5432/x"), "postgres://app:***@db:5432/x");
+        assert_eq!(redact("redis://:pw@127.0.0.1:6379"), "redis://:***@127.0.0.1:6379");
         assert_eq!(redact("sqlite:/tmp/a.db"), "sqlite:/tmp/a.db");
         assert_eq!(redact("etcd://h1:2379,h2:2379"), "etcd://h1:2379,h2:2379");
     }
@@ -117,15 +100,8 @@ mod tests {
     #[tokio::test]
     async fn unknown_schemes_list_the_supported_ones() {
         let err = open(Some("ftp://x")).await.err().unwrap().to_string();
-        assert!(
-            err.contains("unknown store scheme \"ftp\"") && err.contains(SCHEMES),
-            "{err}"
-        );
-        let err = open(Some("mysql://u:pw@h/db"))
-            .await
-            .err()
-            .unwrap()
-            .to_string();
+        assert!(err.contains("unknown store scheme \"ftp\"") && err.contains(SCHEMES), "{err}");
+        let err = open(Some("mysql://u:pw@h/db")).await.err().unwrap().to_string();
         assert!(!err.contains("pw"), "{err}");
         let err = open(Some("sqlite:")).await.err().unwrap().to_string();
         assert!(err.contains("names no file"), "{err}");

@@ -38,30 +38,20 @@ struct Env {
 
 impl Env {
     fn new() -> Self {
-        Self {
-            dir: tempfile::tempdir().unwrap(),
-            store: None,
-        }
+        Self { dir: tempfile::tempdir().unwrap(), store: None }
     }
     fn with_store(url: String) -> Self {
-        Self {
-            dir: tempfile::tempdir().unwrap(),
-            store: Some(url),
-        }
+        Self { dir: tempfile::tempdir().unwrap(), store: Some(url) }
     }
     fn store(&self) -> String {
-        self.store
-            .clone()
-            .unwrap_or_else(|| format!("sqlite:{}", self.dir.path().join("t.db").display()))
+        self.store.clone().unwrap_or_else(|| format!("sqlite:{}", self.dir.path().join("t.db").display()))
     }
     fn log(&self) -> PathBuf {
         self.dir.path().join("children.log")
     }
     fn cmd(&self) -> Command {
         let mut c = Command::new(TENURE);
-        c.env("TENURE_STORE", self.store())
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null());
+        c.env("TENURE_STORE", self.store()).env("RUST_LOG", "warn").stdin(Stdio::null());
         c
     }
     fn tenure(&self, args: &[&str]) -> Output {
@@ -75,20 +65,7 @@ impl Env {
             log = self.log().display()
         );
         self.cmd()
-            .args([
-                "run",
-                "jobs/report",
-                "--id",
-                id,
-                "--ttl",
-                ttl,
-                "--grace",
-                "300ms",
-                "--",
-                "sh",
-                "-c",
-                &script,
-            ])
+            .args(["run", "jobs/report", "--id", id, "--ttl", ttl, "--grace", "300ms", "--", "sh", "-c", &script])
             .stdout(Stdio::null())
             .spawn()
             .map(Proc)
@@ -123,17 +100,11 @@ fn read_log(path: &Path) -> Vec<Line> {
 }
 
 fn wall_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64
 }
 
 fn starts(log: &Path) -> Vec<Line> {
-    read_log(log)
-        .into_iter()
-        .filter(|l| l.what == "start")
-        .collect()
+    read_log(log).into_iter().filter(|l| l.what == "start").collect()
 }
 
 fn wait_starts(log: &Path, n: usize, within: Duration) -> Vec<Line> {
@@ -143,11 +114,7 @@ fn wait_starts(log: &Path, n: usize, within: Duration) -> Vec<Line> {
         if s.len() >= n {
             return s;
         }
-        assert!(
-            t0.elapsed() < within,
-            "expected {n} leaders within {within:?}, saw {}",
-            s.len()
-        );
+        assert!(t0.elapsed() < within, "expected {n} leaders within {within:?}, saw {}", s.len());
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -157,8 +124,7 @@ fn signal(pid: u32, sig: rustix::process::Signal) {
 }
 
 fn alive(pid: i32) -> bool {
-    rustix::process::Pid::from_raw(pid)
-        .is_some_and(|p| rustix::process::test_kill_process(p).is_ok())
+    rustix::process::Pid::from_raw(pid).is_some_and(|p| rustix::process::test_kill_process(p).is_ok())
 }
 
 /// No two children's activity overlaps, and tokens grow in the order terms start.
@@ -173,12 +139,7 @@ fn assert_no_overlap(log: &Path) {
     terms.sort_by_key(|t| t.1);
     for w in terms.windows(2) {
         assert!(w[0].0 < w[1].0, "tokens must grow: {terms:?}");
-        assert!(
-            w[0].2 < w[1].1,
-            "the child with token {} still ran when token {} started",
-            w[0].0,
-            w[1].0
-        );
+        assert!(w[0].2 < w[1].1, "the child with token {} still ran when token {} started", w[0].0, w[1].0);
     }
 }
 
@@ -192,9 +153,8 @@ fn stop_all(children: Vec<Proc>) {
 #[test]
 fn three_runs_one_child_at_a_time_and_sigkill_takes_the_child_along() {
     let env = Env::new();
-    let mut runs: Vec<(String, Proc)> = (1..=3)
-        .map(|i| (format!("run-{i}"), env.run(&format!("run-{i}"), "2s")))
-        .collect();
+    let mut runs: Vec<(String, Proc)> =
+        (1..=3).map(|i| (format!("run-{i}"), env.run(&format!("run-{i}"), "2s"))).collect();
     let first = wait_starts(&env.log(), 1, Duration::from_secs(20)).remove(0);
     std::thread::sleep(Duration::from_millis(700));
     assert_eq!(starts(&env.log()).len(), 1, "exactly one child runs");
@@ -207,24 +167,12 @@ fn three_runs_one_child_at_a_time_and_sigkill_takes_the_child_along() {
     let second = wait_starts(&env.log(), 2, Duration::from_secs(10)).remove(1);
     let takeover = Duration::from_nanos(second.ns.saturating_sub(killed));
     eprintln!("takeover after SIGKILL of tenure run: {takeover:?}");
-    assert!(
-        takeover <= Duration::from_secs(3),
-        "another child must start within TTL + 1 s, took {takeover:?}"
-    );
+    assert!(takeover <= Duration::from_secs(3), "another child must start within TTL + 1 s, took {takeover:?}");
     assert!(second.token > first.token);
-    assert!(
-        !alive(first.pid),
-        "the SIGKILLed tenure run's child (pid {}) must die with it",
-        first.pid
-    );
-    let late = read_log(&env.log())
-        .into_iter()
-        .filter(|l| l.token == first.token && l.ns > killed + 200_000_000)
-        .count();
-    assert_eq!(
-        late, 0,
-        "the orphaned child kept working after its tenure run was killed"
-    );
+    assert!(!alive(first.pid), "the SIGKILLed tenure run's child (pid {}) must die with it", first.pid);
+    let late =
+        read_log(&env.log()).into_iter().filter(|l| l.token == first.token && l.ns > killed + 200_000_000).count();
+    assert_eq!(late, 0, "the orphaned child kept working after its tenure run was killed");
 
     stop_all(runs.into_iter().map(|(_, c)| c).collect());
     assert_no_overlap(&env.log());
@@ -233,19 +181,14 @@ fn three_runs_one_child_at_a_time_and_sigkill_takes_the_child_along() {
 #[test]
 fn a_frozen_tenure_run_still_stops_its_command_before_the_deadline() {
     let env = Env::new();
-    let runs: Vec<(String, Proc)> = (1..=2)
-        .map(|i| (format!("run-{i}"), env.run(&format!("run-{i}"), "2s")))
-        .collect();
+    let runs: Vec<(String, Proc)> = (1..=2).map(|i| (format!("run-{i}"), env.run(&format!("run-{i}"), "2s"))).collect();
     let first = wait_starts(&env.log(), 1, Duration::from_secs(20)).remove(0);
     let i = runs.iter().position(|(id, _)| *id == first.holder).unwrap();
     // Freeze the leader's tenure process (not its command) for longer than the TTL.
     signal(runs[i].1.id(), rustix::process::Signal::STOP);
     let second = wait_starts(&env.log(), 2, Duration::from_secs(10)).remove(1);
     assert_ne!(second.holder, first.holder);
-    assert!(
-        !alive(first.pid),
-        "the frozen leader's command was stopped by its supervisor"
-    );
+    assert!(!alive(first.pid), "the frozen leader's command was stopped by its supervisor");
     std::thread::sleep(Duration::from_millis(1500));
     signal(runs[i].1.id(), rustix::process::Signal::CONT);
     std::thread::sleep(Duration::from_millis(500));
@@ -256,13 +199,7 @@ fn a_frozen_tenure_run_still_stops_its_command_before_the_deadline() {
 #[test]
 fn evict_moves_leadership_and_status_list_watch_show_it() {
     let env = Env::new();
-    let mut watch = Proc(
-        env.cmd()
-            .args(["watch", "jobs/report", "--json"])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
+    let mut watch = Proc(env.cmd().args(["watch", "jobs/report", "--json"]).stdout(Stdio::piped()).spawn().unwrap());
     let runs = vec![env.run("run-a", "3s"), env.run("run-b", "3s")];
     let first = wait_starts(&env.log(), 1, Duration::from_secs(20)).remove(0);
 
@@ -274,38 +211,22 @@ fn evict_moves_leadership_and_status_list_watch_show_it() {
     assert_eq!(v["leader"]["token"], first.token);
     assert!(v["leader"]["expires_in_ms"].as_u64().unwrap() <= 3000);
     let human = String::from_utf8(env.tenure(&["status", "jobs/report"]).stdout).unwrap();
-    assert!(
-        human.contains(&first.holder) && human.contains("token"),
-        "{human}"
-    );
+    assert!(human.contains(&first.holder) && human.contains("token"), "{human}");
 
     let out = env.tenure(&["list", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v.as_array().unwrap().len(), 1);
     assert_eq!(v[0]["leader"]["holder"], first.holder.as_str());
     let table = String::from_utf8(env.tenure(&["list", "jobs/"]).stdout).unwrap();
-    assert!(
-        table.contains("jobs/report") && table.contains(&first.holder),
-        "{table}"
-    );
+    assert!(table.contains("jobs/report") && table.contains(&first.holder), "{table}");
 
     let evicted = wall_ns();
     let out = env.tenure(&["evict", "jobs/report", "--yes"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let second = wait_starts(&env.log(), 2, Duration::from_secs(10)).remove(1);
-    assert_ne!(
-        second.holder, first.holder,
-        "the other candidate leads after the eviction"
-    );
+    assert_ne!(second.holder, first.holder, "the other candidate leads after the eviction");
     assert!(second.token > first.token);
-    eprintln!(
-        "leadership moved {:?} after evict",
-        Duration::from_nanos(second.ns - evicted)
-    );
+    eprintln!("leadership moved {:?} after evict", Duration::from_nanos(second.ns - evicted));
     assert!(!alive(first.pid), "the evicted leader stopped its child");
 
     let v: serde_json::Value =
@@ -329,51 +250,26 @@ fn evict_moves_leadership_and_status_list_watch_show_it() {
         .lines()
         .map(|l| serde_json::from_str(&l.unwrap()).unwrap())
         .collect();
-    let holders: Vec<Option<String>> = lines
-        .iter()
-        .map(|v| v["leader"]["holder"].as_str().map(String::from))
-        .collect();
-    let a = holders
-        .iter()
-        .position(|h| h.as_deref() == Some(&first.holder))
-        .expect("watch showed the first leader");
-    let b = holders
-        .iter()
-        .position(|h| h.as_deref() == Some(&second.holder))
-        .unwrap_or_else(|| {
-            panic!(
-                "watch showed the second leader {} (started {}): {lines:?} {:?}",
-                second.holder,
-                second.ns,
-                starts(&env.log())
-            )
-        });
+    let holders: Vec<Option<String>> = lines.iter().map(|v| v["leader"]["holder"].as_str().map(String::from)).collect();
+    let a = holders.iter().position(|h| h.as_deref() == Some(&first.holder)).expect("watch showed the first leader");
+    let b = holders.iter().position(|h| h.as_deref() == Some(&second.holder)).unwrap_or_else(|| {
+        panic!(
+            "watch showed the second leader {} (started {}): {lines:?} {:?}",
+            second.holder,
+            second.ns,
+            starts(&env.log())
+        )
+    });
     assert!(a < b, "in order: {holders:?}");
-    assert_eq!(
-        holders.last().unwrap(),
-        &None,
-        "watch showed that nobody leads at the end: {holders:?}"
-    );
+    assert_eq!(holders.last().unwrap(), &None, "watch showed that nobody leads at the end: {holders:?}");
     assert_no_overlap(&env.log());
 }
 
 #[test]
 fn run_exits_with_the_commands_code_and_releases() {
     let env = Env::new();
-    let out = env.tenure(&[
-        "run",
-        "jobs/once",
-        "--",
-        "sh",
-        "-c",
-        "test \"$TENURE_TOKEN\" -ge 1 && exit 7",
-    ]);
-    assert_eq!(
-        out.status.code(),
-        Some(7),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = env.tenure(&["run", "jobs/once", "--", "sh", "-c", "test \"$TENURE_TOKEN\" -ge 1 && exit 7"]);
+    assert_eq!(out.status.code(), Some(7), "{}", String::from_utf8_lossy(&out.stderr));
     let human = String::from_utf8(env.tenure(&["status", "jobs/once"]).stdout).unwrap();
     assert!(human.contains("no leader"), "released on exit: {human}");
     let out = env.tenure(&["run", "jobs/once", "--", "/nonexistent/program"]);
@@ -397,26 +293,12 @@ fn sigterm_stops_the_command_releases_and_exits_zero() {
 fn schedule_runs_ticks_on_the_leader_only() {
     let env = Env::new();
     let log = env.log();
-    let script = format!(
-        "echo tick $TENURE_HOLDER $TENURE_TOKEN $$ $(date +%s%N) >> {}",
-        log.display()
-    );
+    let script = format!("echo tick $TENURE_HOLDER $TENURE_TOKEN $$ $(date +%s%N) >> {}", log.display());
     let scheds: Vec<Proc> = ["s-1", "s-2"]
         .iter()
         .map(|id| {
             env.cmd()
-                .args([
-                    "schedule",
-                    "jobs/tick",
-                    "--every",
-                    "1s",
-                    "--id",
-                    id,
-                    "--ttl",
-                    "3s",
-                    "--grace",
-                    "300ms",
-                ])
+                .args(["schedule", "jobs/tick", "--every", "1s", "--id", id, "--ttl", "3s", "--grace", "300ms"])
                 .args(["--", "sh", "-c", &script])
                 .spawn()
                 .map(Proc)
@@ -426,15 +308,10 @@ fn schedule_runs_ticks_on_the_leader_only() {
     std::thread::sleep(Duration::from_millis(4500));
     stop_all(scheds);
     let ticks = read_log(&log);
-    assert!(
-        ticks.len() >= 3,
-        "expected a tick per second, got {}",
-        ticks.len()
-    );
+    assert!(ticks.len() >= 3, "expected a tick per second, got {}", ticks.len());
     let holders: std::collections::BTreeSet<_> = ticks.iter().map(|t| t.holder.clone()).collect();
     assert_eq!(holders.len(), 1, "only the leader runs ticks: {holders:?}");
-    let seconds: std::collections::BTreeSet<_> =
-        ticks.iter().map(|t| t.ns / 1_000_000_000).collect();
+    let seconds: std::collections::BTreeSet<_> = ticks.iter().map(|t| t.ns / 1_000_000_000).collect();
     assert_eq!(seconds.len(), ticks.len(), "no tick ran twice");
 }
 
@@ -444,49 +321,26 @@ fn bad_input_gets_clear_errors_and_documented_codes() {
     let out = env.tenure(&["status", "a//b"]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("empty path segment") && err.contains("1 to 200 characters"),
-        "{err}"
-    );
+    assert!(err.contains("empty path segment") && err.contains("1 to 200 characters"), "{err}");
 
-    let out = env
-        .cmd()
-        .args(["status", "x", "--store", "ftp://user:hunter2@host/x"])
-        .output()
-        .unwrap();
+    let out = env.cmd().args(["status", "x", "--store", "ftp://user:hunter2@host/x"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("unknown store scheme") && err.contains("sqlite:PATH"),
-        "{err}"
-    );
-    assert!(
-        !err.contains("hunter2"),
-        "credentials are never printed: {err}"
-    );
+    assert!(err.contains("unknown store scheme") && err.contains("sqlite:PATH"), "{err}");
+    assert!(!err.contains("hunter2"), "credentials are never printed: {err}");
 
     let out = env.tenure(&["run", "x", "--ttl", "10s", "--grace", "9s", "--", "true"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("--grace 9s does not fit inside --ttl 10s"),
-        "{err}"
-    );
+    assert!(err.contains("--grace 9s does not fit inside --ttl 10s"), "{err}");
 
     let out = env.tenure(&["run", "x", "--ttl", "soon", "--", "true"]);
     assert_eq!(out.status.code(), Some(2));
 
-    let out = env
-        .cmd()
-        .args(["status", "x", "--store", "sqlite:/nonexistent-dir/sub/t.db"])
-        .output()
-        .unwrap();
+    let out = env.cmd().args(["status", "x", "--store", "sqlite:/nonexistent-dir/sub/t.db"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("tenure: error: cannot open the SQLite store at /nonexistent-dir/sub/t.db"),
-        "{err}"
-    );
+    assert!(err.contains("tenure: error: cannot open the SQLite store at /nonexistent-dir/sub/t.db"), "{err}");
 
     // Evict asks for confirmation; off a terminal it needs --yes.
     let _l = env.tenure(&["run", "jobs/e", "--", "true"]);
@@ -501,29 +355,17 @@ fn bad_input_gets_clear_errors_and_documented_codes() {
 
 #[test]
 fn demo_runs_and_reports() {
-    let out = Command::new(TENURE)
-        .args(["demo", "--candidates", "3"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let out = Command::new(TENURE).args(["demo", "--candidates", "3"]).stdin(Stdio::null()).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        text.contains("tokens grew      yes") && text.contains("orphaned jobs    none"),
-        "{text}"
-    );
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("tokens grew      yes") && text.contains("orphaned jobs    none"), "{text}");
 }
 
 /// The same two-replica crash takeover on a server store, through `--store URL`.
 fn crash_takeover_on(url: String) {
     let env = Env::with_store(url);
-    let mut runs: Vec<(String, Proc)> = (1..=2)
-        .map(|i| (format!("run-{i}"), env.run(&format!("run-{i}"), "2s")))
-        .collect();
+    let mut runs: Vec<(String, Proc)> =
+        (1..=2).map(|i| (format!("run-{i}"), env.run(&format!("run-{i}"), "2s"))).collect();
     let first = wait_starts(&env.log(), 1, Duration::from_secs(20)).remove(0);
     let v: serde_json::Value =
         serde_json::from_slice(&env.tenure(&["status", "jobs/report", "--json"]).stdout).unwrap();
@@ -534,10 +376,7 @@ fn crash_takeover_on(url: String) {
     leader.kill().unwrap();
     let second = wait_starts(&env.log(), 2, Duration::from_secs(10)).remove(1);
     let takeover = Duration::from_nanos(second.ns.saturating_sub(killed));
-    assert!(
-        takeover <= Duration::from_secs(3),
-        "takeover took {takeover:?}"
-    );
+    assert!(takeover <= Duration::from_secs(3), "takeover took {takeover:?}");
     assert!(second.token > first.token);
     assert!(!alive(first.pid));
     stop_all(runs.into_iter().map(|(_, c)| c).collect());
@@ -546,8 +385,7 @@ fn crash_takeover_on(url: String) {
 
 #[test]
 fn tenure_run_on_postgres() {
-    let Some(server) = tenure_testkit::servers::launch(tenure_testkit::servers::Kind::Postgres)
-    else {
+    let Some(server) = tenure_testkit::servers::launch(tenure_testkit::servers::Kind::Postgres) else {
         return;
     };
     crash_takeover_on(server.url());

@@ -23,8 +23,8 @@ use std::time::{Duration, UNIX_EPOCH};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Row, Transaction};
 use tenure::{
-    Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord,
-    LeaseStore, Renew, Revision, StoreError, WatchStream, check_ttl,
+    Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, Renew,
+    Revision, StoreError, WatchStream, check_ttl,
 };
 use tokio::sync::{OnceCell, broadcast, mpsc};
 
@@ -136,11 +136,7 @@ fn split_table(url: &str) -> Result<(String, String), StoreError> {
             "table name {table:?} is not allowed: use 1 to 63 letters, digits and underscores, not starting with a digit"
         )));
     }
-    let url = if rest.is_empty() {
-        base.to_string()
-    } else {
-        format!("{base}?{}", rest.join("&"))
-    };
+    let url = if rest.is_empty() { base.to_string() } else { format!("{base}?{}", rest.join("&")) };
     Ok((url, table))
 }
 
@@ -151,10 +147,7 @@ impl PostgresStore {
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let (url, table) = split_table(url)?;
         let options = PgConnectOptions::from_str(&url)
-            .map_err(|e| {
-                StoreError::new(ErrorKind::Misconfigured, "the PostgreSQL URL is not valid")
-                    .with_source(e)
-            })?
+            .map_err(|e| StoreError::new(ErrorKind::Misconfigured, "the PostgreSQL URL is not valid").with_source(e))?
             .application_name("tenure");
         let described = format!(
             "postgres://{}@{}:{}/{} (table {table})",
@@ -232,10 +225,7 @@ impl PostgresStore {
         binds: Binds<'_>,
     ) -> Result<Option<LeaseRecord>, StoreError> {
         self.ensure_schema().await?;
-        let row = binds
-            .apply(sqlx::query(audited(sql)))
-            .fetch_optional(&self.inner.pool)
-            .await;
+        let row = binds.apply(sqlx::query(audited(sql))).fetch_optional(&self.inner.pool).await;
         let row = self.check(what, row).await?;
         row.map(|r| record(&r)).transpose()
     }
@@ -248,9 +238,7 @@ impl PostgresStore {
             Ok(v) => Ok(v),
             Err(sqlx::Error::PoolTimedOut) => {
                 use sqlx::ConnectOptions;
-                let direct =
-                    tokio::time::timeout(Duration::from_secs(3), self.inner.options.connect())
-                        .await;
+                let direct = tokio::time::timeout(Duration::from_secs(3), self.inner.options.connect()).await;
                 Err(match direct {
                     // Nothing was sent without a connection: whatever failed, a retry may help,
                     // except a refusal by the server itself (credentials, database).
@@ -350,11 +338,9 @@ impl Binds<'_> {
                 .bind(r.holder.to_string())
                 .bind(r.ttl.as_millis() as i64)
                 .bind(r.metadata.clone()),
-            Binds::Renew(l, ttl_ms) => q
-                .bind(l.election.to_string())
-                .bind(l.holder.to_string())
-                .bind(l.token.0 as i64)
-                .bind(ttl_ms),
+            Binds::Renew(l, ttl_ms) => {
+                q.bind(l.election.to_string()).bind(l.holder.to_string()).bind(l.token.0 as i64).bind(ttl_ms)
+            }
             Binds::Release(l) => q
                 .bind(l.election.to_string())
                 .bind(l.holder.to_string())
@@ -366,20 +352,12 @@ impl Binds<'_> {
 
 fn record(r: &PgRow) -> Result<LeaseRecord, StoreError> {
     let bad = |e: sqlx::Error| {
-        StoreError::new(
-            ErrorKind::Misconfigured,
-            "the lease table has an unexpected shape",
-        )
-        .with_source(e)
+        StoreError::new(ErrorKind::Misconfigured, "the lease table has an unexpected shape").with_source(e)
     };
     let election: String = r.try_get("election").map_err(bad)?;
     let holder: Option<String> = r.try_get("holder").map_err(bad)?;
     let invalid = |e: tenure::NameError| {
-        StoreError::new(
-            ErrorKind::Misconfigured,
-            "the lease table holds an invalid name",
-        )
-        .with_source(e)
+        StoreError::new(ErrorKind::Misconfigured, "the lease table holds an invalid name").with_source(e)
     };
     let ms = |v: Option<i64>| v.map(|ms| UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64));
     Ok(LeaseRecord {
@@ -390,9 +368,7 @@ fn record(r: &PgRow) -> Result<LeaseRecord, StoreError> {
         ttl: Duration::from_millis(r.try_get::<i64, _>("ttl_ms").map_err(bad)? as u64),
         acquired_at: ms(r.try_get("acquired_ms").map_err(bad)?),
         renewed_at: ms(r.try_get("renewed_ms").map_err(bad)?),
-        remaining: Some(Duration::from_micros(
-            r.try_get::<i64, _>("remaining_us").map_err(bad)?.max(0) as u64,
-        )),
+        remaining: Some(Duration::from_micros(r.try_get::<i64, _>("remaining_us").map_err(bad)?.max(0) as u64)),
         evicted: r.try_get("evicted").map_err(bad)?,
         metadata: r.try_get("metadata").map_err(bad)?,
     })
@@ -402,57 +378,32 @@ fn record(r: &PgRow) -> Result<LeaseRecord, StoreError> {
 fn pg_error(what: &str, e: sqlx::Error) -> StoreError {
     let (kind, hint) = match &e {
         sqlx::Error::Database(db) => match db.code().as_deref() {
-            Some("28P01" | "28000") => (
-                ErrorKind::Unauthorized,
-                "check the user and password in the store URL",
-            ),
-            Some("42501") => (
-                ErrorKind::Unauthorized,
-                "the user may not use the lease table",
-            ),
-            Some("3D000") => (
-                ErrorKind::Misconfigured,
-                "the database in the store URL does not exist",
-            ),
+            Some("28P01" | "28000") => (ErrorKind::Unauthorized, "check the user and password in the store URL"),
+            Some("42501") => (ErrorKind::Unauthorized, "the user may not use the lease table"),
+            Some("3D000") => (ErrorKind::Misconfigured, "the database in the store URL does not exist"),
             Some("40001" | "40P01" | "55P03" | "53300" | "57P03") => {
                 (ErrorKind::Unavailable, "the server is busy; retrying")
             }
             Some(c) if c.starts_with("08") => (ErrorKind::Ambiguous, "the connection broke"),
-            Some(c) if c.starts_with("57") => (
-                ErrorKind::Ambiguous,
-                "the server is shutting down or restarting",
-            ),
+            Some(c) if c.starts_with("57") => (ErrorKind::Ambiguous, "the server is shutting down or restarting"),
             _ => (ErrorKind::Misconfigured, "the server refused the statement"),
         },
         sqlx::Error::Io(io)
-            if matches!(
-                io.kind(),
-                std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
-            ) =>
+            if matches!(io.kind(), std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound) =>
         {
-            (
-                ErrorKind::Unavailable,
-                "nothing listens at the store URL's host and port",
-            )
+            (ErrorKind::Unavailable, "nothing listens at the store URL's host and port")
         }
         sqlx::Error::Io(io) if io.to_string().contains("lookup address") => {
             (ErrorKind::Unavailable, "the host name in the store URL does not resolve")
         }
-        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) => (
-            ErrorKind::Ambiguous,
-            "the connection broke; the request may have been applied",
-        ),
-        sqlx::Error::PoolTimedOut => (
-            ErrorKind::Unavailable,
-            "no connection to the server could be made in time",
-        ),
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) => {
+            (ErrorKind::Ambiguous, "the connection broke; the request may have been applied")
+        }
+        sqlx::Error::PoolTimedOut => (ErrorKind::Unavailable, "no connection to the server could be made in time"),
         sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => {
             (ErrorKind::Unavailable, "the connection pool is closed")
         }
-        sqlx::Error::Tls(_) => (
-            ErrorKind::Misconfigured,
-            "TLS failed; check sslmode and certificates",
-        ),
+        sqlx::Error::Tls(_) => (ErrorKind::Misconfigured, "TLS failed; check sslmode and certificates"),
         sqlx::Error::Configuration(_) => (ErrorKind::Misconfigured, "the store URL is not valid"),
         _ => (ErrorKind::Unavailable, "retrying"),
     };
@@ -464,10 +415,7 @@ impl LeaseStore for PostgresStore {
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
         req.validate()?;
         for _ in 0..5 {
-            if let Some(l) = self
-                .fetch_one("acquire", &self.inner.sql.acquire, Binds::Acquire(req))
-                .await?
-            {
+            if let Some(l) = self.fetch_one("acquire", &self.inner.sql.acquire, Binds::Acquire(req)).await? {
                 return Ok(Acquire::Acquired(l));
             }
             if let Some(cur) = self.get(&req.election).await? {
@@ -475,21 +423,12 @@ impl LeaseStore for PostgresStore {
             }
             // Released between the two statements: try again.
         }
-        Err(StoreError::unavailable(
-            "PostgreSQL: acquire kept racing with releases; retrying",
-        ))
+        Err(StoreError::unavailable("PostgreSQL: acquire kept racing with releases; retrying"))
     }
 
     async fn renew(&self, held: &LeaseRecord, ttl: Duration) -> Result<Renew, StoreError> {
         check_ttl(ttl)?;
-        match self
-            .fetch_one(
-                "renew",
-                &self.inner.sql.renew,
-                Binds::Renew(held, ttl.as_millis() as i64),
-            )
-            .await?
-        {
+        match self.fetch_one("renew", &self.inner.sql.renew, Binds::Renew(held, ttl.as_millis() as i64)).await? {
             Some(l) => Ok(Renew::Renewed(l)),
             None => Ok(Renew::Lost(self.get(&held.election).await?)),
         }
@@ -497,44 +436,30 @@ impl LeaseStore for PostgresStore {
 
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
         self.ensure_schema().await?;
-        let r = Binds::Release(held)
-            .apply(sqlx::query(audited(&self.inner.sql.release)))
-            .execute(&self.inner.pool)
-            .await;
+        let r =
+            Binds::Release(held).apply(sqlx::query(audited(&self.inner.sql.release))).execute(&self.inner.pool).await;
         self.check("release", r).await?;
         Ok(())
     }
 
     async fn get(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {
-        self.fetch_one(
-            "get",
-            &self.inner.sql.get,
-            Binds::Election(election.as_str()),
-        )
-        .await
+        self.fetch_one("get", &self.inner.sql.get, Binds::Election(election.as_str())).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
         self.ensure_schema().await?;
-        let rows = Binds::Prefix(prefix)
-            .apply(sqlx::query(audited(&self.inner.sql.list)))
-            .fetch_all(&self.inner.pool)
-            .await;
+        let rows =
+            Binds::Prefix(prefix).apply(sqlx::query(audited(&self.inner.sql.list))).fetch_all(&self.inner.pool).await;
         let rows = self.check("list", rows).await?;
         rows.iter().map(record).collect()
     }
 
-    async fn evict(
-        &self,
-        election: &ElectionName,
-        how: Evict,
-    ) -> Result<Option<LeaseRecord>, StoreError> {
+    async fn evict(&self, election: &ElectionName, how: Evict) -> Result<Option<LeaseRecord>, StoreError> {
         let sql = match how {
             Evict::Now => &self.inner.sql.evict_now,
             Evict::AfterTerm => &self.inner.sql.evict_after_term,
         };
-        self.fetch_one("evict", sql, Binds::Election(election.as_str()))
-            .await
+        self.fetch_one("evict", sql, Binds::Election(election.as_str())).await
     }
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
@@ -544,10 +469,7 @@ impl LeaseStore for PostgresStore {
         let store = self.clone();
         let election = election.clone();
         tokio::spawn(async move {
-            let key = |r: &Option<LeaseRecord>| {
-                r.as_ref()
-                    .map(|r| (r.holder.clone(), r.token, r.revision, r.evicted))
-            };
+            let key = |r: &Option<LeaseRecord>| r.as_ref().map(|r| (r.holder.clone(), r.token, r.revision, r.evicted));
             let mut last = match store.get(&election).await {
                 Ok(r) => key(&r),
                 Err(e) => {
@@ -596,15 +518,9 @@ mod tests {
     #[test]
     fn the_table_parameter_is_ours_and_checked() {
         let (url, table) = split_table("postgres://u:p@h/db?sslmode=disable&table=leases").unwrap();
-        assert_eq!(
-            (url.as_str(), table.as_str()),
-            ("postgres://u:p@h/db?sslmode=disable", "leases")
-        );
+        assert_eq!((url.as_str(), table.as_str()), ("postgres://u:p@h/db?sslmode=disable", "leases"));
         let (url, table) = split_table("postgres://h/db").unwrap();
-        assert_eq!(
-            (url.as_str(), table.as_str()),
-            ("postgres://h/db", DEFAULT_TABLE)
-        );
+        assert_eq!((url.as_str(), table.as_str()), ("postgres://h/db", DEFAULT_TABLE));
         let err = split_table("postgres://h/db?table=x;drop").unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Invalid);
     }

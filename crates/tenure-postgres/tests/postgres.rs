@@ -20,10 +20,7 @@ impl Pg {
     fn launch() -> Option<Self> {
         let server = servers::launch(Kind::Postgres)?;
         let url = server.url();
-        Some(Self {
-            server: Mutex::new(server),
-            url,
-        })
+        Some(Self { server: Mutex::new(server), url })
     }
 }
 
@@ -68,12 +65,8 @@ async fn postgres_store_conforms() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_candidates_survive_killed_connections_and_a_restart() {
     let Some(pg) = Pg::launch() else { return };
-    let r =
-        scenario::multi_candidate(&pg, Duration::from_secs(2), Duration::from_millis(500)).await;
-    eprintln!(
-        "postgres scenario: {} terms, takeover {:?} after the leader was cut off",
-        r.terms, r.takeover
-    );
+    let r = scenario::multi_candidate(&pg, Duration::from_secs(2), Duration::from_millis(500)).await;
+    eprintln!("postgres scenario: {} terms, takeover {:?} after the leader was cut off", r.terms, r.takeover);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -81,42 +74,22 @@ async fn a_wrong_password_is_a_clear_error() {
     let Some(server) = servers::launch_with(Kind::Postgres, Some("right-password")) else {
         return;
     };
-    let bad = format!(
-        "postgres://postgres:wrong-password@127.0.0.1:{}/postgres",
-        server.port()
-    );
+    let bad = format!("postgres://postgres:wrong-password@127.0.0.1:{}/postgres", server.port());
     let store = PostgresStore::connect(&bad).await.unwrap();
-    let err = store
-        .get(&ElectionName::new("x").unwrap())
-        .await
-        .unwrap_err();
+    let err = store.get(&ElectionName::new("x").unwrap()).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
-    assert!(
-        err.to_string().contains("check the user and password"),
-        "{err}"
-    );
-    assert!(
-        !format!("{err:?}").contains("wrong-password"),
-        "the password never shows"
-    );
+    assert!(err.to_string().contains("check the user and password"), "{err}");
+    assert!(!format!("{err:?}").contains("wrong-password"), "the password never shows");
     assert!(!store.describe().contains("password"));
     let good = PostgresStore::connect(&server.url()).await.unwrap();
-    assert_eq!(
-        good.get(&ElectionName::new("x").unwrap()).await.unwrap(),
-        None
-    );
+    assert_eq!(good.get(&ElectionName::new("x").unwrap()).await.unwrap(), None);
 }
 
 #[tokio::test]
 async fn an_unreachable_server_is_a_retryable_error() {
     let port = servers::free_port();
-    let store = PostgresStore::connect(&format!("postgres://postgres@127.0.0.1:{port}/postgres"))
-        .await
-        .unwrap();
-    let err = store
-        .get(&ElectionName::new("x").unwrap())
-        .await
-        .unwrap_err();
+    let store = PostgresStore::connect(&format!("postgres://postgres@127.0.0.1:{port}/postgres")).await.unwrap();
+    let err = store.get(&ElectionName::new("x").unwrap()).await.unwrap_err();
     assert!(err.is_retryable(), "{err}");
     assert!(err.to_string().contains("PostgreSQL"), "{err}");
 }

@@ -14,13 +14,9 @@ use tenure_sqlite::SqliteStore;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let path = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| "/tmp/tenure-worker.db".into());
+    let path = std::env::args().nth(1).unwrap_or_else(|| "/tmp/tenure-worker.db".into());
     let store = Arc::new(SqliteStore::open(&path).await?);
-    let elector = Elector::builder(store, "example/worker")
-        .ttl(Duration::from_secs(3))
-        .build()?;
+    let elector = Elector::builder(store, "example/worker").ttl(Duration::from_secs(3)).build()?;
     println!("{} campaigning on {path}", elector.holder());
 
     let stopper = elector.clone();
@@ -33,11 +29,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .run_while_leader(|leadership| async move {
             println!("leading with fencing token {}", leadership.token());
             while leadership.is_valid() {
-                println!(
-                    "  working (token {}, {:?} left)",
-                    leadership.token(),
-                    leadership.remaining()
-                );
+                println!("  working (token {}, {:?} left)", leadership.token(), leadership.remaining());
                 tokio::select! {
                     _ = leadership.cancelled() => break,
                     _ = tokio::time::sleep(Duration::from_millis(500)) => {}

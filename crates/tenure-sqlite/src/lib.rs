@@ -24,8 +24,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
 use tenure::{
-    Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord,
-    LeaseStore, Renew, Revision, StoreError, WatchStream, check_ttl,
+    Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, Renew,
+    Revision, StoreError, WatchStream, check_ttl,
 };
 use tokio::sync::{mpsc, watch};
 
@@ -47,7 +47,8 @@ CREATE TABLE IF NOT EXISTS tenure_leases (
 ) WITHOUT ROWID;
 ";
 
-const COLUMNS: &str = "election, holder, token, revision, ttl_ms, boot_id, expires_ns, acquired_ms, renewed_ms, evicted, metadata";
+const COLUMNS: &str =
+    "election, holder, token, revision, ttl_ms, boot_id, expires_ns, acquired_ms, renewed_ms, evicted, metadata";
 
 /// Options for [`SqliteStore::open_with`].
 #[derive(Clone, Debug)]
@@ -61,10 +62,7 @@ pub struct SqliteOptions {
 
 impl Default for SqliteOptions {
     fn default() -> Self {
-        Self {
-            busy_timeout: Duration::from_secs(2),
-            watch_interval: Duration::from_millis(20),
-        }
+        Self { busy_timeout: Duration::from_secs(2), watch_interval: Duration::from_millis(20) }
     }
 }
 
@@ -90,10 +88,7 @@ impl SqliteStore {
     }
 
     /// Opens (creating if needed) the database at `path`.
-    pub async fn open_with(
-        path: impl AsRef<Path>,
-        options: SqliteOptions,
-    ) -> Result<Self, StoreError> {
+    pub async fn open_with(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
         tokio::task::spawn_blocking(move || Self::open_blocking(path, options))
             .await
@@ -146,9 +141,7 @@ impl SqliteStore {
             f(&mut conn, &inner).map_err(|e| sql_error(&inner.path, what, e))
         })
         .await
-        .map_err(|e| {
-            StoreError::unavailable(format!("{what}: the database task failed")).with_source(e)
-        })?
+        .map_err(|e| StoreError::unavailable(format!("{what}: the database task failed")).with_source(e))?
     }
 
     /// Runs `f` in one `BEGIN IMMEDIATE` transaction with the store clock read inside it.
@@ -159,10 +152,7 @@ impl SqliteStore {
     ) -> Result<T, StoreError> {
         self.with_conn(what, move |conn, inner| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let now = Now {
-                ns: monotonic_ns(),
-                boot_id: &inner.boot_id,
-            };
+            let now = Now { ns: monotonic_ns(), boot_id: &inner.boot_id };
             let out = f(&tx, now)?;
             tx.commit()?;
             Ok(out)
@@ -247,12 +237,7 @@ impl Row {
 }
 
 fn select_row(tx: &Connection, election: &str) -> rusqlite::Result<Option<Row>> {
-    tx.query_row(
-        &format!("SELECT {COLUMNS} FROM tenure_leases WHERE election = ?1"),
-        [election],
-        Row::read,
-    )
-    .optional()
+    tx.query_row(&format!("SELECT {COLUMNS} FROM tenure_leases WHERE election = ?1"), [election], Row::read).optional()
 }
 
 fn wall_time(ms: i64) -> SystemTime {
@@ -260,10 +245,7 @@ fn wall_time(ms: i64) -> SystemTime {
 }
 
 fn wall_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
 fn ttl_ns(ttl: Duration) -> i64 {
@@ -272,9 +254,7 @@ fn ttl_ns(ttl: Duration) -> i64 {
 
 /// Re-reads the row just written and returns it as a live record.
 fn reread(tx: &Connection, election: &str, now: Now<'_>) -> rusqlite::Result<LeaseRecord> {
-    select_row(tx, election)?
-        .and_then(|r| r.live(now))
-        .ok_or(rusqlite::Error::QueryReturnedNoRows)
+    select_row(tx, election)?.and_then(|r| r.live(now)).ok_or(rusqlite::Error::QueryReturnedNoRows)
 }
 
 #[async_trait::async_trait]
@@ -303,7 +283,17 @@ impl LeaseStore for SqliteStore {
                             "INSERT OR REPLACE INTO tenure_leases ({COLUMNS})
                              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8, 0, ?9)"
                         ),
-                        params![e, req.holder.as_str(), token, revision, ttl_ms, now.boot_id, expires, wall_ms(), req.metadata],
+                        params![
+                            e,
+                            req.holder.as_str(),
+                            token,
+                            revision,
+                            ttl_ms,
+                            now.boot_id,
+                            expires,
+                            wall_ms(),
+                            req.metadata
+                        ],
                     )?;
                 }
             }
@@ -339,12 +329,7 @@ impl LeaseStore for SqliteStore {
             tx.execute(
                 "UPDATE tenure_leases SET holder = NULL, evicted = 0, revision = revision + 1
                  WHERE election = ?1 AND holder = ?2 AND token = ?3 AND revision = ?4",
-                params![
-                    held.election.as_str(),
-                    held.holder.as_str(),
-                    held.token.0 as i64,
-                    held.revision.0 as i64
-                ],
+                params![held.election.as_str(), held.holder.as_str(), held.token.0 as i64, held.revision.0 as i64],
             )?;
             Ok(())
         })
@@ -355,10 +340,7 @@ impl LeaseStore for SqliteStore {
         let election = election.clone();
         self.with_conn("get", move |conn, inner| {
             let row = select_row(conn, election.as_str())?;
-            let now = Now {
-                ns: monotonic_ns(),
-                boot_id: &inner.boot_id,
-            };
+            let now = Now { ns: monotonic_ns(), boot_id: &inner.boot_id };
             Ok(row.and_then(|r| r.live(now)))
         })
         .await
@@ -372,20 +354,13 @@ impl LeaseStore for SqliteStore {
                  WHERE holder IS NOT NULL AND substr(election, 1, length(?1)) = ?1 ORDER BY election"
             ))?;
             let rows = stmt.query_map([&prefix], Row::read)?.collect::<rusqlite::Result<Vec<_>>>()?;
-            let now = Now {
-                ns: monotonic_ns(),
-                boot_id: &inner.boot_id,
-            };
+            let now = Now { ns: monotonic_ns(), boot_id: &inner.boot_id };
             Ok(rows.iter().filter_map(|r| r.live(now)).collect())
         })
         .await
     }
 
-    async fn evict(
-        &self,
-        election: &ElectionName,
-        how: Evict,
-    ) -> Result<Option<LeaseRecord>, StoreError> {
+    async fn evict(&self, election: &ElectionName, how: Evict) -> Result<Option<LeaseRecord>, StoreError> {
         let election = election.clone();
         self.transact("evict", move |tx, now| {
             let e = election.as_str();
@@ -393,7 +368,9 @@ impl LeaseStore for SqliteStore {
                 return Ok(None);
             };
             let sql = match how {
-                Evict::Now => "UPDATE tenure_leases SET holder = NULL, evicted = 0, revision = revision + 1 WHERE election = ?1",
+                Evict::Now => {
+                    "UPDATE tenure_leases SET holder = NULL, evicted = 0, revision = revision + 1 WHERE election = ?1"
+                }
                 Evict::AfterTerm => "UPDATE tenure_leases SET evicted = 1, revision = revision + 1 WHERE election = ?1",
             };
             tx.execute(sql, [e])?;
@@ -409,10 +386,7 @@ impl LeaseStore for SqliteStore {
         let election = election.clone();
         let interval = self.inner.options.watch_interval;
         tokio::spawn(async move {
-            let key = |r: &Option<LeaseRecord>| {
-                r.as_ref()
-                    .map(|r| (r.holder.clone(), r.token, r.revision, r.evicted))
-            };
+            let key = |r: &Option<LeaseRecord>| r.as_ref().map(|r| (r.holder.clone(), r.token, r.revision, r.evicted));
             // Reads can meet a transient lock (a checkpoint, a writer's recovery): retry those.
             let read = async |store: &SqliteStore| loop {
                 match store.get(&election).await {
@@ -495,53 +469,39 @@ fn poll_changes(inner: &Arc<Inner>) {
 
 fn connect(path: &Path, options: &SqliteOptions) -> Result<Connection, StoreError> {
     let conn = Connection::open(path).map_err(|e| sql_error(path, "opening the database", e))?;
-    conn.busy_timeout(options.busy_timeout)
-        .map_err(|e| sql_error(path, "setting the busy timeout", e))?;
+    conn.busy_timeout(options.busy_timeout).map_err(|e| sql_error(path, "setting the busy timeout", e))?;
     let mode: String = conn
         .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
         .map_err(|e| sql_error(path, "switching to WAL", e))?;
     if !mode.eq_ignore_ascii_case("wal") {
         tracing::warn!(path = %path.display(), %mode, "SQLite did not switch to WAL");
     }
-    conn.execute_batch("PRAGMA synchronous = FULL;")
-        .map_err(|e| sql_error(path, "setting synchronous", e))?;
+    conn.execute_batch("PRAGMA synchronous = FULL;").map_err(|e| sql_error(path, "setting synchronous", e))?;
     Ok(conn)
 }
 
 fn sql_error(path: &Path, what: &str, e: rusqlite::Error) -> StoreError {
     let code = e.sqlite_error_code();
     let (kind, hint) = match code {
-        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => (
-            ErrorKind::Unavailable,
-            "another process holds the database lock; retry",
-        ),
-        Some(ErrorCode::DiskFull) => (
-            ErrorKind::Unavailable,
-            "the disk is full; free space and retry",
-        ),
-        Some(ErrorCode::ReadOnly | ErrorCode::PermissionDenied | ErrorCode::CannotOpen) => (
-            ErrorKind::Unauthorized,
-            "check that the file and its directory exist and are writable by this user",
-        ),
-        Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt) => (
-            ErrorKind::Misconfigured,
-            "the file is not a usable SQLite database",
-        ),
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
+            (ErrorKind::Unavailable, "another process holds the database lock; retry")
+        }
+        Some(ErrorCode::DiskFull) => (ErrorKind::Unavailable, "the disk is full; free space and retry"),
+        Some(ErrorCode::ReadOnly | ErrorCode::PermissionDenied | ErrorCode::CannotOpen) => {
+            (ErrorKind::Unauthorized, "check that the file and its directory exist and are writable by this user")
+        }
+        Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt) => {
+            (ErrorKind::Misconfigured, "the file is not a usable SQLite database")
+        }
         _ => (ErrorKind::Unavailable, "retry"),
     };
-    StoreError::new(
-        kind,
-        format!("SQLite {}: {what} failed ({hint})", path.display()),
-    )
-    .with_source(e)
+    StoreError::new(kind, format!("SQLite {}: {what} failed ({hint})", path.display())).with_source(e)
 }
 
 /// The host's monotonic clock, shared by every process on the host, in nanoseconds.
 fn monotonic_ns() -> i64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-    t.tv_sec
-        .saturating_mul(1_000_000_000)
-        .saturating_add(t.tv_nsec as i64)
+    t.tv_sec.saturating_mul(1_000_000_000).saturating_add(t.tv_nsec as i64)
 }
 
 /// The kernel's boot id: monotonic readings from another boot mean nothing.

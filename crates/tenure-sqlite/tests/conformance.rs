@@ -13,11 +13,7 @@ struct Sqlite {
 #[async_trait::async_trait]
 impl Harness for Sqlite {
     async fn open(&self) -> Arc<dyn LeaseStore> {
-        Arc::new(
-            SqliteStore::open(self.dir.path().join("leases.db"))
-                .await
-                .unwrap(),
-        )
+        Arc::new(SqliteStore::open(self.dir.path().join("leases.db")).await.unwrap())
     }
 
     async fn restart(&self) -> bool {
@@ -29,8 +25,5 @@ impl Harness for Sqlite {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_store_conforms() {
-    conformance::run_all(Sqlite {
-        dir: tempfile::tempdir().unwrap(),
-    })
-    .await;
+    conformance::run_all(Sqlite { dir: tempfile::tempdir().unwrap() }).await;
 }

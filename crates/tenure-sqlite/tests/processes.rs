@@ -22,27 +22,18 @@ fn now_ns() -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "run by sqlite_processes_elect_one_leader as a child process"]
 async fn worker_process() {
-    let db = std::env::var("TENURE_TEST_DB")
-        .expect("the worker runs only as a child of the process test");
+    let db = std::env::var("TENURE_TEST_DB").expect("the worker runs only as a child of the process test");
     let log_path = PathBuf::from(std::env::var("TENURE_TEST_LOG").unwrap());
     let store = Arc::new(SqliteStore::open(&db).await.unwrap());
-    let elector = Elector::builder(store, "proc/job")
-        .ttl(TTL)
-        .build()
-        .unwrap();
+    let elector = Elector::builder(store, "proc/job").ttl(TTL).build().unwrap();
     let stopper = elector.clone();
     tokio::spawn(async move {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
         term.recv().await;
         stopper.shutdown().await;
     });
     let log = move |what: &str, token: u64| {
-        let mut f = std::fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .open(&log_path)
-            .unwrap();
+        let mut f = std::fs::OpenOptions::new().append(true).create(true).open(&log_path).unwrap();
         writeln!(f, "{what} {token} {} {}", std::process::id(), now_ns()).unwrap();
     };
     let _ = elector
@@ -101,10 +92,7 @@ fn spawn_worker(db: &Path, log: &Path) -> Child {
 fn wait_start(log: &Path, seen: usize, within: Duration) -> Line {
     let t0 = std::time::Instant::now();
     loop {
-        let starts: Vec<Line> = read_log(log)
-            .into_iter()
-            .filter(|l| l.what == "start")
-            .collect();
+        let starts: Vec<Line> = read_log(log).into_iter().filter(|l| l.what == "start").collect();
         if let Some(l) = starts.into_iter().nth(seen) {
             return l;
         }
@@ -121,11 +109,7 @@ fn sqlite_processes_elect_one_leader() {
 
     let first = wait_start(&log, 0, Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(
-        read_log(&log).iter().filter(|l| l.what == "start").count(),
-        1,
-        "exactly one leader"
-    );
+    assert_eq!(read_log(&log).iter().filter(|l| l.what == "start").count(), 1, "exactly one leader");
 
     // SIGKILL the leader: another leads within TTL + 1 s.
     let idx = children.iter().position(|c| c.id() == first.pid).unwrap();
@@ -136,33 +120,20 @@ fn sqlite_processes_elect_one_leader() {
     let second = wait_start(&log, 1, TTL + Duration::from_secs(5));
     let takeover = Duration::from_nanos(second.ns - killed_at);
     eprintln!("takeover after SIGKILL: {takeover:?} (TTL {TTL:?})");
-    assert!(
-        takeover <= TTL + Duration::from_secs(1),
-        "takeover took {takeover:?}"
-    );
+    assert!(takeover <= TTL + Duration::from_secs(1), "takeover took {takeover:?}");
     assert!(second.token > first.token);
 
     // SIGTERM the new leader: it releases, and the last one leads well within a TTL.
     let idx = children.iter().position(|c| c.id() == second.pid).unwrap();
     let mut leader = children.remove(idx);
     let stopped_at = now_ns();
-    rustix::process::kill_process(
-        rustix::process::Pid::from_child(&leader),
-        rustix::process::Signal::TERM,
-    )
-    .unwrap();
+    rustix::process::kill_process(rustix::process::Pid::from_child(&leader), rustix::process::Signal::TERM).unwrap();
     let status = leader.wait().unwrap();
-    assert!(
-        status.success(),
-        "a worker stopped by SIGTERM exits cleanly: {status:?}"
-    );
+    assert!(status.success(), "a worker stopped by SIGTERM exits cleanly: {status:?}");
     let third = wait_start(&log, 2, TTL);
     let handover = Duration::from_nanos(third.ns - stopped_at);
     eprintln!("handover after a clean stop: {handover:?}");
-    assert!(
-        handover < TTL / 2,
-        "a clean stop must hand over without waiting for expiry, took {handover:?}"
-    );
+    assert!(handover < TTL / 2, "a clean stop must hand over without waiting for expiry, took {handover:?}");
     assert!(third.token > second.token);
 
     for mut c in children {
@@ -182,11 +153,6 @@ fn sqlite_processes_elect_one_leader() {
     terms.sort_by_key(|t| t.1);
     for w in terms.windows(2) {
         assert!(w[0].0 < w[1].0, "tokens grow in the order terms start");
-        assert!(
-            w[0].2 < w[1].1,
-            "term {} was still active when term {} started",
-            w[0].0,
-            w[1].0
-        );
+        assert!(w[0].2 < w[1].1, "term {} was still active when term {} started", w[0].0, w[1].0);
     }
 }

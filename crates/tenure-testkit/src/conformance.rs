@@ -31,8 +31,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tenure::{
-    Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord,
-    LeaseStore, MAX_METADATA, Renew,
+    Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore,
+    MAX_METADATA, Renew,
 };
 use tokio_stream::StreamExt;
 
@@ -116,12 +116,7 @@ pub async fn run_all(harness: impl Harness) {
             }
         }
     }
-    assert!(
-        failed.is_empty(),
-        "{} conformance case(s) failed:\n{}",
-        failed.len(),
-        failed.join("\n")
-    );
+    assert!(failed.is_empty(), "{} conformance case(s) failed:\n{}", failed.len(), failed.join("\n"));
 }
 
 fn election(case: &str) -> ElectionName {
@@ -141,28 +136,21 @@ fn req(e: &ElectionName, h: &HolderId, ttl: Duration) -> AcquireRequest {
 async fn acquired(store: &dyn LeaseStore, r: &AcquireRequest) -> LeaseRecord {
     match store.try_acquire(r).await.expect("try_acquire failed") {
         Acquire::Acquired(l) => {
-            assert_eq!(
-                l.holder, r.holder,
-                "the acquired record names the requester"
-            );
+            assert_eq!(l.holder, r.holder, "the acquired record names the requester");
             assert_eq!(l.election, r.election);
             assert!(!l.evicted);
             l
         }
-        Acquire::Held(rec) => panic!(
-            "expected to acquire {}, but {} holds it",
-            r.election, rec.holder
-        ),
+        Acquire::Held(rec) => panic!("expected to acquire {}, but {} holds it", r.election, rec.holder),
     }
 }
 
 async fn held(store: &dyn LeaseStore, r: &AcquireRequest) -> LeaseRecord {
     match store.try_acquire(r).await.expect("try_acquire failed") {
         Acquire::Held(rec) => rec,
-        Acquire::Acquired(l) => panic!(
-            "{} acquired {} (token {}) but it should be held",
-            r.holder, r.election, l.token
-        ),
+        Acquire::Acquired(l) => {
+            panic!("{} acquired {} (token {}) but it should be held", r.holder, r.election, l.token)
+        }
     }
 }
 
@@ -175,11 +163,7 @@ async fn acquire_on_empty(h: Arc<dyn Harness>) {
     let s = h.open().await;
     let e = election("empty");
     let a = holder("a");
-    assert_eq!(
-        s.get(&e).await.unwrap(),
-        None,
-        "a fresh election has no record"
-    );
+    assert_eq!(s.get(&e).await.unwrap(), None, "a fresh election has no record");
     let l = acquired(&*s, &req(&e, &a, LONG)).await;
     assert!(l.token >= FencingToken(1), "tokens start above zero");
     assert_eq!(l.ttl, LONG);
@@ -193,11 +177,7 @@ async fn held_by_another(h: Arc<dyn Harness>) {
     let (a, b) = (holder("a"), holder("b"));
     let l = acquired(&*s1, &req(&e, &a, LONG)).await;
     let rec = held(&*s2, &req(&e, &b, LONG)).await;
-    assert_eq!(
-        (rec.holder, rec.token),
-        (a.clone(), l.token),
-        "Held names the current holder"
-    );
+    assert_eq!((rec.holder, rec.token), (a.clone(), l.token), "Held names the current holder");
     let remaining = rec.remaining.unwrap_or(rec.ttl);
     assert!(remaining <= LONG, "remaining {remaining:?} exceeds the TTL");
     let got = s2.get(&e).await.unwrap().unwrap();
@@ -210,14 +190,8 @@ async fn same_holder_reacquire_renews(h: Arc<dyn Harness>) {
     let a = holder("a");
     let first = acquired(&*s, &req(&e, &a, LONG)).await;
     let again = acquired(&*s, &req(&e, &a, LONG)).await;
-    assert_eq!(
-        again.token, first.token,
-        "re-acquiring by the same holder is a renewal and keeps the token"
-    );
-    assert!(
-        again.revision > first.revision,
-        "a renewal moves the revision"
-    );
+    assert_eq!(again.token, first.token, "re-acquiring by the same holder is a renewal and keeps the token");
+    assert!(again.revision > first.revision, "a renewal moves the revision");
 }
 
 async fn renew_keeps_token_and_moves_revision(h: Arc<dyn Harness>) {
@@ -232,10 +206,7 @@ async fn renew_keeps_token_and_moves_revision(h: Arc<dyn Harness>) {
     assert_eq!(r.token, l.token);
     assert!(r.revision > l.revision);
     // Renewing from the older copy still works: the compare is on holder and token.
-    assert!(matches!(
-        s.renew(&l, LONG).await.unwrap(),
-        Renew::Renewed(_)
-    ));
+    assert!(matches!(s.renew(&l, LONG).await.unwrap(), Renew::Renewed(_)));
 }
 
 async fn expiry_then_takeover(h: Arc<dyn Harness>) {
@@ -245,18 +216,9 @@ async fn expiry_then_takeover(h: Arc<dyn Harness>) {
     let la = acquired(&*s1, &req(&e, &a, h.short_ttl())).await;
     held(&*s2, &req(&e, &b, LONG)).await;
     outlive(&h).await;
-    assert_eq!(
-        s2.get(&e).await.unwrap(),
-        None,
-        "an expired lease is not reported by get"
-    );
+    assert_eq!(s2.get(&e).await.unwrap(), None, "an expired lease is not reported by get");
     let lb = acquired(&*s2, &req(&e, &b, LONG)).await;
-    assert!(
-        lb.token > la.token,
-        "takeover after expiry must raise the token ({} then {})",
-        la.token,
-        lb.token
-    );
+    assert!(lb.token > la.token, "takeover after expiry must raise the token ({} then {})", la.token, lb.token);
 }
 
 async fn renew_after_expiry_fails(h: Arc<dyn Harness>) {
@@ -285,15 +247,8 @@ async fn renew_after_takeover_fails(h: Arc<dyn Harness>) {
         }
     }
     // Same holder id, old token: still refused (a different grant).
-    let stale = LeaseRecord {
-        holder: b.clone(),
-        token: la.token,
-        ..lb.clone()
-    };
-    assert!(
-        matches!(s1.renew(&stale, LONG).await.unwrap(), Renew::Lost(_)),
-        "renew compares the token too"
-    );
+    let stale = LeaseRecord { holder: b.clone(), token: la.token, ..lb.clone() };
+    assert!(matches!(s1.renew(&stale, LONG).await.unwrap(), Renew::Lost(_)), "renew compares the token too");
     assert_eq!(s1.get(&e).await.unwrap().unwrap().holder, b);
 }
 
@@ -306,20 +261,10 @@ async fn release_clears_and_is_idempotent(h: Arc<dyn Harness>) {
     assert_eq!(s1.get(&e).await.unwrap(), None);
     s1.release(&la).await.unwrap();
     let lb = acquired(&*s2, &req(&e, &b, LONG)).await;
-    assert!(
-        lb.token > la.token,
-        "a grant after release gets a larger token"
-    );
-    assert!(
-        matches!(s1.renew(&la, LONG).await.unwrap(), Renew::Lost(_)),
-        "a released lease cannot be renewed"
-    );
+    assert!(lb.token > la.token, "a grant after release gets a larger token");
+    assert!(matches!(s1.renew(&la, LONG).await.unwrap(), Renew::Lost(_)), "a released lease cannot be renewed");
     s1.release(&la).await.unwrap();
-    assert_eq!(
-        s2.get(&e).await.unwrap().unwrap().holder,
-        b,
-        "a stale release leaves the new holder alone"
-    );
+    assert_eq!(s2.get(&e).await.unwrap().unwrap().holder, b, "a stale release leaves the new holder alone");
 }
 
 async fn release_by_non_holder_is_harmless(h: Arc<dyn Harness>) {
@@ -327,17 +272,9 @@ async fn release_by_non_holder_is_harmless(h: Arc<dyn Harness>) {
     let e = election("foreign-release");
     let (a, b) = (holder("a"), holder("b"));
     let la = acquired(&*s1, &req(&e, &a, LONG)).await;
-    let forged = LeaseRecord {
-        holder: b.clone(),
-        ..la.clone()
-    };
-    s2.release(&forged)
-        .await
-        .expect("a release that does not match is not an error");
-    let wrong_token = LeaseRecord {
-        token: FencingToken(la.token.0 + 1000),
-        ..la.clone()
-    };
+    let forged = LeaseRecord { holder: b.clone(), ..la.clone() };
+    s2.release(&forged).await.expect("a release that does not match is not an error");
+    let wrong_token = LeaseRecord { token: FencingToken(la.token.0 + 1000), ..la.clone() };
     s2.release(&wrong_token).await.unwrap();
     let got = s2.get(&e).await.unwrap().expect("the record must survive");
     assert_eq!((got.holder, got.token), (a, la.token));
@@ -354,18 +291,10 @@ async fn delayed_release_of_an_earlier_term_is_harmless(h: Arc<dyn Harness>) {
     let second = acquired(&*s, &req(&e, &a, LONG)).await;
     assert_eq!(second.token, first.token);
     s.release(&first).await.unwrap();
-    let got = s
-        .get(&e)
-        .await
-        .unwrap()
-        .expect("a release carrying an older revision leaves the record");
+    let got = s.get(&e).await.unwrap().expect("a release carrying an older revision leaves the record");
     assert_eq!(got.token, second.token);
     s.release(&second).await.unwrap();
-    assert_eq!(
-        s.get(&e).await.unwrap(),
-        None,
-        "the release of the current revision clears it"
-    );
+    assert_eq!(s.get(&e).await.unwrap(), None, "the release of the current revision clears it");
 }
 
 async fn evict_after_term_blocks_until_release(h: Arc<dyn Harness>) {
@@ -373,33 +302,19 @@ async fn evict_after_term_blocks_until_release(h: Arc<dyn Harness>) {
     let e = election("evict-release");
     let (a, b) = (holder("a"), holder("b"));
     let la = acquired(&*s1, &req(&e, &a, LONG)).await;
-    let ev = op
-        .evict(&e, Evict::AfterTerm)
-        .await
-        .unwrap()
-        .expect("evict names who it evicted");
+    let ev = op.evict(&e, Evict::AfterTerm).await.unwrap().expect("evict names who it evicted");
     assert_eq!((ev.holder, ev.token), (a.clone(), la.token));
-    let shown = op
-        .get(&e)
-        .await
-        .unwrap()
-        .expect("an evicted lease stays until its holder releases");
+    let shown = op.get(&e).await.unwrap().expect("an evicted lease stays until its holder releases");
     assert!(shown.evicted, "get shows the eviction");
     let evicted = match s1.renew(&la, LONG).await.unwrap() {
         Renew::Lost(Some(cur)) => {
-            assert!(
-                cur.evicted && cur.holder == a && cur.token == la.token,
-                "Lost shows our own evicted record"
-            );
+            assert!(cur.evicted && cur.holder == a && cur.token == la.token, "Lost shows our own evicted record");
             cur
         }
         other => panic!("an evicted holder must not renew, got {other:?}"),
     };
     let blocked = held(&*s2, &req(&e, &b, LONG)).await;
-    assert!(
-        blocked.evicted && blocked.holder == a,
-        "nobody else may acquire while the evicted holder may still act"
-    );
+    assert!(blocked.evicted && blocked.holder == a, "nobody else may acquire while the evicted holder may still act");
     held(&*s1, &req(&e, &a, LONG)).await;
     // The eviction moved the revision: the holder releases the record as Lost showed it.
     s1.release(&evicted).await.unwrap();
@@ -416,10 +331,7 @@ async fn evict_after_term_blocks_until_term_ends(h: Arc<dyn Harness>) {
     held(&*s2, &req(&e, &b, LONG)).await;
     outlive(&h).await;
     let lb = acquired(&*s2, &req(&e, &b, LONG)).await;
-    assert!(
-        lb.token > la.token,
-        "the term ran out; the next grant gets a larger token"
-    );
+    assert!(lb.token > la.token, "the term ran out; the next grant gets a larger token");
 }
 
 async fn evict_now_frees_at_once(h: Arc<dyn Harness>) {
@@ -430,10 +342,7 @@ async fn evict_now_frees_at_once(h: Arc<dyn Harness>) {
     op.evict(&e, Evict::Now).await.unwrap().unwrap();
     assert_eq!(op.get(&e).await.unwrap(), None);
     let lb = acquired(&*s2, &req(&e, &b, LONG)).await;
-    assert!(
-        lb.token > la.token,
-        "the token counter survives an eviction"
-    );
+    assert!(lb.token > la.token, "the token counter survives an eviction");
     assert!(matches!(s1.renew(&la, LONG).await.unwrap(), Renew::Lost(_)));
 }
 
@@ -487,12 +396,7 @@ async fn tokens_increase_across_restart(h: Arc<dyn Harness>) {
     }
     let s = h.open().await;
     let l2 = acquired(&*s, &req(&e, &holder("b"), LONG)).await;
-    assert!(
-        l2.token > l.token,
-        "token {} after a restart is not above {}",
-        l2.token,
-        l.token
-    );
+    assert!(l2.token > l.token, "token {} after a restart is not above {}", l2.token, l.token);
 }
 
 async fn racing_candidates_one_winner(h: Arc<dyn Harness>) {
@@ -512,9 +416,7 @@ async fn racing_candidates_one_winner(h: Arc<dyn Harness>) {
             loop {
                 match s.try_acquire(&r).await {
                     Ok(a) => return a,
-                    Err(err) if err.is_retryable() => {
-                        tokio::time::sleep(Duration::from_millis(5)).await
-                    }
+                    Err(err) if err.is_retryable() => tokio::time::sleep(Duration::from_millis(5)).await,
                     Err(err) => panic!("racing acquire failed: {err}"),
                 }
             }
@@ -528,55 +430,25 @@ async fn racing_candidates_one_winner(h: Arc<dyn Harness>) {
             Acquire::Held(rec) => named.push(rec),
         }
     }
-    assert_eq!(
-        winners.len(),
-        1,
-        "exactly one racer wins, got {}",
-        winners.len()
-    );
+    assert_eq!(winners.len(), 1, "exactly one racer wins, got {}", winners.len());
     for rec in named {
-        assert_eq!(
-            (&rec.holder, rec.token),
-            (&winners[0].holder, winners[0].token),
-            "losers see the winner"
-        );
+        assert_eq!((&rec.holder, rec.token), (&winners[0].holder, winners[0].token), "losers see the winner");
     }
 }
 
 async fn list_by_prefix(h: Arc<dyn Harness>) {
     let s = h.open().await;
     let root = format!("conformance/{}", unique("list"));
-    let names = ["jobs/a", "jobs/b", "jobsx", "other/c"]
-        .map(|n| ElectionName::new(format!("{root}/{n}")).unwrap());
+    let names = ["jobs/a", "jobs/b", "jobsx", "other/c"].map(|n| ElectionName::new(format!("{root}/{n}")).unwrap());
     let mut leases = Vec::new();
     for n in &names {
         leases.push(acquired(&*s, &req(n, &holder("l"), LONG)).await);
     }
-    let listed: Vec<_> = s
-        .list(&format!("{root}/jobs/"))
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.election)
-        .collect();
-    assert_eq!(
-        listed,
-        vec![names[0].clone(), names[1].clone()],
-        "list returns the prefix's elections, by name"
-    );
+    let listed: Vec<_> = s.list(&format!("{root}/jobs/")).await.unwrap().into_iter().map(|r| r.election).collect();
+    assert_eq!(listed, vec![names[0].clone(), names[1].clone()], "list returns the prefix's elections, by name");
     s.release(&leases[1]).await.unwrap();
-    let listed: Vec<_> = s
-        .list(&format!("{root}/"))
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.election)
-        .collect();
-    assert_eq!(
-        listed,
-        vec![names[0].clone(), names[2].clone(), names[3].clone()],
-        "released elections are not listed"
-    );
+    let listed: Vec<_> = s.list(&format!("{root}/")).await.unwrap().into_iter().map(|r| r.election).collect();
+    assert_eq!(listed, vec![names[0].clone(), names[2].clone(), names[3].clone()], "released elections are not listed");
     // Characters that are wildcards in SQL LIKE or globs are literal in a prefix.
     assert!(s.list(&format!("{root}/jobs%")).await.unwrap().is_empty());
     assert!(s.list(&format!("{root}/job_")).await.unwrap().is_empty());
@@ -594,31 +466,16 @@ async fn watch_tells_of_changes(h: Arc<dyn Harness>) {
     // Settle: some stores need a moment before the subscription is live.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let la = acquired(&*s1, &req(&e, &a, LONG)).await;
-    wait_for(&mut w, "the acquire", |ev| {
-        ev.as_ref()
-            .is_some_and(|r| r.holder == a && r.token == la.token)
-    })
-    .await;
+    wait_for(&mut w, "the acquire", |ev| ev.as_ref().is_some_and(|r| r.holder == a && r.token == la.token)).await;
     s1.release(&la).await.unwrap();
     wait_for(&mut w, "the release", |ev| ev.is_none()).await;
     let lb = acquired(&*s1, &req(&e, &b, LONG)).await;
-    wait_for(&mut w, "the next acquire", |ev| {
-        ev.as_ref()
-            .is_some_and(|r| r.holder == b && r.token == lb.token)
-    })
-    .await;
+    wait_for(&mut w, "the next acquire", |ev| ev.as_ref().is_some_and(|r| r.holder == b && r.token == lb.token)).await;
     s1.evict(&e, Evict::AfterTerm).await.unwrap();
-    wait_for(&mut w, "the eviction", |ev| {
-        ev.as_ref().is_some_and(|r| r.evicted)
-    })
-    .await;
+    wait_for(&mut w, "the eviction", |ev| ev.as_ref().is_some_and(|r| r.evicted)).await;
 }
 
-async fn wait_for(
-    w: &mut tenure::WatchStream,
-    what: &str,
-    pred: impl Fn(&Option<LeaseRecord>) -> bool,
-) {
+async fn wait_for(w: &mut tenure::WatchStream, what: &str, pred: impl Fn(&Option<LeaseRecord>) -> bool) {
     let found = tokio::time::timeout(Duration::from_secs(10), async {
         while let Some(ev) = w.next().await {
             if pred(&ev.expect("the watch failed")) {
@@ -638,53 +495,25 @@ async fn metadata_round_trips(h: Arc<dyn Harness>) {
     let r = req(&e, &holder("a"), LONG).with_metadata(meta.clone());
     let l = acquired(&*s1, &r).await;
     assert_eq!(l.metadata, meta);
-    assert_eq!(
-        s2.get(&e).await.unwrap().unwrap().metadata,
-        meta,
-        "observers see the metadata"
-    );
-    assert_eq!(
-        held(&*s2, &req(&e, &holder("b"), LONG)).await.metadata,
-        meta
-    );
+    assert_eq!(s2.get(&e).await.unwrap().unwrap().metadata, meta, "observers see the metadata");
+    assert_eq!(held(&*s2, &req(&e, &holder("b"), LONG)).await.metadata, meta);
     let e2 = election("metadata-max");
     let full = vec![b'x'; MAX_METADATA];
-    assert_eq!(
-        acquired(
-            &*s1,
-            &req(&e2, &holder("a"), LONG).with_metadata(full.clone())
-        )
-        .await
-        .metadata,
-        full
-    );
+    assert_eq!(acquired(&*s1, &req(&e2, &holder("a"), LONG).with_metadata(full.clone())).await.metadata, full);
 }
 
 async fn invalid_requests_are_refused(h: Arc<dyn Harness>) {
     let s = h.open().await;
     let e = election("invalid");
     let big = req(&e, &holder("a"), LONG).with_metadata(vec![0u8; MAX_METADATA + 1]);
-    let err = s
-        .try_acquire(&big)
-        .await
-        .expect_err("oversized metadata must be refused");
+    let err = s.try_acquire(&big).await.expect_err("oversized metadata must be refused");
     assert_eq!(err.kind(), ErrorKind::Invalid);
-    assert!(
-        err.to_string().contains("metadata"),
-        "the error says what is wrong: {err}"
-    );
+    assert!(err.to_string().contains("metadata"), "the error says what is wrong: {err}");
     let zero = req(&e, &holder("a"), Duration::ZERO);
-    let err = s
-        .try_acquire(&zero)
-        .await
-        .expect_err("a zero TTL must be refused");
+    let err = s.try_acquire(&zero).await.expect_err("a zero TTL must be refused");
     assert_eq!(err.kind(), ErrorKind::Invalid);
     assert!(err.to_string().contains("TTL"), "{err}");
-    assert_eq!(
-        s.get(&e).await.unwrap(),
-        None,
-        "refused requests write nothing"
-    );
+    assert_eq!(s.get(&e).await.unwrap(), None, "refused requests write nothing");
     for bad in ["", "a//b", "../x", "a b", "x/./y"] {
         let err = ElectionName::new(bad).expect_err("bad names never reach a store");
         assert!(err.to_string().contains("1 to 200 characters"), "{err}");

@@ -5,8 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tenure::{
-    Acquire, AcquireRequest, ElectionName, Evict, ExpiryJudge, LeaseRecord, LeaseStore, Renew,
-    StoreError, WatchStream,
+    Acquire, AcquireRequest, ElectionName, Evict, ExpiryJudge, LeaseRecord, LeaseStore, Renew, StoreError, WatchStream,
 };
 
 /// What the wrapped store does with the next requests.
@@ -37,12 +36,7 @@ pub struct FaultyStore {
 impl FaultyStore {
     /// Wraps `inner`, passing everything through at first.
     pub fn new(inner: Arc<dyn LeaseStore>) -> Self {
-        Self {
-            inner,
-            fault: Arc::new(Mutex::new(Fault::None)),
-            calls: Arc::new(AtomicU64::new(0)),
-            watchable: true,
-        }
+        Self { inner, fault: Arc::new(Mutex::new(Fault::None)), calls: Arc::new(AtomicU64::new(0)), watchable: true }
     }
 
     /// Hides the inner store's watch, so the runtime must poll.
@@ -74,9 +68,7 @@ impl FaultyStore {
             Fault::Hang => std::future::pending().await,
             Fault::LoseResponse => {
                 let _ = f.await;
-                Err(StoreError::ambiguous(format!(
-                    "{what}: injected lost response"
-                )))
+                Err(StoreError::ambiguous(format!("{what}: injected lost response")))
             }
             Fault::Delay(ms) => {
                 tokio::time::sleep(Duration::from_millis(ms)).await;
@@ -103,19 +95,11 @@ impl LeaseStore for FaultyStore {
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
         self.run("list", self.inner.list(prefix)).await
     }
-    async fn evict(
-        &self,
-        election: &ElectionName,
-        how: Evict,
-    ) -> Result<Option<LeaseRecord>, StoreError> {
+    async fn evict(&self, election: &ElectionName, how: Evict) -> Result<Option<LeaseRecord>, StoreError> {
         self.run("evict", self.inner.evict(election, how)).await
     }
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
-        if self.watchable {
-            self.inner.watch(election)
-        } else {
-            None
-        }
+        if self.watchable { self.inner.watch(election) } else { None }
     }
     fn expiry(&self) -> ExpiryJudge {
         self.inner.expiry()

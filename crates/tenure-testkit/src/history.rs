@@ -15,42 +15,16 @@ use std::fmt;
 pub enum Record {
     /// The store granted `token` to `holder` (a new grant, not a renewal); the request
     /// was sent at `requested` and the answer arrived at `completed`.
-    Grant {
-        election: String,
-        holder: String,
-        token: u64,
-        requested: u64,
-        completed: u64,
-    },
+    Grant { election: String, holder: String, token: u64, requested: u64, completed: u64 },
     /// `holder` believed it led with `token` at this instant (it checked
     /// `Leadership::is_valid()` and got true).
-    Belief {
-        election: String,
-        holder: String,
-        token: u64,
-        at: u64,
-    },
+    Belief { election: String, holder: String, token: u64, at: u64 },
     /// The fenced resource answered a write carrying `token`.
-    Write {
-        election: String,
-        token: u64,
-        at: u64,
-        accepted: bool,
-    },
+    Write { election: String, token: u64, at: u64, accepted: bool },
     /// The leader `holder` stopped at `at`: crashed (`graceful: false`) or stopped cleanly.
-    Stop {
-        election: String,
-        holder: String,
-        at: u64,
-        graceful: bool,
-    },
+    Stop { election: String, holder: String, at: u64, graceful: bool },
     /// `holder` was elected with `token` at `at` (leadership handed to its work).
-    Elected {
-        election: String,
-        holder: String,
-        token: u64,
-        at: u64,
-    },
+    Elected { election: String, holder: String, token: u64, at: u64 },
 }
 
 /// Bounds for the liveness check (I4).
@@ -93,11 +67,7 @@ pub struct Violation {
 
 impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{:?} in {}: {}",
-            self.invariant, self.election, self.detail
-        )?;
+        write!(f, "{:?} in {}: {}", self.invariant, self.election, self.detail)?;
         for r in &self.records {
             write!(f, "\n    {r:?}")?;
         }
@@ -159,10 +129,7 @@ type Span = (u64, u64);
 fn check_one_holder(election: &str, recs: &[&Record], s: &mut Summary) {
     let mut spans: BTreeMap<(&str, u64), (u64, u64)> = BTreeMap::new();
     for r in recs {
-        if let Record::Belief {
-            holder, token, at, ..
-        } = r
-        {
+        if let Record::Belief { holder, token, at, .. } = r {
             let e = spans.entry((holder.as_str(), *token)).or_insert((*at, *at));
             e.0 = e.0.min(*at);
             e.1 = e.1.max(*at);
@@ -204,13 +171,9 @@ fn check_fences(election: &str, recs: &[&Record], s: &mut Summary) {
     let mut grants: Vec<(&str, u64, u64, u64)> = recs
         .iter()
         .filter_map(|r| match r {
-            Record::Grant {
-                holder,
-                token,
-                requested,
-                completed,
-                ..
-            } => Some((holder.as_str(), *token, *requested, *completed)),
+            Record::Grant { holder, token, requested, completed, .. } => {
+                Some((holder.as_str(), *token, *requested, *completed))
+            }
             _ => None,
         })
         .collect();
@@ -252,10 +215,7 @@ fn check_fences(election: &str, recs: &[&Record], s: &mut Summary) {
             s.violations.push(Violation {
                 invariant: Invariant::I2FencesIncrease,
                 election: election.into(),
-                detail: format!(
-                    "token {} was granted after token {} had been granted, but is not larger",
-                    g.1, b.1
-                ),
+                detail: format!("token {} was granted after token {} had been granted, but is not larger", g.1, b.1),
                 records: vec![grant_record(&b), grant_record(g)],
             });
         }
@@ -267,12 +227,7 @@ fn check_writes(election: &str, recs: &[&Record], s: &mut Summary) {
     let mut writes: Vec<(u64, u64, bool)> = recs
         .iter()
         .filter_map(|r| match r {
-            Record::Write {
-                token,
-                at,
-                accepted,
-                ..
-            } => Some((*at, *token, *accepted)),
+            Record::Write { token, at, accepted, .. } => Some((*at, *token, *accepted)),
             _ => None,
         })
         .collect();
@@ -292,18 +247,8 @@ fn check_writes(election: &str, recs: &[&Record], s: &mut Summary) {
                 election: election.into(),
                 detail: format!("a write with token {token} was accepted after token {htok}"),
                 records: vec![
-                    Record::Write {
-                        election: election.into(),
-                        token: htok,
-                        at: hat,
-                        accepted: true,
-                    },
-                    Record::Write {
-                        election: election.into(),
-                        token,
-                        at,
-                        accepted: true,
-                    },
+                    Record::Write { election: election.into(), token: htok, at: hat, accepted: true },
+                    Record::Write { election: election.into(), token, at, accepted: true },
                 ],
             });
         }
@@ -321,28 +266,16 @@ fn check_liveness(election: &str, recs: &[&Record], l: Liveness, s: &mut Summary
         .filter_map(|r| match r {
             Record::Elected { holder, at, .. } => Some((*at, holder.as_str())),
             // A grant is a takeover even if its holder dies before it is elected.
-            Record::Grant {
-                holder, completed, ..
-            } => Some((*completed, holder.as_str())),
+            Record::Grant { holder, completed, .. } => Some((*completed, holder.as_str())),
             _ => None,
         })
         .collect();
     elections.sort();
     for r in recs {
-        let Record::Stop {
-            holder,
-            at,
-            graceful,
-            ..
-        } = r
-        else {
+        let Record::Stop { holder, at, graceful, .. } = r else {
             continue;
         };
-        let bound = if *graceful {
-            l.after_stop
-        } else {
-            l.after_crash
-        };
+        let bound = if *graceful { l.after_stop } else { l.after_crash };
         // Another holder elected after the stopping holder's last election counts, even
         // if it came before the stop was recorded (the old term had already expired).
         let term_start = elections
@@ -387,29 +320,13 @@ mod tests {
     use super::*;
 
     fn belief(h: &str, token: u64, at: u64) -> Record {
-        Record::Belief {
-            election: "e".into(),
-            holder: h.into(),
-            token,
-            at,
-        }
+        Record::Belief { election: "e".into(), holder: h.into(), token, at }
     }
     fn grant(h: &str, token: u64, requested: u64, completed: u64) -> Record {
-        Record::Grant {
-            election: "e".into(),
-            holder: h.into(),
-            token,
-            requested,
-            completed,
-        }
+        Record::Grant { election: "e".into(), holder: h.into(), token, requested, completed }
     }
     fn write(token: u64, at: u64, accepted: bool) -> Record {
-        Record::Write {
-            election: "e".into(),
-            token,
-            at,
-            accepted,
-        }
+        Record::Write { election: "e".into(), token, at, accepted }
     }
     fn invariants(s: &Summary) -> Vec<Invariant> {
         s.violations.iter().map(|v| v.invariant).collect()
@@ -419,79 +336,37 @@ mod tests {
     fn a_clean_history_passes() {
         let h = vec![
             grant("a", 1, 0, 5),
-            Record::Elected {
-                election: "e".into(),
-                holder: "a".into(),
-                token: 1,
-                at: 6,
-            },
+            Record::Elected { election: "e".into(), holder: "a".into(), token: 1, at: 6 },
             belief("a", 1, 10),
             write(1, 11, true),
             belief("a", 1, 50),
-            Record::Stop {
-                election: "e".into(),
-                holder: "a".into(),
-                at: 60,
-                graceful: false,
-            },
+            Record::Stop { election: "e".into(), holder: "a".into(), at: 60, graceful: false },
             grant("b", 2, 55, 100),
-            Record::Elected {
-                election: "e".into(),
-                holder: "b".into(),
-                token: 2,
-                at: 101,
-            },
+            Record::Elected { election: "e".into(), holder: "b".into(), token: 2, at: 101 },
             belief("b", 2, 110),
             write(2, 111, true),
             write(1, 112, false),
         ];
-        let s = check(
-            &h,
-            Some(Liveness {
-                after_crash: 100,
-                after_stop: 10,
-                until: 1000,
-            }),
-        );
+        let s = check(&h, Some(Liveness { after_crash: 100, after_stop: 10, until: 1000 }));
         assert!(s.violations.is_empty(), "{:?}", s.violations);
-        assert_eq!(
-            (s.terms, s.writes_accepted, s.stale_writes_rejected),
-            (2, 2, 1)
-        );
+        assert_eq!((s.terms, s.writes_accepted, s.stale_writes_rejected), (2, 2, 1));
         assert_eq!(s.takeovers_after_crash, vec![40], "counted from the grant");
     }
 
     #[test]
     fn overlapping_beliefs_break_i1() {
-        let h = vec![
-            belief("a", 1, 10),
-            belief("a", 1, 50),
-            belief("b", 2, 40),
-            belief("b", 2, 90),
-        ];
+        let h = vec![belief("a", 1, 10), belief("a", 1, 50), belief("b", 2, 40), belief("b", 2, 90)];
         let s = check(&h, None);
         assert_eq!(invariants(&s), vec![Invariant::I1OneHolder]);
-        assert!(
-            s.violations[0].detail.contains("b (token 2)"),
-            "{}",
-            s.violations[0]
-        );
+        assert!(s.violations[0].detail.contains("b (token 2)"), "{}", s.violations[0]);
     }
 
     #[test]
     fn a_term_nested_inside_another_breaks_i1() {
-        let h = vec![
-            belief("a", 1, 0),
-            belief("a", 1, 100),
-            belief("b", 2, 20),
-            belief("b", 2, 30),
-            belief("c", 3, 60),
-        ];
+        let h =
+            vec![belief("a", 1, 0), belief("a", 1, 100), belief("b", 2, 20), belief("b", 2, 30), belief("c", 3, 60)];
         let s = check(&h, None);
-        assert_eq!(
-            invariants(&s),
-            vec![Invariant::I1OneHolder, Invariant::I1OneHolder]
-        );
+        assert_eq!(invariants(&s), vec![Invariant::I1OneHolder, Invariant::I1OneHolder]);
     }
 
     #[test]
@@ -513,84 +388,32 @@ mod tests {
 
     #[test]
     fn a_slow_takeover_breaks_i4() {
-        let l = Liveness {
-            after_crash: 100,
-            after_stop: 10,
-            until: 10_000,
-        };
+        let l = Liveness { after_crash: 100, after_stop: 10, until: 10_000 };
         let h = vec![
-            Record::Stop {
-                election: "e".into(),
-                holder: "a".into(),
-                at: 0,
-                graceful: true,
-            },
-            Record::Elected {
-                election: "e".into(),
-                holder: "b".into(),
-                token: 2,
-                at: 50,
-            },
+            Record::Stop { election: "e".into(), holder: "a".into(), at: 0, graceful: true },
+            Record::Elected { election: "e".into(), holder: "b".into(), token: 2, at: 50 },
         ];
         assert_eq!(invariants(&check(&h, Some(l))), vec![Invariant::I4Liveness]);
-        let none = vec![Record::Stop {
-            election: "e".into(),
-            holder: "a".into(),
-            at: 0,
-            graceful: false,
-        }];
-        assert_eq!(
-            invariants(&check(&none, Some(l))),
-            vec![Invariant::I4Liveness]
-        );
+        let none = vec![Record::Stop { election: "e".into(), holder: "a".into(), at: 0, graceful: false }];
+        assert_eq!(invariants(&check(&none, Some(l))), vec![Invariant::I4Liveness]);
         // A successor elected before the stop was recorded (the old term had run out
         // while its work was still stopping) satisfies liveness.
         let early = vec![
-            Record::Elected {
-                election: "e".into(),
-                holder: "a".into(),
-                token: 1,
-                at: 0,
-            },
-            Record::Elected {
-                election: "e".into(),
-                holder: "b".into(),
-                token: 2,
-                at: 500,
-            },
-            Record::Stop {
-                election: "e".into(),
-                holder: "a".into(),
-                at: 700,
-                graceful: true,
-            },
+            Record::Elected { election: "e".into(), holder: "a".into(), token: 1, at: 0 },
+            Record::Elected { election: "e".into(), holder: "b".into(), token: 2, at: 500 },
+            Record::Stop { election: "e".into(), holder: "a".into(), at: 700, graceful: true },
         ];
         assert!(check(&early, Some(l)).violations.is_empty());
         // A stop too close to the end of the history is not judged.
-        let late = vec![Record::Stop {
-            election: "e".into(),
-            holder: "a".into(),
-            at: 9_950,
-            graceful: false,
-        }];
+        let late = vec![Record::Stop { election: "e".into(), holder: "a".into(), at: 9_950, graceful: false }];
         assert!(check(&late, Some(l)).violations.is_empty());
     }
 
     #[test]
     fn elections_are_checked_apart() {
         let h = vec![
-            Record::Belief {
-                election: "x".into(),
-                holder: "a".into(),
-                token: 1,
-                at: 10,
-            },
-            Record::Belief {
-                election: "y".into(),
-                holder: "b".into(),
-                token: 1,
-                at: 10,
-            },
+            Record::Belief { election: "x".into(), holder: "a".into(), token: 1, at: 10 },
+            Record::Belief { election: "y".into(), holder: "b".into(), token: 1, at: 10 },
         ];
         assert!(check(&h, None).violations.is_empty());
     }

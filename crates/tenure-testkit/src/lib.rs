@@ -16,8 +16,6 @@ pub mod sim;
 
 /// A name unique to this run, for isolating tests that share a store.
 pub fn unique(prefix: &str) -> String {
-    let r: String = (0..8)
-        .map(|_| fastrand::alphanumeric().to_ascii_lowercase())
-        .collect();
+    let r: String = (0..8).map(|_| fastrand::alphanumeric().to_ascii_lowercase()).collect();
     format!("{prefix}-{r}")
 }

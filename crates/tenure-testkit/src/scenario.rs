@@ -33,11 +33,7 @@ pub struct ScenarioReport {
 
 /// Runs the scenario with `ttl`; panics on a violation or a takeover slower than
 /// `ttl + slack`.
-pub async fn multi_candidate(
-    h: &dyn ScenarioHarness,
-    ttl: Duration,
-    slack: Duration,
-) -> ScenarioReport {
+pub async fn multi_candidate(h: &dyn ScenarioHarness, ttl: Duration, slack: Duration) -> ScenarioReport {
     let election = format!("scenario/{}", crate::unique("multi"));
     let origin = Instant::now();
     let ns = move || origin.elapsed().as_nanos() as u64;
@@ -95,10 +91,7 @@ pub async fn multi_candidate(
             loop {
                 {
                     let r = records.lock().unwrap();
-                    let elected = r
-                        .iter()
-                        .filter(|x| matches!(x, Record::Elected { .. }))
-                        .count();
+                    let elected = r.iter().filter(|x| matches!(x, Record::Elected { .. })).count();
                     if elected > after {
                         return;
                     }
@@ -109,12 +102,7 @@ pub async fn multi_candidate(
         }
     };
     let elected = |records: &Arc<Mutex<Vec<Record>>>| {
-        records
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|x| matches!(x, Record::Elected { .. }))
-            .count()
+        records.lock().unwrap().iter().filter(|x| matches!(x, Record::Elected { .. })).count()
     };
 
     wait_leader(0, Duration::from_secs(20)).await;
@@ -139,10 +127,7 @@ pub async fn multi_candidate(
     let recs = records.lock().unwrap().clone();
     let s = history::check(&recs, None);
     assert!(s.violations.is_empty(), "violations: {:#?}", s.violations);
-    assert!(
-        takeover <= ttl + slack,
-        "takeover took {takeover:?}, more than TTL {ttl:?} + {slack:?}"
-    );
+    assert!(takeover <= ttl + slack, "takeover took {takeover:?}, more than TTL {ttl:?} + {slack:?}");
     // Tokens of successive elections only grow.
     let tokens: Vec<u64> = recs
         .iter()
@@ -151,12 +136,6 @@ pub async fn multi_candidate(
             _ => None,
         })
         .collect();
-    assert!(
-        tokens.windows(2).all(|w| w[0] <= w[1]),
-        "tokens went down: {tokens:?}"
-    );
-    ScenarioReport {
-        terms: s.terms,
-        takeover,
-    }
+    assert!(tokens.windows(2).all(|w| w[0] <= w[1]), "tokens went down: {tokens:?}");
+    ScenarioReport { terms: s.terms, takeover }
 }

@@ -77,9 +77,8 @@ impl Kind {
 
 /// Finds an installed program: on PATH, then where Debian keeps server binaries.
 pub fn find_program(name: &str) -> Option<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect())
-        .unwrap_or_default();
+    let mut dirs: Vec<PathBuf> =
+        std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
     dirs.extend(["/usr/sbin", "/usr/local/sbin", "/sbin"].map(PathBuf::from));
     if let Ok(entries) = std::fs::read_dir("/usr/lib/postgresql") {
         let mut versions: Vec<PathBuf> = entries.flatten().map(|e| e.path().join("bin")).collect();
@@ -96,10 +95,7 @@ pub fn servers_required() -> bool {
 
 /// A free TCP port on 127.0.0.1.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free loopback port")
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("no free loopback port")
 }
 
 fn is_root() -> bool {
@@ -111,8 +107,7 @@ fn user_ids(user: &str) -> Option<(u32, u32)> {
     let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
     passwd.lines().find_map(|l| {
         let f: Vec<&str> = l.split(':').collect();
-        (f.first() == Some(&user))
-            .then(|| Some((f.get(2)?.parse().ok()?, f.get(3)?.parse().ok()?)))?
+        (f.first() == Some(&user)).then(|| Some((f.get(2)?.parse().ok()?, f.get(3)?.parse().ok()?)))?
     })
 }
 
@@ -150,10 +145,7 @@ pub fn launch_with(kind: Kind, password: Option<&str>) -> Option<Server> {
         eprintln!("skipping: {msg}");
         return None;
     };
-    let dir = tempfile::Builder::new()
-        .prefix("tenure-server-")
-        .tempdir()
-        .expect("a temporary directory");
+    let dir = tempfile::Builder::new().prefix("tenure-server-").tempdir().expect("a temporary directory");
     let mut s = Server {
         kind,
         port: free_port(),
@@ -203,10 +195,7 @@ impl Server {
 
     /// Runs `program` (as the server's user when root), waiting for it to finish.
     fn run_setup(&self, program: &Path, args: &[OsString]) {
-        let out = self
-            .command(program, args)
-            .output()
-            .expect("the setup program runs");
+        let out = self.command(program, args).output().expect("the setup program runs");
         assert!(
             out.status.success(),
             "{} setup failed: {}{}",
@@ -220,14 +209,9 @@ impl Server {
         match self.kind.user().filter(|_| is_root()) {
             Some(user) => {
                 let mut c = Command::new("setpriv");
-                c.args([
-                    &format!("--reuid={user}"),
-                    &format!("--regid={user}"),
-                    "--init-groups",
-                    "--",
-                ])
-                .arg(program)
-                .args(args);
+                c.args([&format!("--reuid={user}"), &format!("--regid={user}"), "--init-groups", "--"])
+                    .arg(program)
+                    .args(args);
                 c
             }
             None => {
@@ -244,33 +228,21 @@ impl Server {
         if let Some(user) = self.kind.user().filter(|_| is_root()) {
             let (uid, gid) = user_ids(user).unwrap_or_else(|| panic!("user {user} does not exist"));
             use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(self.dir.path(), std::fs::Permissions::from_mode(0o755))
-                .unwrap();
-            std::os::unix::fs::chown(&data, Some(uid), Some(gid))
-                .expect("chown the data directory");
+            std::fs::set_permissions(self.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+            std::os::unix::fs::chown(&data, Some(uid), Some(gid)).expect("chown the data directory");
         }
         match self.kind {
             Kind::Postgres => {
                 let initdb = self.program.with_file_name("initdb");
-                let initdb = if initdb.is_file() {
-                    initdb
-                } else {
-                    find_program("initdb").expect("initdb")
-                };
-                let mut args: Vec<OsString> = vec![
-                    "-D".into(),
-                    data.into(),
-                    "-U".into(),
-                    "postgres".into(),
-                    "--no-sync".into(),
-                ];
+                let initdb = if initdb.is_file() { initdb } else { find_program("initdb").expect("initdb") };
+                let mut args: Vec<OsString> =
+                    vec!["-D".into(), data.into(), "-U".into(), "postgres".into(), "--no-sync".into()];
                 match &self.password {
                     Some(pw) => {
                         let pwfile = self.dir.path().join("pwfile");
                         std::fs::write(&pwfile, pw).expect("the password file");
                         use std::os::unix::fs::PermissionsExt;
-                        std::fs::set_permissions(&pwfile, std::fs::Permissions::from_mode(0o644))
-                            .unwrap();
+                        std::fs::set_permissions(&pwfile, std::fs::Permissions::from_mode(0o644)).unwrap();
                         args.extend([
                             "-A".into(),
                             "scram-sha-256".into(),
@@ -342,15 +314,7 @@ impl Server {
                 }
                 v
             }
-            Kind::Nats => vec![
-                s("-a"),
-                s("127.0.0.1"),
-                s("-p"),
-                s(&p),
-                s("-js"),
-                s("-sd"),
-                data.into(),
-            ],
+            Kind::Nats => vec![s("-a"), s("127.0.0.1"), s("-p"), s(&p), s("-js"), s("-sd"), data.into()],
             Kind::Etcd => {
                 let client = format!("http://127.0.0.1:{p}");
                 let peer = format!("http://127.0.0.1:{}", self.peer_port);
@@ -398,15 +362,10 @@ impl Server {
                 return;
             }
             if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
-                let log =
-                    std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default();
+                let log = std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default();
                 panic!("{} exited at start ({status}):\n{log}", self.kind.name());
             }
-            assert!(
-                t0.elapsed() < Duration::from_secs(60),
-                "{} did not answer within 60 s",
-                self.kind.name()
-            );
+            assert!(t0.elapsed() < Duration::from_secs(60), "{} did not answer within 60 s", self.kind.name());
             std::thread::sleep(Duration::from_millis(50));
         }
     }

@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tenure::{
-    Acquire, AcquireRequest, Clock, Config, ElectionName, Elector, Event, Evict, Instant,
-    LeaseRecord, LeaseStore, MemoryStore, Renew, StoreError, WatchStream,
+    Acquire, AcquireRequest, Clock, Config, ElectionName, Elector, Event, Evict, Instant, LeaseRecord, LeaseStore,
+    MemoryStore, Renew, StoreError, WatchStream,
 };
 
 use crate::history::{self, Liveness, Record, Summary};
@@ -62,17 +62,11 @@ struct DriftClock {
 
 impl Clock for DriftClock {
     fn now(&self) -> Instant {
-        self.origin
-            + Instant::now()
-                .duration_since(self.origin)
-                .mul_f64(self.rate)
+        self.origin + Instant::now().duration_since(self.origin).mul_f64(self.rate)
     }
     fn sleep_until(&self, deadline: Instant) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
-        let real = self.origin
-            + deadline
-                .saturating_duration_since(self.origin)
-                .div_f64(self.rate)
-            + Duration::from_micros(1);
+        let real =
+            self.origin + deadline.saturating_duration_since(self.origin).div_f64(self.rate) + Duration::from_micros(1);
         Box::pin(tokio::time::sleep_until(real))
     }
 }
@@ -124,10 +118,7 @@ impl World {
         self.records.lock().unwrap().push(r);
     }
     fn note(&self, what: String) {
-        self.log
-            .lock()
-            .unwrap()
-            .push(format!("{} {what}", ns(self.origin)));
+        self.log.lock().unwrap().push(format!("{} {what}", ns(self.origin)));
     }
     fn fault(&self, what: &str) {
         self.faults.fetch_add(1, Ordering::SeqCst);
@@ -153,12 +144,7 @@ impl World {
     fn write(&self, election: &str, token: u64) {
         let prev = self.fence.fetch_max(token, Ordering::SeqCst);
         let accepted = token >= prev;
-        self.record(Record::Write {
-            election: election.into(),
-            token,
-            at: ns(self.origin),
-            accepted,
-        });
+        self.record(Record::Write { election: election.into(), token, at: ns(self.origin), accepted });
     }
 }
 
@@ -187,9 +173,7 @@ impl SimStore {
         }
         if self.cut() {
             if self.world.chance(0.5) {
-                return Err(StoreError::unavailable(format!(
-                    "{what}: connection refused"
-                )));
+                return Err(StoreError::unavailable(format!("{what}: connection refused")));
             }
             return std::future::pending().await;
         }
@@ -200,9 +184,7 @@ impl SimStore {
             tokio::time::sleep(w.latency()).await;
             if ns(w.origin) < w.down_until.load(Ordering::SeqCst) {
                 if w.chance(0.5) {
-                    let _ = tx.send(Err(StoreError::unavailable(format!(
-                        "{what}: store restarting"
-                    ))));
+                    let _ = tx.send(Err(StoreError::unavailable(format!("{what}: store restarting"))));
                 }
                 return;
             }
@@ -273,8 +255,7 @@ impl LeaseStore for SimStore {
 
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
         let (store, held) = (self.world.store.clone(), held.clone());
-        self.call("release", async move { store.release(&held).await })
-            .await
+        self.call("release", async move { store.release(&held).await }).await
     }
 
     async fn get(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {
@@ -287,14 +268,9 @@ impl LeaseStore for SimStore {
         self.call("list", async move { store.list(&p).await }).await
     }
 
-    async fn evict(
-        &self,
-        election: &ElectionName,
-        how: Evict,
-    ) -> Result<Option<LeaseRecord>, StoreError> {
+    async fn evict(&self, election: &ElectionName, how: Evict) -> Result<Option<LeaseRecord>, StoreError> {
         let (store, e) = (self.world.store.clone(), election.clone());
-        self.call("evict", async move { store.evict(&e, how).await })
-            .await
+        self.call("evict", async move { store.evict(&e, how).await }).await
     }
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
@@ -302,10 +278,7 @@ impl LeaseStore for SimStore {
         let cut_until = self.cut_until.clone();
         let origin = self.world.origin;
         let stream = self.world.store.watch(election)?;
-        Some(Box::pin(tokio_stream::StreamExt::filter(
-            stream,
-            move |_| ns(origin) >= cut_until.load(Ordering::SeqCst),
-        )))
+        Some(Box::pin(tokio_stream::StreamExt::filter(stream, move |_| ns(origin) >= cut_until.load(Ordering::SeqCst))))
     }
 
     fn describe(&self) -> String {
@@ -326,11 +299,7 @@ pub struct SimConfig {
 
 impl Default for SimConfig {
     fn default() -> Self {
-        Self {
-            duration: Duration::from_secs(60),
-            mutant: None,
-            keep_log: false,
-        }
+        Self { duration: Duration::from_secs(60), mutant: None, keep_log: false }
     }
 }
 
@@ -361,9 +330,7 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
     let mut rng = fastrand::Rng::with_seed(seed);
     let origin = Instant::now();
     let ttl = Duration::from_millis([500, 1000, 2000, 3000][rng.usize(0..4)]);
-    let store_clock = Arc::new(JumpClock {
-        jumped: AtomicU64::new(0),
-    });
+    let store_clock = Arc::new(JumpClock { jumped: AtomicU64::new(0) });
     // Calm seeds have no store faults, so that liveness can be judged on them.
     let calm = seed % 4 == 0;
     let chaos = if calm { 0.0 } else { 0.3 + 0.7 * rng.f64() };
@@ -406,11 +373,7 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
         let cut_until = Arc::new(AtomicU64::new(0));
         let rate = 1.0 + max_drift * (rng.f64() * 2.0 - 1.0);
         let clock = Arc::new(DriftClock { origin, rate });
-        let store = Arc::new(SimStore {
-            world: world.clone(),
-            dead: dead.clone(),
-            cut_until: cut_until.clone(),
-        });
+        let store = Arc::new(SimStore { world: world.clone(), dead: dead.clone(), cut_until: cut_until.clone() });
         let elector = Elector::builder(store, ELECTION)
             .holder(&name)
             .config(runtime_cfg.clone())
@@ -474,14 +437,7 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
                 })
                 .await;
         });
-        Candidate {
-            name,
-            elector,
-            dead,
-            cut_until,
-            work,
-            work_stopped,
-        }
+        Candidate { name, elector, dead, cut_until, work, work_stopped }
     };
     let n = 2 + rng.usize(0..3);
     for _ in 0..n {
@@ -493,18 +449,10 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
     let end = origin + cfg.duration;
     while Instant::now() < end {
         tokio::time::sleep(ttl.mul_f64(0.5 + 2.0 * rng.f64())).await;
-        let leader = world
-            .store
-            .get(&ElectionName::new(ELECTION).unwrap())
-            .await
-            .ok()
-            .flatten();
-        let leader_id = leader.as_ref().and_then(|l| {
-            candidates
-                .iter()
-                .find(|(_, c)| c.name == l.holder.as_str())
-                .map(|(id, _)| *id)
-        });
+        let leader = world.store.get(&ElectionName::new(ELECTION).unwrap()).await.ok().flatten();
+        let leader_id = leader
+            .as_ref()
+            .and_then(|l| candidates.iter().find(|(_, c)| c.name == l.holder.as_str()).map(|(id, _)| *id));
         match rng.usize(0..10) {
             0 | 1 => {
                 // Crash the leader: no release, its work stops at once.
@@ -546,9 +494,7 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
             3 if !calm => {
                 world.fault("store restart");
                 let down = ttl.mul_f64(rng.f64());
-                world
-                    .down_until
-                    .store(ns(origin) + down.as_nanos() as u64, Ordering::SeqCst);
+                world.down_until.store(ns(origin) + down.as_nanos() as u64, Ordering::SeqCst);
             }
             4 if !calm => {
                 // The store's clock steps forward by up to half the default safety margin.
@@ -560,10 +506,7 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
                 // A partition: the leader (or, in one case of three, anyone) loses the store.
                 let target = match (leader_id, rng.usize(0..3)) {
                     (Some(id), 0 | 1) => Some(id),
-                    _ => candidates
-                        .keys()
-                        .nth(rng.usize(0..candidates.len()))
-                        .copied(),
+                    _ => candidates.keys().nth(rng.usize(0..candidates.len())).copied(),
                 };
                 if let Some(c) = target.and_then(|id| candidates.get(&id)) {
                     world.fault("partition");
@@ -588,8 +531,7 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
     let until = ns(origin);
     let liveness = calm.then_some(Liveness {
         // TTL on the slowest clock, the store's answer, the follower's expiry wake-up.
-        after_crash: (ttl.mul_f64(1.0 + 2.0 * max_drift) + world.max_latency * 2 + ttl / 10)
-            .as_nanos() as u64,
+        after_crash: (ttl.mul_f64(1.0 + 2.0 * max_drift) + world.max_latency * 2 + ttl / 10).as_nanos() as u64,
         after_stop: (world.max_latency * 4 + Duration::from_millis(5)).as_nanos() as u64,
         until,
     });
@@ -602,10 +544,6 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
         faults: world.faults.load(Ordering::SeqCst),
         summary,
         log_hash: hasher.finish(),
-        log: if cfg.keep_log {
-            world.log.lock().unwrap().clone()
-        } else {
-            Vec::new()
-        },
+        log: if cfg.keep_log { world.log.lock().unwrap().clone() } else { Vec::new() },
     }
 }

@@ -9,22 +9,13 @@ fn exercise(kind: Kind) {
         return;
     };
     let port = s.port();
-    assert!(
-        TcpStream::connect(("127.0.0.1", port)).is_ok(),
-        "{kind:?} answers on {port}"
-    );
+    assert!(TcpStream::connect(("127.0.0.1", port)).is_ok(), "{kind:?} answers on {port}");
     let pid = s.pid().unwrap();
     s.restart();
     assert_ne!(s.pid().unwrap(), pid, "a restart is a new process");
-    assert!(
-        TcpStream::connect(("127.0.0.1", port)).is_ok(),
-        "{kind:?} answers again on the same port"
-    );
+    assert!(TcpStream::connect(("127.0.0.1", port)).is_ok(), "{kind:?} answers again on the same port");
     s.kill();
-    assert!(
-        TcpStream::connect(("127.0.0.1", port)).is_err(),
-        "a killed server no longer answers"
-    );
+    assert!(TcpStream::connect(("127.0.0.1", port)).is_err(), "a killed server no longer answers");
 }
 
 #[test]
@@ -45,4 +36,9 @@ fn redis_launcher() {
 #[test]
 fn nats_launcher() {
     exercise(Kind::Nats);
+}
+
+#[test]
+fn etcd_launcher() {
+    exercise(Kind::Etcd);
 }

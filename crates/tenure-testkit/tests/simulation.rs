@@ -5,13 +5,7 @@ use tenure_testkit::sim::{Mutant, SimConfig, run_seed};
 
 fn violations(seeds: std::ops::Range<u64>, cfg: &SimConfig) -> Vec<(u64, String)> {
     seeds
-        .flat_map(|seed| {
-            run_seed(seed, cfg)
-                .summary
-                .violations
-                .into_iter()
-                .map(move |v| (seed, v.to_string()))
-        })
+        .flat_map(|seed| run_seed(seed, cfg).summary.violations.into_iter().map(move |v| (seed, v.to_string())))
         .collect()
 }
 
@@ -23,31 +17,19 @@ fn the_runtime_keeps_every_invariant_across_seeds() {
 
 #[test]
 fn a_seed_replays_exactly() {
-    let cfg = SimConfig {
-        keep_log: true,
-        ..SimConfig::default()
-    };
+    let cfg = SimConfig { keep_log: true, ..SimConfig::default() };
     let (a, b) = (run_seed(37, &cfg), run_seed(37, &cfg));
     assert!(a.log.len() > 100, "the log records the run");
     assert_eq!(a.log, b.log);
-    assert!(
-        a.faults > 0 && a.summary.terms > 1,
-        "the seed exercised faults and handovers"
-    );
+    assert!(a.faults > 0 && a.summary.terms > 1, "the seed exercised faults and handovers");
 }
 
 /// Each mutant is caught within the first seeds (the simulation is deterministic, so
 /// these ranges are stable; `tenure-sim --mutant …` scans more).
 fn caught(mutant: Mutant, seeds: std::ops::Range<u64>) {
-    let cfg = SimConfig {
-        mutant: Some(mutant),
-        ..SimConfig::default()
-    };
+    let cfg = SimConfig { mutant: Some(mutant), ..SimConfig::default() };
     let found = violations(seeds.clone(), &cfg);
-    assert!(
-        !found.is_empty(),
-        "{mutant:?} went unnoticed over seeds {seeds:?}"
-    );
+    assert!(!found.is_empty(), "{mutant:?} went unnoticed over seeds {seeds:?}");
 }
 
 #[test]

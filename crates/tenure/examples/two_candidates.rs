@@ -13,14 +13,8 @@ use tenure::{Elector, Event, MemoryStore};
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let store = Arc::new(MemoryStore::new());
-    let a = Elector::builder(store.clone(), "example/report")
-        .holder("alice")
-        .ttl(Duration::from_secs(2))
-        .build()?;
-    let b = Elector::builder(store.clone(), "example/report")
-        .holder("bob")
-        .ttl(Duration::from_secs(2))
-        .build()?;
+    let a = Elector::builder(store.clone(), "example/report").holder("alice").ttl(Duration::from_secs(2)).build()?;
+    let b = Elector::builder(store.clone(), "example/report").holder("bob").ttl(Duration::from_secs(2)).build()?;
     let mut events = b.events();
     tokio::spawn(async move {
         while let Ok(ev) = events.recv().await {

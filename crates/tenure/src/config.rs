@@ -86,9 +86,7 @@ impl Config {
     /// How long after the send time of a successful acquire or renew the lease
     /// certainly still holds: `ttl * (1 - max_drift) - safety_margin`.
     pub fn deadline_offset(&self) -> Duration {
-        self.ttl
-            .mul_f64(1.0 - self.max_drift.clamp(0.0, 1.0))
-            .saturating_sub(self.safety_margin)
+        self.ttl.mul_f64(1.0 - self.max_drift.clamp(0.0, 1.0)).saturating_sub(self.safety_margin)
     }
 
     /// The local deadline of a lease whose last successful acquire or renew was sent at `sent`.
@@ -104,34 +102,19 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let err = |setting, reason: String| Err(ConfigError { setting, reason });
         if self.ttl < MIN_TTL || self.ttl > MAX_TTL {
-            return err(
-                "ttl",
-                format!(
-                    "{:?} must lie between {MIN_TTL:?} and {MAX_TTL:?}",
-                    self.ttl
-                ),
-            );
+            return err("ttl", format!("{:?} must lie between {MIN_TTL:?} and {MAX_TTL:?}", self.ttl));
         }
         if !(0.0..0.5).contains(&self.max_drift) {
-            return err(
-                "max_drift",
-                format!("{} must be at least 0 and below 0.5", self.max_drift),
-            );
+            return err("max_drift", format!("{} must be at least 0 and below 0.5", self.max_drift));
         }
         if !(0.0..1.0).contains(&self.jitter) {
-            return err(
-                "jitter",
-                format!("{} must be at least 0 and below 1", self.jitter),
-            );
+            return err("jitter", format!("{} must be at least 0 and below 1", self.jitter));
         }
         let offset = self.deadline_offset();
         if offset.is_zero() {
             return err(
                 "safety_margin",
-                format!(
-                    "{:?} leaves no lease time out of a {:?} TTL",
-                    self.safety_margin, self.ttl
-                ),
+                format!("{:?} leaves no lease time out of a {:?} TTL", self.safety_margin, self.ttl),
             );
         }
         if self.renew_interval.is_zero() || self.renew_interval >= self.renew_deadline {
@@ -146,19 +129,13 @@ impl Config {
         if self.renew_deadline > offset {
             return err(
                 "renew_deadline",
-                format!(
-                    "{:?} must not exceed ttl * (1 - max_drift) - safety_margin = {offset:?}",
-                    self.renew_deadline
-                ),
+                format!("{:?} must not exceed ttl * (1 - max_drift) - safety_margin = {offset:?}", self.renew_deadline),
             );
         }
         if self.retry_period.is_zero() || self.retry_period > self.renew_deadline {
             return err(
                 "retry_period",
-                format!(
-                    "{:?} must be above zero and at most renew_deadline",
-                    self.retry_period
-                ),
+                format!("{:?} must be above zero and at most renew_deadline", self.retry_period),
             );
         }
         if self.request_timeout.is_zero() {
@@ -167,20 +144,11 @@ impl Config {
         if self.cool_down >= self.renew_deadline {
             return err(
                 "cool_down",
-                format!(
-                    "{:?} must be below renew_deadline ({:?})",
-                    self.cool_down, self.renew_deadline
-                ),
+                format!("{:?} must be below renew_deadline ({:?})", self.cool_down, self.renew_deadline),
             );
         }
         if self.metadata.len() > MAX_METADATA {
-            return err(
-                "metadata",
-                format!(
-                    "{} bytes; at most {MAX_METADATA} are allowed",
-                    self.metadata.len()
-                ),
-            );
+            return err("metadata", format!("{} bytes; at most {MAX_METADATA} are allowed", self.metadata.len()));
         }
         Ok(())
     }

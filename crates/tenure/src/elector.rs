@@ -154,12 +154,7 @@ impl ElectorBuilder {
         let shutdown = CancellationToken::new();
         let shared = Arc::new(Shared {
             store: self.store,
-            req: AcquireRequest {
-                election,
-                holder,
-                ttl: cfg.ttl,
-                metadata: cfg.metadata.clone(),
-            },
+            req: AcquireRequest { election, holder, ttl: cfg.ttl, metadata: cfg.metadata.clone() },
             cfg,
             clock: self.clock,
             events: broadcast::channel(256).0,
@@ -168,10 +163,7 @@ impl ElectorBuilder {
             stopped: watch::Sender::new(false),
             task: Mutex::new(None),
         });
-        Ok(Elector {
-            shared,
-            _guard: Arc::new(shutdown.drop_guard()),
-        })
+        Ok(Elector { shared, _guard: Arc::new(shutdown.drop_guard()) })
     }
 }
 
@@ -247,11 +239,7 @@ impl Elector {
 
     /// The current leadership, if this candidate leads right now.
     pub fn current(&self) -> Option<Leadership> {
-        self.shared
-            .leadership
-            .borrow()
-            .clone()
-            .filter(|l| !l.cancel.is_cancelled())
+        self.shared.leadership.borrow().clone().filter(|l| !l.cancel.is_cancelled())
     }
 
     /// Starts campaigning if needed and waits until this candidate leads.
@@ -259,11 +247,7 @@ impl Elector {
         self.start();
         let mut rx = self.shared.leadership.subscribe();
         loop {
-            if let Some(l) = rx
-                .borrow_and_update()
-                .clone()
-                .filter(|l| !l.cancel.is_cancelled())
-            {
+            if let Some(l) = rx.borrow_and_update().clone().filter(|l| !l.cancel.is_cancelled()) {
                 return Ok(l);
             }
             if self.shared.shutdown.is_cancelled() {
@@ -323,12 +307,7 @@ impl Elector {
     /// [`Leadership`] clone to be dropped, releases the lease, and returns.
     pub async fn shutdown(&self) {
         self.shared.shutdown.cancel();
-        let started = self
-            .shared
-            .task
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some();
+        let started = self.shared.task.lock().unwrap_or_else(|p| p.into_inner()).is_some();
         if started {
             let mut stopped = self.shared.stopped.subscribe();
             let _ = stopped.wait_for(|s| *s).await;
@@ -386,11 +365,7 @@ impl Leadership {
 
     /// Who leads, as observers see it.
     pub fn leader(&self) -> Leader {
-        Leader {
-            holder: self.term.holder.clone(),
-            token: self.term.token,
-            metadata: self.term.metadata.clone(),
-        }
+        Leader { holder: self.term.holder.clone(), token: self.term.token, metadata: self.term.metadata.clone() }
     }
 
     /// The local deadline: the lease certainly holds before this instant. It moves
@@ -404,8 +379,7 @@ impl Leadership {
         if self.cancel.is_cancelled() {
             return Duration::ZERO;
         }
-        self.deadline()
-            .saturating_duration_since(self.term.clock.now())
+        self.deadline().saturating_duration_since(self.term.clock.now())
     }
 
     /// Whether this term still holds: not stepped down and before the deadline.
@@ -467,10 +441,7 @@ async fn campaign_loop(shared: &Shared) {
             return;
         }
     }
-    let mut view = View {
-        shared,
-        leader: None,
-    };
+    let mut view = View { shared, leader: None };
     loop {
         let Some((lease, sent)) = follow(shared, &mut view).await else {
             return;
@@ -515,9 +486,7 @@ async fn call<T>(
     }
 }
 
-async fn next_event(
-    watch: &mut Option<WatchStream>,
-) -> Option<Result<Option<LeaseRecord>, StoreError>> {
+async fn next_event(watch: &mut Option<WatchStream>) -> Option<Result<Option<LeaseRecord>, StoreError>> {
     match watch {
         Some(w) => w.next().await,
         None => std::future::pending().await,
@@ -550,8 +519,7 @@ async fn follow(shared: &Shared, view: &mut View<'_>) -> Option<(LeaseRecord, In
                         // term from that request.
                         let sent = shared.clock.now();
                         let until = sent + cfg.request_timeout;
-                        match call(shared, "renew", until, shared.store.renew(&rec, cfg.ttl)).await
-                        {
+                        match call(shared, "renew", until, shared.store.renew(&rec, cfg.ttl)).await {
                             Ok(Renew::Renewed(lease)) => return Some((lease, sent)),
                             Ok(Renew::Lost(cur)) => {
                                 unresolved = false;
@@ -580,14 +548,7 @@ async fn follow(shared: &Shared, view: &mut View<'_>) -> Option<(LeaseRecord, In
                     }
                 }
             } else {
-                match call(
-                    shared,
-                    "acquire",
-                    until,
-                    shared.store.try_acquire(&shared.req),
-                )
-                .await
-                {
+                match call(shared, "acquire", until, shared.store.try_acquire(&shared.req)).await {
                     Ok(Acquire::Acquired(lease)) => return Some((lease, sent)),
                     Ok(Acquire::Held(cur)) => {
                         view.saw_record(Some(&cur));
@@ -649,30 +610,17 @@ fn follower_wake(shared: &Shared, rec: Option<&LeaseRecord>, watching: bool) -> 
         Some(r) => now + r.remaining.unwrap_or(r.ttl),
         None => now,
     };
-    let wake = if watching {
-        expiry
-    } else {
-        expiry.min(now + cfg.jittered(cfg.retry_period))
-    };
+    let wake = if watching { expiry } else { expiry.min(now + cfg.jittered(cfg.retry_period)) };
     wake.max(floor)
 }
 
 /// The leader phase: renews until the term ends, then steps down and releases.
-async fn lead(
-    shared: &Shared,
-    view: &mut View<'_>,
-    mut lease: LeaseRecord,
-    sent: Instant,
-) -> OustReason {
+async fn lead(shared: &Shared, view: &mut View<'_>, mut lease: LeaseRecord, sent: Instant) -> OustReason {
     let cfg = &shared.cfg;
     let election = &shared.req.election;
     // The term is dated from when the request was sent (see the mutation's doc).
     let dated = |sent: Instant| {
-        if cfg.mutation_date_from_response {
-            shared.clock.now()
-        } else {
-            sent
-        }
+        if cfg.mutation_date_from_response { shared.clock.now() } else { sent }
     };
     let mut times = TermTimes::after_success(cfg, dated(sent));
     let deadline_cell = Arc::new(Mutex::new(times.deadline));
@@ -773,9 +721,7 @@ async fn lead(
     drop(pending);
     shared.leadership.send_replace(None);
     tracing::info!(%election, token = %lease.token, ?reason, "stepped down");
-    let _ = shared.events.send(Event::Ousted {
-        reason: reason.clone(),
-    });
+    let _ = shared.events.send(Event::Ousted { reason: reason.clone() });
     // Warn if the work outlives the deadline, unless we only woke up past it.
     let mut warned = shared.clock.now() >= times.deadline;
     loop {

@@ -49,8 +49,8 @@ pub use memory::MemoryStore;
 pub use name::{ELECTION_NAME_RULE, ElectionName, HOLDER_ID_RULE, HolderId, NameError};
 pub use observe::{Observer, observe, observe_with};
 pub use record::{
-    Acquire, AcquireRequest, Evict, ExpiryJudge, FencingToken, Leader, LeaseRecord, MAX_METADATA,
-    MAX_TTL, MIN_TTL, Renew, Revision, check_ttl,
+    Acquire, AcquireRequest, Evict, ExpiryJudge, FencingToken, Leader, LeaseRecord, MAX_METADATA, MAX_TTL, MIN_TTL,
+    Renew, Revision, check_ttl,
 };
 pub use store::{BoxError, ErrorKind, LeaseStore, StoreError, WatchEvent, WatchStream};
 pub use tokio_util::sync::CancellationToken;

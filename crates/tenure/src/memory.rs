@@ -11,9 +11,7 @@ use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 
 use crate::clock::{Clock, Instant, TokioClock};
 use crate::name::ElectionName;
-use crate::record::{
-    Acquire, AcquireRequest, Evict, FencingToken, LeaseRecord, Renew, Revision, check_ttl,
-};
+use crate::record::{Acquire, AcquireRequest, Evict, FencingToken, LeaseRecord, Renew, Revision, check_ttl};
 use crate::store::{LeaseStore, StoreError, WatchStream};
 
 /// A lease store in this process's memory. Expiry is judged by its [`Clock`].
@@ -53,27 +51,16 @@ impl MemoryStore {
 
     /// A store judging expiry on `clock`.
     pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
-        Self {
-            inner: Arc::new(Inner {
-                clock,
-                elections: Mutex::new(BTreeMap::new()),
-            }),
-        }
+        Self { inner: Arc::new(Inner { clock, elections: Mutex::new(BTreeMap::new()) }) }
     }
 
     fn lock(&self) -> MutexGuard<'_, BTreeMap<ElectionName, Slot>> {
         // A poisoned lock only means another thread panicked mid-test; the map stays consistent
         // because every update below is a single assignment.
-        self.inner
-            .elections
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        self.inner.elections.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn slot<'a>(
-        map: &'a mut BTreeMap<ElectionName, Slot>,
-        election: &ElectionName,
-    ) -> &'a mut Slot {
+    fn slot<'a>(map: &'a mut BTreeMap<ElectionName, Slot>, election: &ElectionName) -> &'a mut Slot {
         map.entry(election.clone()).or_insert_with(|| Slot {
             current: None,
             last_token: 0,
@@ -118,12 +105,7 @@ impl LeaseStore for MemoryStore {
         let slot = Self::slot(&mut map, &req.election);
         let rec = match slot.live(now) {
             Some(cur) if cur.holder != req.holder || cur.evicted => return Ok(Acquire::Held(cur)),
-            Some(cur) => LeaseRecord {
-                renewed_at: Some(wall),
-                ttl: req.ttl,
-                metadata: req.metadata.clone(),
-                ..cur
-            },
+            Some(cur) => LeaseRecord { renewed_at: Some(wall), ttl: req.ttl, metadata: req.metadata.clone(), ..cur },
             None => {
                 slot.last_token += 1;
                 LeaseRecord {
@@ -141,10 +123,7 @@ impl LeaseStore for MemoryStore {
             }
         };
         slot.revision += 1;
-        let rec = LeaseRecord {
-            revision: Revision(slot.revision),
-            ..rec
-        };
+        let rec = LeaseRecord { revision: Revision(slot.revision), ..rec };
         let live = slot.write(Some((rec, now + req.ttl)), now);
         Ok(Acquire::Acquired(live.expect("a fresh grant is live")))
     }
@@ -157,12 +136,8 @@ impl LeaseStore for MemoryStore {
         match slot.live(now) {
             Some(cur) if cur.holder == held.holder && cur.token == held.token && !cur.evicted => {
                 slot.revision += 1;
-                let rec = LeaseRecord {
-                    revision: Revision(slot.revision),
-                    renewed_at: Some(SystemTime::now()),
-                    ttl,
-                    ..cur
-                };
+                let rec =
+                    LeaseRecord { revision: Revision(slot.revision), renewed_at: Some(SystemTime::now()), ttl, ..cur };
                 let live = slot.write(Some((rec, now + ttl)), now);
                 Ok(Renew::Renewed(live.expect("a renewed grant is live")))
             }
@@ -201,11 +176,7 @@ impl LeaseStore for MemoryStore {
             .collect())
     }
 
-    async fn evict(
-        &self,
-        election: &ElectionName,
-        how: Evict,
-    ) -> Result<Option<LeaseRecord>, StoreError> {
+    async fn evict(&self, election: &ElectionName, how: Evict) -> Result<Option<LeaseRecord>, StoreError> {
         let now = self.inner.clock.now();
         let mut map = self.lock();
         let slot = Self::slot(&mut map, election);
@@ -219,11 +190,7 @@ impl LeaseStore for MemoryStore {
                 slot.write(None, now);
             }
             Evict::AfterTerm => {
-                let rec = LeaseRecord {
-                    evicted: true,
-                    revision: Revision(slot.revision),
-                    ..cur.clone()
-                };
+                let rec = LeaseRecord { evicted: true, revision: Revision(slot.revision), ..cur.clone() };
                 slot.write(Some((rec, expires)), now);
             }
         }

@@ -8,7 +8,8 @@ pub const ELECTION_NAME_RULE: &str = "an election name is 1 to 200 characters of
      with no empty path segment and no '.' or '..' segment (for example \"billing/nightly-report\")";
 
 /// The rule every holder id must follow, quoted in errors.
-pub const HOLDER_ID_RULE: &str = "a holder id is 1 to 200 characters of A-Z a-z 0-9 . _ - : @ (for example \"web-1.4242.k3j9x2\")";
+pub const HOLDER_ID_RULE: &str =
+    "a holder id is 1 to 200 characters of A-Z a-z 0-9 . _ - : @ (for example \"web-1.4242.k3j9x2\")";
 
 /// A name was refused: it breaks [`ELECTION_NAME_RULE`] or [`HOLDER_ID_RULE`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -42,15 +43,9 @@ impl ElectionName {
             return Err(err("it is empty".into()));
         }
         if name.len() > 200 {
-            return Err(err(format!(
-                "it is {} characters long",
-                name.chars().count()
-            )));
+            return Err(err(format!("it is {} characters long", name.chars().count())));
         }
-        if let Some(c) = name
-            .chars()
-            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/')))
-        {
+        if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/'))) {
             return Err(err(format!("it contains {c:?}")));
         }
         for segment in name.split('/') {
@@ -80,22 +75,14 @@ impl HolderId {
     /// Validates `id` and wraps it.
     pub fn new(id: impl AsRef<str>) -> Result<Self, NameError> {
         let id = id.as_ref();
-        let err = |problem: String| NameError {
-            what: "holder id",
-            value: truncate(id),
-            problem,
-            rule: HOLDER_ID_RULE,
-        };
+        let err = |problem: String| NameError { what: "holder id", value: truncate(id), problem, rule: HOLDER_ID_RULE };
         if id.is_empty() {
             return Err(err("it is empty".into()));
         }
         if id.len() > 200 {
             return Err(err(format!("it is {} characters long", id.chars().count())));
         }
-        if let Some(c) = id
-            .chars()
-            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':' | '@')))
-        {
+        if let Some(c) = id.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':' | '@'))) {
             return Err(err(format!("it contains {c:?}")));
         }
         Ok(Self(id.into()))
@@ -105,23 +92,11 @@ impl HolderId {
     pub fn generate() -> Self {
         let host: String = hostname()
             .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                    c
-                } else {
-                    '-'
-                }
-            })
+            .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' })
             .take(120)
             .collect();
-        let host = if host.is_empty() {
-            "host".to_string()
-        } else {
-            host
-        };
-        let random: String = (0..8)
-            .map(|_| fastrand::alphanumeric().to_ascii_lowercase())
-            .collect();
+        let host = if host.is_empty() { "host".to_string() } else { host };
+        let random: String = (0..8).map(|_| fastrand::alphanumeric().to_ascii_lowercase()).collect();
         Self(format!("{host}.{}.{random}", std::process::id()).into())
     }
 
@@ -195,13 +170,7 @@ mod tests {
 
     #[test]
     fn accepts_good_names() {
-        for n in [
-            "a",
-            "billing/nightly-report",
-            "A.b_c-d/e.f",
-            &"x".repeat(200),
-            "a/.b/c..",
-        ] {
+        for n in ["a", "billing/nightly-report", "A.b_c-d/e.f", &"x".repeat(200), "a/.b/c.."] {
             assert!(ElectionName::new(n).is_ok(), "{n}");
         }
     }

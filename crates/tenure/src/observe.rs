@@ -53,12 +53,7 @@ impl Observer {
 
 /// Observes `election` on `store`, polling every second where the store cannot watch.
 pub fn observe(store: Arc<dyn LeaseStore>, election: ElectionName) -> Observer {
-    observe_with(
-        store,
-        election,
-        Duration::from_secs(1),
-        Arc::new(TokioClock),
-    )
+    observe_with(store, election, Duration::from_secs(1), Arc::new(TokioClock))
 }
 
 /// Observes `election`, polling every `poll` where the store cannot watch, on `clock`.
@@ -98,9 +93,8 @@ pub fn observe_with(
                             changed
                         });
                     }
-                    let expiry = rec
-                        .as_ref()
-                        .map(|r| read_at + r.remaining.unwrap_or(r.ttl) + Duration::from_millis(1));
+                    let expiry =
+                        rec.as_ref().map(|r| read_at + r.remaining.unwrap_or(r.ttl) + Duration::from_millis(1));
                     match (&watch, expiry) {
                         (Some(_), Some(e)) => e,
                         (Some(_), None) => read_at + Duration::from_secs(3600),
@@ -131,9 +125,5 @@ pub fn observe_with(
             }
         }
     });
-    Observer {
-        rx,
-        first: true,
-        _guard: stop.drop_guard(),
-    }
+    Observer { rx, first: true, _guard: stop.drop_guard() }
 }

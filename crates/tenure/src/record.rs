@@ -67,11 +67,7 @@ pub struct LeaseRecord {
 impl LeaseRecord {
     /// Who leads according to this record.
     pub fn leader(&self) -> Leader {
-        Leader {
-            holder: self.holder.clone(),
-            token: self.token,
-            metadata: self.metadata.clone(),
-        }
+        Leader { holder: self.holder.clone(), token: self.token, metadata: self.metadata.clone() }
     }
 }
 
@@ -108,12 +104,7 @@ pub struct AcquireRequest {
 impl AcquireRequest {
     /// A request with no metadata.
     pub fn new(election: ElectionName, holder: HolderId, ttl: Duration) -> Self {
-        Self {
-            election,
-            holder,
-            ttl,
-            metadata: Vec::new(),
-        }
+        Self { election, holder, ttl, metadata: Vec::new() }
     }
 
     /// Sets the metadata.

@@ -56,11 +56,7 @@ pub struct StoreError {
 impl StoreError {
     /// A new error of `kind`.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self {
-            kind,
-            message: message.into(),
-            source: None,
-        }
+        Self { kind, message: message.into(), source: None }
     }
 
     /// Attaches the underlying cause.
@@ -86,9 +82,7 @@ impl StoreError {
 
     /// The request timed out after `after`: it may have been applied.
     pub fn timed_out(operation: &str, after: Duration) -> Self {
-        Self::ambiguous(format!(
-            "{operation} got no answer within {after:?}; it may or may not have been applied"
-        ))
+        Self::ambiguous(format!("{operation} got no answer within {after:?}; it may or may not have been applied"))
     }
 
     /// What kind of failure this is.
@@ -110,9 +104,7 @@ impl fmt::Display for StoreError {
 
 impl StdError for StoreError {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.source
-            .as_deref()
-            .map(|e| e as &(dyn StdError + 'static))
+        self.source.as_deref().map(|e| e as &(dyn StdError + 'static))
     }
 }
 
@@ -156,11 +148,7 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// Extends `held` by `ttl` from now, if the record is still the same grant
     /// (same holder and token), not expired and not evicted.
-    async fn renew(
-        &self,
-        held: &LeaseRecord,
-        ttl: std::time::Duration,
-    ) -> Result<Renew, StoreError>;
+    async fn renew(&self, held: &LeaseRecord, ttl: std::time::Duration) -> Result<Renew, StoreError>;
 
     /// Clears the record if it is still exactly `held`: same holder, token **and
     /// revision**; otherwise does nothing. Idempotent. The token counter survives.
@@ -179,11 +167,7 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// Forces the holder of `election` to stand down; see [`Evict`]. Answers the
     /// record that was evicted, or `None` if nobody held the election.
-    async fn evict(
-        &self,
-        election: &ElectionName,
-        how: Evict,
-    ) -> Result<Option<LeaseRecord>, StoreError>;
+    async fn evict(&self, election: &ElectionName, how: Evict) -> Result<Option<LeaseRecord>, StoreError>;
 
     /// A stream of changes to `election`, or `None` if this store cannot notify (then
     /// the runtime polls). The stream may end or fail; the runtime then falls back to

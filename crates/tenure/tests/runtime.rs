@@ -9,12 +9,7 @@ use tenure_testkit::faults::{Fault, FaultyStore};
 const TTL: Duration = Duration::from_secs(3);
 
 fn elector(store: Arc<dyn LeaseStore>, holder: &str) -> Elector {
-    Elector::builder(store, "jobs/sweeper")
-        .holder(holder)
-        .ttl(TTL)
-        .jitter(0.0)
-        .build()
-        .unwrap()
+    Elector::builder(store, "jobs/sweeper").holder(holder).ttl(TTL).jitter(0.0).build().unwrap()
 }
 
 type Log = Arc<Mutex<Vec<(Instant, Event)>>>;
@@ -51,14 +46,8 @@ async fn leader_renews_every_third_of_the_ttl() {
     let renewals = store.calls() - before;
     assert_eq!(renewals, 9, "three TTLs at one renewal per TTL/3");
     assert!(l.is_valid(), "a leader that renews stays valid");
-    assert!(
-        l.deadline() > first_deadline + TTL * 2,
-        "each renewal moves the deadline"
-    );
-    assert!(
-        l.deadline() <= Instant::now() + TTL,
-        "the deadline never lies a whole TTL ahead"
-    );
+    assert!(l.deadline() > first_deadline + TTL * 2, "each renewal moves the deadline");
+    assert!(l.deadline() <= Instant::now() + TTL, "the deadline never lies a whole TTL ahead");
 }
 
 #[tokio::test(start_paused = true)]
@@ -72,10 +61,7 @@ async fn steps_down_before_the_deadline_when_the_store_hangs() {
     l.cancelled().await;
     let stepped = Instant::now();
     assert!(!l.is_valid());
-    assert!(
-        stepped < deadline_then,
-        "step-down at {stepped:?} must come before the deadline {deadline_then:?}"
-    );
+    assert!(stepped < deadline_then, "step-down at {stepped:?} must come before the deadline {deadline_then:?}");
     let cfg = a.config();
     assert!(
         deadline_then - stepped >= cfg.deadline_offset() - cfg.renew_deadline,
@@ -83,9 +69,7 @@ async fn steps_down_before_the_deadline_when_the_store_hangs() {
     );
     drop(l);
     settle().await;
-    assert!(events(&log).contains(&Event::Ousted {
-        reason: OustReason::RenewFailed
-    }));
+    assert!(events(&log).contains(&Event::Ousted { reason: OustReason::RenewFailed }));
 }
 
 #[tokio::test(start_paused = true)]
@@ -100,15 +84,8 @@ async fn two_candidates_never_overlap_when_the_leader_is_cut_off() {
     a_store.set(Fault::Hang);
     let lb = b.leadership().await.unwrap();
     let b_elected = Instant::now();
-    assert!(
-        !la.is_valid(),
-        "A must have stepped down before B was elected"
-    );
-    assert!(
-        la.deadline() <= b_elected,
-        "A's deadline {:?} outlives B's election {b_elected:?}",
-        la.deadline()
-    );
+    assert!(!la.is_valid(), "A must have stepped down before B was elected");
+    assert!(la.deadline() <= b_elected, "A's deadline {:?} outlives B's election {b_elected:?}", la.deadline());
     assert!(lb.token() > la.token());
     let took = b_elected.duration_since(la.deadline());
     assert!(took < TTL, "B took over {took:?} after A's deadline");
@@ -124,20 +101,9 @@ async fn ambiguous_acquire_is_never_acted_on() {
     a.start();
     tokio::time::sleep(TTL / 2).await;
     let rec = inner.get(&"jobs/sweeper".parse().unwrap()).await.unwrap();
-    assert_eq!(
-        rec.map(|r| r.holder.to_string()),
-        Some("a".into()),
-        "the acquire was applied"
-    );
-    assert!(
-        a.current().is_none(),
-        "but its answer was lost, so the candidate must not lead"
-    );
-    assert!(
-        !events(&log)
-            .iter()
-            .any(|e| matches!(e, Event::Elected { .. }))
-    );
+    assert_eq!(rec.map(|r| r.holder.to_string()), Some("a".into()), "the acquire was applied");
+    assert!(a.current().is_none(), "but its answer was lost, so the candidate must not lead");
+    assert!(!events(&log).iter().any(|e| matches!(e, Event::Elected { .. })));
     store.set(Fault::None);
     let l = a.leadership().await.unwrap();
     assert!(l.is_valid());
@@ -158,19 +124,11 @@ async fn graceful_shutdown_hands_over_at_once() {
     a.shutdown().await;
     let lb = b.leadership().await.unwrap();
     let handover = Instant::now() - stopped;
-    assert!(
-        handover < Duration::from_millis(50),
-        "handover took {handover:?}, not a TTL"
-    );
+    assert!(handover < Duration::from_millis(50), "handover took {handover:?}, not a TTL");
     assert!(lb.token() > token);
+    assert!(events(&a_log).contains(&Event::LeaderChanged(None)), "the releasing leader reports no leader");
     assert!(
-        events(&a_log).contains(&Event::LeaderChanged(None)),
-        "the releasing leader reports no leader"
-    );
-    assert!(
-        events(&a_log).contains(&Event::Ousted {
-            reason: OustReason::ShuttingDown
-        }),
+        events(&a_log).contains(&Event::Ousted { reason: OustReason::ShuttingDown }),
         "the leader reports why it stepped down"
     );
 }
@@ -188,10 +146,7 @@ async fn resign_hands_over_and_campaigns_again() {
     drop(lb);
     b.shutdown().await;
     let la2 = a.leadership().await.unwrap();
-    assert!(
-        la2.is_valid(),
-        "the resigned candidate leads again without a restart"
-    );
+    assert!(la2.is_valid(), "the resigned candidate leads again without a restart");
 }
 
 #[tokio::test(start_paused = true)]
@@ -200,16 +155,11 @@ async fn recampaigns_after_losing_to_an_eviction() {
     let a = elector(store.clone(), "a");
     let log = record(&a);
     let l1 = a.leadership().await.unwrap();
-    store
-        .evict(&"jobs/sweeper".parse().unwrap(), Evict::AfterTerm)
-        .await
-        .unwrap();
+    store.evict(&"jobs/sweeper".parse().unwrap(), Evict::AfterTerm).await.unwrap();
     l1.cancelled().await;
     drop(l1);
     let l2 = a.leadership().await.unwrap();
-    assert!(events(&log).contains(&Event::Ousted {
-        reason: OustReason::Evicted
-    }));
+    assert!(events(&log).contains(&Event::Ousted { reason: OustReason::Evicted }));
     assert!(l2.is_valid());
 }
 
@@ -219,16 +169,10 @@ async fn eviction_moves_leadership_to_another_candidate() {
     let a = elector(inner.clone(), "a");
     let la = a.leadership().await.unwrap();
     // B polls (no watch): it must still win before A campaigns again.
-    let b = elector(
-        Arc::new(FaultyStore::new(inner.clone()).without_watch()),
-        "b",
-    );
+    let b = elector(Arc::new(FaultyStore::new(inner.clone()).without_watch()), "b");
     b.start();
     settle().await;
-    inner
-        .evict(&"jobs/sweeper".parse().unwrap(), Evict::AfterTerm)
-        .await
-        .unwrap();
+    inner.evict(&"jobs/sweeper".parse().unwrap(), Evict::AfterTerm).await.unwrap();
     la.cancelled().await;
     drop(la);
     let lb = b.leadership().await.unwrap();
@@ -267,10 +211,7 @@ async fn run_while_leader_cancels_the_task_and_runs_it_again() {
                 l.cancelled().await;
                 // The work is still running: nobody else may hold the lease yet.
                 let rec = store.get(l.election()).await.unwrap();
-                assert!(
-                    rec.is_none_or(|r| r.holder.as_str() == "a"),
-                    "another leader while the task ran"
-                );
+                assert!(rec.is_none_or(|r| r.holder.as_str() == "a"), "another leader while the task ran");
             }
         })
         .await;
@@ -285,16 +226,9 @@ async fn run_while_leader_cancels_the_task_and_runs_it_again() {
 async fn run_while_leader_returns_the_output_and_releases() {
     let store = Arc::new(MemoryStore::new());
     let a = elector(store.clone(), "a");
-    let out = a
-        .run_while_leader(|l| async move { l.token().0 * 10 })
-        .await
-        .unwrap();
+    let out = a.run_while_leader(|l| async move { l.token().0 * 10 }).await.unwrap();
     assert_eq!(out, 10);
-    assert_eq!(
-        store.get(&"jobs/sweeper".parse().unwrap()).await.unwrap(),
-        None,
-        "released on completion"
-    );
+    assert_eq!(store.get(&"jobs/sweeper".parse().unwrap()).await.unwrap(), None, "released on completion");
 }
 
 #[tokio::test(start_paused = true)]
@@ -311,41 +245,26 @@ async fn release_waits_for_the_guarded_work() {
     work.cancelled().await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
-        store
-            .get(&"jobs/sweeper".parse().unwrap())
-            .await
-            .unwrap()
-            .is_some(),
+        store.get(&"jobs/sweeper".parse().unwrap()).await.unwrap().is_some(),
         "the lease must not be released while a Leadership clone is held"
     );
     drop(work);
     stopping.await.unwrap();
-    assert_eq!(
-        store.get(&"jobs/sweeper".parse().unwrap()).await.unwrap(),
-        None
-    );
+    assert_eq!(store.get(&"jobs/sweeper".parse().unwrap()).await.unwrap(), None);
 }
 
 #[tokio::test(start_paused = true)]
 async fn observers_see_leaders_and_no_leader() {
     let store = Arc::new(MemoryStore::new());
     let mut obs = observe(store.clone(), "jobs/sweeper".parse().unwrap());
-    assert_eq!(
-        obs.changed().await,
-        Some(None),
-        "first reading: nobody leads"
-    );
+    assert_eq!(obs.changed().await, Some(None), "first reading: nobody leads");
     let a = elector(store.clone(), "a");
     let la = a.leadership().await.unwrap();
     let seen = obs.changed().await.unwrap().unwrap();
     assert_eq!((seen.holder.as_str(), seen.token), ("a", la.token()));
     drop(la);
     a.shutdown().await;
-    assert_eq!(
-        obs.changed().await,
-        Some(None),
-        "a release is reported as no leader"
-    );
+    assert_eq!(obs.changed().await, Some(None), "a release is reported as no leader");
 }
 
 #[tokio::test(start_paused = true)]
@@ -366,10 +285,7 @@ async fn observers_see_a_silent_expiry() {
     a_store.set(Fault::Hang);
     let t0 = Instant::now();
     assert_eq!(obs.changed().await, Some(None));
-    assert!(
-        Instant::now() - t0 <= TTL + Duration::from_millis(10),
-        "seen at expiry, not at the next hourly poll"
-    );
+    assert!(Instant::now() - t0 <= TTL + Duration::from_millis(10), "seen at expiry, not at the next hourly poll");
 }
 
 #[tokio::test(start_paused = true)]
@@ -384,26 +300,14 @@ async fn followers_on_a_watching_store_make_no_requests_in_steady_state() {
     tokio::time::sleep(Duration::from_millis(10)).await;
     let before = b_store.calls();
     tokio::time::sleep(TTL * 10).await;
-    assert_eq!(
-        b_store.calls() - before,
-        0,
-        "a watching follower polls nothing while the leader renews"
-    );
-    assert!(
-        events(&b_log)
-            .iter()
-            .any(|e| matches!(e, Event::LeaderChanged(Some(l)) if l.holder.as_str() == "a"))
-    );
+    assert_eq!(b_store.calls() - before, 0, "a watching follower polls nothing while the leader renews");
+    assert!(events(&b_log).iter().any(|e| matches!(e, Event::LeaderChanged(Some(l)) if l.holder.as_str() == "a")));
 }
 
 #[tokio::test(start_paused = true)]
 async fn cool_down_delays_the_leadership() {
     let store = Arc::new(MemoryStore::new());
-    let a = Elector::builder(store, "jobs/sweeper")
-        .ttl(TTL)
-        .cool_down(Duration::from_millis(700))
-        .build()
-        .unwrap();
+    let a = Elector::builder(store, "jobs/sweeper").ttl(TTL).cool_down(Duration::from_millis(700)).build().unwrap();
     let t0 = Instant::now();
     let _l = a.leadership().await.unwrap();
     assert!(Instant::now() - t0 >= Duration::from_millis(700));

@@ -6,10 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use tenure::{
-    Acquire, AcquireRequest, ElectionName, Evict, HolderId, LeaseRecord, LeaseStore, MemoryStore,
-    Renew,
-};
+use tenure::{Acquire, AcquireRequest, ElectionName, Evict, HolderId, LeaseRecord, LeaseStore, MemoryStore, Renew};
 
 #[derive(Debug, Clone)]
 enum Op {

@@ -26,9 +26,7 @@ fn parse() -> Result<Args, String> {
     let mut a = Args {
         seeds: 1000,
         first: 1,
-        threads: std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1),
+        threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         cfg: SimConfig::default(),
         verbose: false,
     };
@@ -37,13 +35,10 @@ fn parse() -> Result<Args, String> {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
         match flag.as_str() {
             "--seeds" => a.seeds = value()?.parse().map_err(|e| format!("--seeds: {e}"))?,
-            "--first-seed" => {
-                a.first = value()?.parse().map_err(|e| format!("--first-seed: {e}"))?
-            }
+            "--first-seed" => a.first = value()?.parse().map_err(|e| format!("--first-seed: {e}"))?,
             "--threads" => a.threads = value()?.parse().map_err(|e| format!("--threads: {e}"))?,
             "--duration" => {
-                a.cfg.duration =
-                    humantime_lite(&value()?).ok_or("--duration takes seconds, e.g. 60s")?;
+                a.cfg.duration = humantime_lite(&value()?).ok_or("--duration takes seconds, e.g. 60s")?;
             }
             "--mutant" => {
                 a.cfg.mutant = Some(match value()?.as_str() {
@@ -140,41 +135,21 @@ fn main() -> ExitCode {
     let simulated: Duration = reports.iter().map(|r| r.simulated).sum();
     let faults: u64 = reports.iter().map(|r| r.faults).sum();
     let terms: usize = reports.iter().map(|r| r.summary.terms).sum();
-    let stale: usize = reports
-        .iter()
-        .map(|r| r.summary.stale_writes_rejected)
-        .sum();
+    let stale: usize = reports.iter().map(|r| r.summary.stale_writes_rejected).sum();
     let writes: usize = reports.iter().map(|r| r.summary.writes_accepted).sum();
-    let mut takeovers: Vec<u64> = reports
-        .iter()
-        .flat_map(|r| r.summary.takeovers_after_crash.clone())
-        .collect();
+    let mut takeovers: Vec<u64> = reports.iter().flat_map(|r| r.summary.takeovers_after_crash.clone()).collect();
     takeovers.sort();
-    let mut handovers: Vec<u64> = reports
-        .iter()
-        .flat_map(|r| r.summary.handovers_after_stop.clone())
-        .collect();
+    let mut handovers: Vec<u64> = reports.iter().flat_map(|r| r.summary.handovers_after_stop.clone()).collect();
     handovers.sort();
-    let mut bad: Vec<&SeedReport> = reports
-        .iter()
-        .filter(|r| !r.summary.violations.is_empty())
-        .collect();
+    let mut bad: Vec<&SeedReport> = reports.iter().filter(|r| !r.summary.violations.is_empty()).collect();
     bad.sort_by_key(|r| r.seed);
     let violations: usize = bad.iter().map(|r| r.summary.violations.len()).sum();
 
-    println!(
-        "seeds               {} ({}..{})",
-        reports.len(),
-        args.first,
-        end - 1
-    );
+    println!("seeds               {} ({}..{})", reports.len(), args.first, end - 1);
     if let Some(m) = args.cfg.mutant {
         println!("mutant              {m:?}");
     }
-    println!(
-        "simulated time      {:.1} h",
-        simulated.as_secs_f64() / 3600.0
-    );
+    println!("simulated time      {:.1} h", simulated.as_secs_f64() / 3600.0);
     println!("faults injected     {faults}");
     println!("leadership terms    {terms}");
     println!("writes accepted     {writes}");
@@ -199,10 +174,7 @@ fn main() -> ExitCode {
         replay_failures.is_empty()
     );
     println!("violations          {violations}");
-    println!(
-        "wall time           {:.1} s",
-        started.elapsed().as_secs_f64()
-    );
+    println!("wall time           {:.1} s", started.elapsed().as_secs_f64());
     for r in bad.iter().take(5) {
         for v in r.summary.violations.iter().take(3) {
             println!("\nseed {}: {v}", r.seed);
@@ -212,9 +184,5 @@ fn main() -> ExitCode {
     if !replay_failures.is_empty() {
         println!("seeds whose replay differed: {replay_failures:?}");
     }
-    if violations > 0 || !replay_failures.is_empty() {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
-    }
+    if violations > 0 || !replay_failures.is_empty() { ExitCode::from(1) } else { ExitCode::SUCCESS }
 }

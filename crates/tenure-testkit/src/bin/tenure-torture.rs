@@ -38,20 +38,12 @@ fn parse_duration(s: &str) -> Option<Duration> {
     if let Some(m) = s.strip_suffix('m') {
         return m.parse::<u64>().ok().map(|m| Duration::from_secs(m * 60));
     }
-    s.strip_suffix('s')
-        .unwrap_or(s)
-        .parse::<f64>()
-        .ok()
-        .map(Duration::from_secs_f64)
+    s.strip_suffix('s').unwrap_or(s).parse::<f64>().ok().map(Duration::from_secs_f64)
 }
 
 fn append(path: &Path, line: &str) {
     // One write of a short line to an O_APPEND file is atomic among processes.
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(path)
-    {
+    if let Ok(mut f) = std::fs::OpenOptions::new().append(true).create(true).open(path) {
         let _ = f.write_all(format!("{line}\n").as_bytes());
     }
 }
@@ -59,10 +51,7 @@ fn append(path: &Path, line: &str) {
 /// The probe a candidate runs while it leads.
 fn probe(dir: &Path) -> ExitCode {
     let holder = std::env::var("TENURE_HOLDER").unwrap_or_default();
-    let token: u64 = std::env::var("TENURE_TOKEN")
-        .ok()
-        .and_then(|t| t.parse().ok())
-        .unwrap_or(0);
+    let token: u64 = std::env::var("TENURE_TOKEN").ok().and_then(|t| t.parse().ok()).unwrap_or(0);
     let events = dir.join("events");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let s = stop.clone();
@@ -72,33 +61,18 @@ fn probe(dir: &Path) -> ExitCode {
     let lock_path = dir.join("fence.lock");
     let fence_path = dir.join("fence");
     while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-        let Ok(lock) = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-        else {
+        let Ok(lock) = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path) else {
             return ExitCode::from(1);
         };
         if rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).is_err() {
             return ExitCode::from(1);
         }
-        let highest: u64 = std::fs::read_to_string(&fence_path)
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0);
+        let highest: u64 = std::fs::read_to_string(&fence_path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
         let accepted = token >= highest;
         if accepted {
             let _ = std::fs::write(&fence_path, token.to_string());
         }
-        append(
-            &events,
-            &format!(
-                "{} {holder} {token} {}",
-                if accepted { "accept" } else { "reject" },
-                now_ns()
-            ),
-        );
+        append(&events, &format!("{} {holder} {token} {}", if accepted { "accept" } else { "reject" }, now_ns()));
         drop(lock);
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -108,15 +82,10 @@ fn probe(dir: &Path) -> ExitCode {
 
 /// Sets `flag` on SIGTERM, polling a signal in a thread (no unsafe handler needed).
 fn signal_hook_term(flag: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Option<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .ok()?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
     std::thread::spawn(move || {
         rt.block_on(async {
-            if let Ok(mut term) =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            {
+            if let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
                 term.recv().await;
                 flag.store(true, std::sync::atomic::Ordering::SeqCst);
             }
@@ -137,10 +106,7 @@ struct Args {
 
 fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut a = Args {
-        tenure: std::env::current_exe()
-            .ok()
-            .and_then(|p| p.parent().map(|d| d.join("tenure")))
-            .unwrap_or_default(),
+        tenure: std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.join("tenure"))).unwrap_or_default(),
         store: None,
         candidates: 4,
         duration: Duration::from_secs(60),
@@ -153,12 +119,8 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         match flag.as_str() {
             "--tenure" => a.tenure = PathBuf::from(value()?),
             "--store" => a.store = Some(value()?),
-            "--candidates" => {
-                a.candidates = value()?.parse().map_err(|e| format!("--candidates: {e}"))?
-            }
-            "--duration" => {
-                a.duration = parse_duration(&value()?).ok_or("--duration: e.g. 60s or 10m")?
-            }
+            "--candidates" => a.candidates = value()?.parse().map_err(|e| format!("--candidates: {e}"))?,
+            "--duration" => a.duration = parse_duration(&value()?).ok_or("--duration: e.g. 60s or 10m")?,
             "--ttl" => a.ttl = parse_duration(&value()?).ok_or("--ttl: e.g. 2s")?,
             "--grace" => a.grace = parse_duration(&value()?).ok_or("--grace: e.g. 300ms")?,
             "--seed" => a.seed = value()?.parse().map_err(|e| format!("--seed: {e}"))?,
@@ -198,12 +160,7 @@ fn spawn(a: &Args, store: &str, dir: &Path, id: &str) -> std::io::Result<Child> 
     let me = std::env::current_exe()?;
     Command::new(&a.tenure)
         .args(["run", ELECTION, "--store", store, "--id", id])
-        .args([
-            "--ttl",
-            &format!("{}ms", a.ttl.as_millis()),
-            "--grace",
-            &format!("{}ms", a.grace.as_millis()),
-        ])
+        .args(["--ttl", &format!("{}ms", a.ttl.as_millis()), "--grace", &format!("{}ms", a.grace.as_millis())])
         .arg("--")
         .arg(me)
         .args(["probe", "--dir"])
@@ -218,11 +175,7 @@ fn spawn(a: &Args, store: &str, dir: &Path, id: &str) -> std::io::Result<Child> 
 /// The holder whose probe started last: the leader as far as the log tells.
 fn current_leader(events: &Path) -> Option<String> {
     let text = std::fs::read_to_string(events).ok()?;
-    text.lines()
-        .rev()
-        .find(|l| l.starts_with("start "))
-        .and_then(|l| l.split(' ').nth(1))
-        .map(String::from)
+    text.lines().rev().find(|l| l.starts_with("start ")).and_then(|l| l.split(' ').nth(1)).map(String::from)
 }
 
 fn percentile(sorted: &[u64], p: f64) -> Duration {
@@ -233,13 +186,9 @@ fn percentile(sorted: &[u64], p: f64) -> Duration {
 }
 
 fn torture(a: Args) -> Result<bool, String> {
-    let tmp =
-        tempfile::tempdir().map_err(|e| format!("cannot create a temporary directory: {e}"))?;
+    let tmp = tempfile::tempdir().map_err(|e| format!("cannot create a temporary directory: {e}"))?;
     let dir = tmp.path().to_path_buf();
-    let store = a
-        .store
-        .clone()
-        .unwrap_or_else(|| format!("sqlite:{}", dir.join("store.db").display()));
+    let store = a.store.clone().unwrap_or_else(|| format!("sqlite:{}", dir.join("store.db").display()));
     let events = dir.join("events");
     let mut rng = fastrand::Rng::with_seed(a.seed);
     let mut next = 0;
@@ -247,13 +196,8 @@ fn torture(a: Args) -> Result<bool, String> {
     let mut add = |cands: &mut Vec<Candidate>| -> Result<(), String> {
         next += 1;
         let id = format!("cand-{next}");
-        let child =
-            spawn(&a, &store, &dir, &id).map_err(|e| format!("cannot start tenure run: {e}"))?;
-        cands.push(Candidate {
-            id,
-            child,
-            frozen_until: None,
-        });
+        let child = spawn(&a, &store, &dir, &id).map_err(|e| format!("cannot start tenure run: {e}"))?;
+        cands.push(Candidate { id, child, frozen_until: None });
         Ok(())
     };
     for _ in 0..a.candidates {
@@ -278,10 +222,7 @@ fn torture(a: Args) -> Result<bool, String> {
         let Some(leader) = current_leader(&events) else {
             continue;
         };
-        let Some(i) = cands
-            .iter()
-            .position(|c| c.id == leader && c.frozen_until.is_none())
-        else {
+        let Some(i) = cands.iter().position(|c| c.id == leader && c.frozen_until.is_none()) else {
             continue;
         };
         let at = now_ns();
@@ -290,12 +231,7 @@ fn torture(a: Args) -> Result<bool, String> {
                 let mut c = cands.remove(i);
                 signal(&c.child, Signal::KILL);
                 let _ = c.child.wait();
-                records.push(Record::Stop {
-                    election: ELECTION.into(),
-                    holder: c.id,
-                    at,
-                    graceful: false,
-                });
+                records.push(Record::Stop { election: ELECTION.into(), holder: c.id, at, graceful: false });
                 *faults.entry("SIGKILL").or_default() += 1;
                 add(&mut cands)?;
             }
@@ -303,24 +239,14 @@ fn torture(a: Args) -> Result<bool, String> {
                 let c = &mut cands[i];
                 signal(&c.child, Signal::STOP);
                 c.frozen_until = Some(Instant::now() + a.ttl.mul_f64(1.2 + 1.3 * rng.f64()));
-                records.push(Record::Stop {
-                    election: ELECTION.into(),
-                    holder: c.id.clone(),
-                    at,
-                    graceful: false,
-                });
+                records.push(Record::Stop { election: ELECTION.into(), holder: c.id.clone(), at, graceful: false });
                 *faults.entry("SIGSTOP").or_default() += 1;
             }
             _ => {
                 let mut c = cands.remove(i);
                 signal(&c.child, Signal::TERM);
                 let _ = c.child.wait();
-                records.push(Record::Stop {
-                    election: ELECTION.into(),
-                    holder: c.id,
-                    at,
-                    graceful: true,
-                });
+                records.push(Record::Stop { election: ELECTION.into(), holder: c.id, at, graceful: true });
                 *faults.entry("SIGTERM").or_default() += 1;
                 add(&mut cands)?;
             }
@@ -352,26 +278,11 @@ fn torture(a: Args) -> Result<bool, String> {
         match *kind {
             "start" => {
                 granted.entry((holder.to_string(), token)).or_insert(at);
-                records.push(Record::Elected {
-                    election: e,
-                    holder: holder.to_string(),
-                    token,
-                    at,
-                });
+                records.push(Record::Elected { election: e, holder: holder.to_string(), token, at });
             }
             "accept" | "reject" => {
-                records.push(Record::Belief {
-                    election: e.clone(),
-                    holder: holder.to_string(),
-                    token,
-                    at,
-                });
-                records.push(Record::Write {
-                    election: e,
-                    token,
-                    at,
-                    accepted: *kind == "accept",
-                });
+                records.push(Record::Belief { election: e.clone(), holder: holder.to_string(), token, at });
+                records.push(Record::Write { election: e, token, at, accepted: *kind == "accept" });
             }
             _ => {}
         }
@@ -398,14 +309,7 @@ fn torture(a: Args) -> Result<bool, String> {
     let ttl = a.ttl.as_secs_f64();
     let ratio = |d: Duration| d.as_secs_f64() / ttl;
     println!("leadership terms    {}", s.terms);
-    println!(
-        "faults injected     {}",
-        faults
-            .iter()
-            .map(|(k, v)| format!("{v} {k}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
+    println!("faults injected     {}", faults.iter().map(|(k, v)| format!("{v} {k}")).collect::<Vec<_>>().join(", "));
     println!(
         "crash takeover      p50 {:?} ({:.2} TTL)  p99 {:?} ({:.2} TTL)  max {:?} ({:.2} TTL)",
         percentile(&takeovers, 0.5),
@@ -415,11 +319,7 @@ fn torture(a: Args) -> Result<bool, String> {
         percentile(&takeovers, 1.0),
         ratio(percentile(&takeovers, 1.0))
     );
-    println!(
-        "graceful handover   p50 {:?}  max {:?}",
-        percentile(&handovers, 0.5),
-        percentile(&handovers, 1.0)
-    );
+    println!("graceful handover   p50 {:?}  max {:?}", percentile(&handovers, 0.5), percentile(&handovers, 1.0));
     println!(
         "writes              {} accepted, {} stale rejected by the fence",
         s.writes_accepted, s.stale_writes_rejected

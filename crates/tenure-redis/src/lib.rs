@@ -1,0 +1,515 @@
+//! Redis lease store for tenure.
+//!
+//! Each election is a hash `PREFIX:lease:ELECTION` whose expiry (`PEXPIRE`) is the lease:
+//! the **server** judges it. Every decision is one Lua script, so it is atomic. A second
+//! hash, `PREFIX:meta:ELECTION`, without expiry, keeps the last token and revision.
+//! Every write publishes the election's name on `PREFIX:changes`, so followers wait on
+//! pub/sub instead of polling.
+//!
+//! **Tokens survive a restart without persistence.** When the counter is missing (a new
+//! server, or one that lost its data), the next token is the server's clock in
+//! microseconds (`TIME`); afterwards each grant adds one. Tokens granted before the data
+//! was lost are smaller than the clock at the restart as long as the server's clock did
+//! not step back and fewer than one grant per microsecond happened, so tokens keep
+//! growing. They are large numbers for that reason.
+//!
+//! ```no_run
+//! # async fn t() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = tenure_redis::RedisStore::connect("redis://:secret@127.0.0.1:6379/0").await?;
+//! # Ok(()) }
+//! ```
+
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use redis::aio::ConnectionManager;
+use redis::{Script, Value};
+use tenure::{
+    Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, Renew,
+    Revision, StoreError, WatchStream, check_ttl,
+};
+use tokio::sync::{OnceCell, broadcast, mpsc};
+
+/// The default key prefix.
+pub const DEFAULT_PREFIX: &str = "tenure";
+
+/// Shared Lua: the next counter value (seeded from the server clock when missing), and
+/// the record as a flat reply.
+const LIB: &str = r#"
+local lease, meta = KEYS[1], KEYS[2]
+local function next_value(field)
+  local t = redis.call('TIME')
+  local us = t[1] .. string.format('%06d', tonumber(t[2]))
+  if redis.call('HSETNX', meta, field, us) == 1 then return us end
+  return string.format('%.0f', redis.call('HINCRBY', meta, field, 1))
+end
+local function now_ms()
+  local t = redis.call('TIME')
+  return t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000))
+end
+local function reply(status)
+  local f = redis.call('HMGET', lease, 'holder', 'token', 'revision', 'ttl_ms', 'acquired_ms', 'renewed_ms', 'evicted', 'metadata')
+  return {status, f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], redis.call('PTTL', lease)}
+end
+"#;
+
+/// ARGV: holder, ttl_ms, metadata, channel, election.
+const ACQUIRE: &str = r#"
+local holder, ttl = ARGV[1], ARGV[2]
+local cur = redis.call('HMGET', lease, 'holder', 'evicted')
+if cur[1] and (cur[1] ~= holder or cur[2] == '1') then return reply('held') end
+local now = now_ms()
+if cur[1] then
+  redis.call('HSET', lease, 'revision', next_value('revision'), 'ttl_ms', ttl, 'renewed_ms', now, 'metadata', ARGV[3])
+else
+  redis.call('DEL', lease)
+  redis.call('HSET', lease, 'holder', holder, 'token', next_value('token'), 'revision', next_value('revision'),
+    'ttl_ms', ttl, 'acquired_ms', now, 'renewed_ms', now, 'evicted', '0', 'metadata', ARGV[3])
+end
+redis.call('PEXPIRE', lease, ttl)
+redis.call('PUBLISH', ARGV[4], ARGV[5])
+return reply('ok')
+"#;
+
+/// ARGV: holder, token, ttl_ms, channel, election.
+const RENEW: &str = r#"
+local cur = redis.call('HMGET', lease, 'holder', 'token', 'evicted')
+if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] or cur[3] == '1' then return reply('lost') end
+redis.call('HSET', lease, 'revision', next_value('revision'), 'ttl_ms', ARGV[3], 'renewed_ms', now_ms())
+redis.call('PEXPIRE', lease, ARGV[3])
+redis.call('PUBLISH', ARGV[4], ARGV[5])
+return reply('ok')
+"#;
+
+/// ARGV: holder, token, revision, channel, election.
+const RELEASE: &str = r#"
+local cur = redis.call('HMGET', lease, 'holder', 'token', 'revision')
+if cur[1] == ARGV[1] and cur[2] == ARGV[2] and cur[3] == ARGV[3] then
+  redis.call('DEL', lease)
+  next_value('revision')
+  redis.call('PUBLISH', ARGV[4], ARGV[5])
+end
+return reply('ok')
+"#;
+
+/// ARGV: how ('now' or 'term'), channel, election.
+const EVICT: &str = r#"
+if redis.call('EXISTS', lease) == 0 then return reply('none') end
+local before = reply('ok')
+if ARGV[1] == 'now' then
+  redis.call('DEL', lease)
+  next_value('revision')
+else
+  redis.call('HSET', lease, 'evicted', '1', 'revision', next_value('revision'))
+end
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+return before
+"#;
+
+const GET: &str = "return reply('ok')";
+
+/// A lease store on a Redis server.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: redis::Client,
+    conn: OnceCell<ConnectionManager>,
+    prefix: String,
+    described: String,
+    scripts: Scripts,
+    changes: broadcast::Sender<Arc<str>>,
+    listening: std::sync::atomic::AtomicBool,
+}
+
+struct Scripts {
+    acquire: Script,
+    renew: Script,
+    release: Script,
+    evict: Script,
+    get: Script,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        let s = |body: &str| Script::new(&format!("{LIB}{body}"));
+        Self { acquire: s(ACQUIRE), renew: s(RENEW), release: s(RELEASE), evict: s(EVICT), get: s(GET) }
+    }
+}
+
+/// Splits our own `prefix` parameter off the URL.
+fn split_prefix(url: &str) -> Result<(String, String), StoreError> {
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut prefix = DEFAULT_PREFIX.to_string();
+    let mut rest = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("prefix", v)) => prefix = v.to_string(),
+            _ => rest.push(pair),
+        }
+    }
+    if prefix.is_empty() || !prefix.chars().all(|c| c.is_ascii_alphanumeric() || "._-:/".contains(c)) {
+        return Err(StoreError::invalid(format!(
+            "key prefix {prefix:?} is not allowed: use letters, digits and . _ - : /"
+        )));
+    }
+    let url = if rest.is_empty() { base.to_string() } else { format!("{base}?{}", rest.join("&")) };
+    Ok((url, prefix))
+}
+
+impl RedisStore {
+    /// A store on the server `url` names (`redis://[:PASSWORD@]HOST[:PORT][/DB]`,
+    /// `rediss://` for TLS, plus an optional `prefix=NAME`). The connection is made on first
+    /// use and remade after failures, so a server that is down now is not an error yet.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let (url, prefix) = split_prefix(url)?;
+        let client = redis::Client::open(url.as_str())
+            .map_err(|e| StoreError::new(ErrorKind::Misconfigured, "the Redis URL is not valid").with_source(e))?;
+        let info = client.get_connection_info();
+        let described = format!("redis://{} (prefix {prefix})", info.addr());
+        Ok(Self {
+            inner: Arc::new(Inner {
+                client,
+                conn: OnceCell::new(),
+                prefix,
+                described,
+                scripts: Scripts::new(),
+                changes: broadcast::channel(1024).0,
+                listening: std::sync::atomic::AtomicBool::new(false),
+            }),
+        })
+    }
+
+    fn keys(&self, election: &str) -> (String, String) {
+        let p = &self.inner.prefix;
+        (format!("{p}:lease:{election}"), format!("{p}:meta:{election}"))
+    }
+
+    fn channel(&self) -> String {
+        format!("{}:changes", self.inner.prefix)
+    }
+
+    async fn conn(&self) -> Result<ConnectionManager, StoreError> {
+        self.inner
+            .conn
+            .get_or_try_init(|| async {
+                let config = redis::aio::ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(Duration::from_secs(3)))
+                    .set_number_of_retries(1);
+                self.inner
+                    .client
+                    .get_connection_manager_with_config(config)
+                    .await
+                    .map_err(|e| redis_error("connecting", e))
+            })
+            .await
+            .cloned()
+    }
+
+    async fn run(&self, what: &str, script: &Script, election: &str, args: &[&[u8]]) -> Result<Reply, StoreError> {
+        let mut conn = self.conn().await?;
+        let (lease, meta) = self.keys(election);
+        let mut inv = script.key(lease);
+        inv.key(meta);
+        for a in args {
+            inv.arg(*a);
+        }
+        let v: Value = inv.invoke_async(&mut conn).await.map_err(|e| redis_error(what, e))?;
+        Reply::parse(election, v)
+    }
+
+    fn ensure_listener(&self) {
+        use std::sync::atomic::Ordering;
+        if self.inner.listening.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let inner = Arc::downgrade(&self.inner);
+        let client = self.inner.client.clone();
+        let channel = self.channel();
+        tokio::spawn(async move {
+            use tokio_stream::StreamExt;
+            let mut backoff = Duration::from_millis(100);
+            loop {
+                let pubsub = match client.get_async_pubsub().await {
+                    Ok(mut p) => match p.subscribe(&channel).await {
+                        Ok(()) => Some(p),
+                        Err(_) => None,
+                    },
+                    Err(_) => None,
+                };
+                let Some(pubsub) = pubsub else {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                    if inner.strong_count() == 0 {
+                        return;
+                    }
+                    continue;
+                };
+                backoff = Duration::from_millis(100);
+                match inner.upgrade() {
+                    // (Re)subscribed: changes may have been missed; every watcher re-reads.
+                    Some(i) => {
+                        let _ = i.changes.send(Arc::from(""));
+                    }
+                    None => return,
+                }
+                let mut messages = pubsub.into_on_message();
+                loop {
+                    let m = tokio::time::timeout(Duration::from_secs(5), messages.next()).await;
+                    let Some(i) = inner.upgrade() else { return };
+                    match m {
+                        Ok(Some(msg)) => {
+                            let name: String = msg.get_payload().unwrap_or_default();
+                            let _ = i.changes.send(Arc::from(name.as_str()));
+                        }
+                        Ok(None) => break, // disconnected: resubscribe
+                        Err(_) => {}
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// A script's answer: a status and the record fields.
+struct Reply {
+    status: String,
+    record: Option<LeaseRecord>,
+}
+
+impl Reply {
+    fn parse(election: &str, v: Value) -> Result<Self, StoreError> {
+        let bad = || StoreError::new(ErrorKind::Misconfigured, "Redis answered in an unexpected shape");
+        let Value::Array(items) = v else {
+            return Err(bad());
+        };
+        let text = |i: usize| -> Option<String> {
+            match items.get(i)? {
+                Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+                Value::SimpleString(s) => Some(s.clone()),
+                Value::Int(n) => Some(n.to_string()),
+                _ => None,
+            }
+        };
+        let num = |i: usize| text(i).and_then(|s| s.parse::<u64>().ok());
+        let status = text(0).ok_or_else(bad)?;
+        let record = match text(1) {
+            None => None,
+            Some(holder) => {
+                let invalid = |e: tenure::NameError| {
+                    StoreError::new(ErrorKind::Misconfigured, "Redis holds an invalid name").with_source(e)
+                };
+                let metadata = match items.get(8) {
+                    Some(Value::BulkString(b)) => b.clone(),
+                    _ => Vec::new(),
+                };
+                let pttl = match items.get(9) {
+                    Some(Value::Int(n)) if *n > 0 => Some(Duration::from_millis(*n as u64)),
+                    _ => Some(Duration::ZERO),
+                };
+                Some(LeaseRecord {
+                    election: ElectionName::new(election).map_err(invalid)?,
+                    holder: HolderId::new(holder).map_err(invalid)?,
+                    token: FencingToken(num(2).ok_or_else(bad)?),
+                    revision: Revision(num(3).ok_or_else(bad)?),
+                    ttl: Duration::from_millis(num(4).unwrap_or(0)),
+                    acquired_at: num(5).map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
+                    renewed_at: num(6).map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
+                    remaining: pttl,
+                    evicted: text(7).as_deref() == Some("1"),
+                    metadata,
+                })
+            }
+        };
+        Ok(Self { status, record })
+    }
+}
+
+/// Maps a client error to a store error that says whether a retry can help.
+fn redis_error(what: &str, e: redis::RedisError) -> StoreError {
+    let (kind, hint) = if e.kind() == redis::ErrorKind::AuthenticationFailed
+        || e.to_string().contains("WRONGPASS")
+        || e.to_string().contains("NOAUTH")
+    {
+        (ErrorKind::Unauthorized, "check the password in the store URL")
+    } else if e.is_connection_refusal() {
+        (ErrorKind::Unavailable, "nothing listens at the store URL's host and port")
+    } else if e.is_timeout() || e.is_connection_dropped() {
+        (ErrorKind::Ambiguous, "the connection broke; the request may have been applied")
+    } else if e.is_io_error() {
+        (ErrorKind::Unavailable, "cannot reach the server")
+    } else if e.kind() == redis::ErrorKind::InvalidClientConfig {
+        (ErrorKind::Misconfigured, "the store URL is not valid")
+    } else if e.to_string().contains("LOADING") || e.to_string().contains("BUSY") || e.to_string().contains("TRYAGAIN")
+    {
+        (ErrorKind::Unavailable, "the server is busy; retrying")
+    } else {
+        (ErrorKind::Misconfigured, "the server refused the request")
+    };
+    StoreError::new(kind, format!("Redis: {what} failed ({hint})")).with_source(e)
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for RedisStore {
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
+        req.validate()?;
+        let (ttl, chan) = (req.ttl.as_millis().to_string(), self.channel());
+        let e = req.election.as_str();
+        let r = self
+            .run(
+                "acquire",
+                &self.inner.scripts.acquire,
+                e,
+                &[req.holder.as_str().as_bytes(), ttl.as_bytes(), &req.metadata, chan.as_bytes(), e.as_bytes()],
+            )
+            .await?;
+        let rec = r.record.ok_or_else(|| StoreError::ambiguous("Redis: the lease vanished while it was acquired"))?;
+        Ok(if r.status == "ok" { Acquire::Acquired(rec) } else { Acquire::Held(rec) })
+    }
+
+    async fn renew(&self, held: &LeaseRecord, ttl: Duration) -> Result<Renew, StoreError> {
+        check_ttl(ttl)?;
+        let (ttl, token, chan) = (ttl.as_millis().to_string(), held.token.0.to_string(), self.channel());
+        let e = held.election.as_str();
+        let r = self
+            .run(
+                "renew",
+                &self.inner.scripts.renew,
+                e,
+                &[held.holder.as_str().as_bytes(), token.as_bytes(), ttl.as_bytes(), chan.as_bytes(), e.as_bytes()],
+            )
+            .await?;
+        Ok(match (r.status.as_str(), r.record) {
+            ("ok", Some(rec)) => Renew::Renewed(rec),
+            (_, cur) => Renew::Lost(cur),
+        })
+    }
+
+    async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
+        let (token, rev, chan) = (held.token.0.to_string(), held.revision.0.to_string(), self.channel());
+        let e = held.election.as_str();
+        self.run(
+            "release",
+            &self.inner.scripts.release,
+            e,
+            &[held.holder.as_str().as_bytes(), token.as_bytes(), rev.as_bytes(), chan.as_bytes(), e.as_bytes()],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn get(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {
+        Ok(self.run("get", &self.inner.scripts.get, election.as_str(), &[]).await?.record)
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        let mut conn = self.conn().await?;
+        // Glob characters in the prefix are literal.
+        let escaped: String =
+            prefix.chars().flat_map(|c| if "*?[]\\".contains(c) { vec!['\\', c] } else { vec![c] }).collect();
+        let pattern = format!("{}:lease:{escaped}*", self.inner.prefix);
+        let lease_prefix = format!("{}:lease:", self.inner.prefix);
+        let mut names = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(500)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| redis_error("list", e))?;
+            names.extend(keys.into_iter().filter_map(|k| k.strip_prefix(&lease_prefix).map(String::from)));
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+        names.sort();
+        names.dedup();
+        let mut out = Vec::new();
+        for n in names {
+            if let Ok(e) = ElectionName::new(&n)
+                && let Some(r) = self.get(&e).await?
+            {
+                out.push(r);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn evict(&self, election: &ElectionName, how: Evict) -> Result<Option<LeaseRecord>, StoreError> {
+        let how = match how {
+            Evict::Now => "now",
+            Evict::AfterTerm => "term",
+        };
+        let (chan, e) = (self.channel(), election.as_str());
+        let r =
+            self.run("evict", &self.inner.scripts.evict, e, &[how.as_bytes(), chan.as_bytes(), e.as_bytes()]).await?;
+        Ok(if r.status == "none" { None } else { r.record })
+    }
+
+    fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
+        self.ensure_listener();
+        let mut changes = self.inner.changes.subscribe();
+        let (tx, rx) = mpsc::channel(16);
+        let store = self.clone();
+        let election = election.clone();
+        tokio::spawn(async move {
+            let key = |r: &Option<LeaseRecord>| r.as_ref().map(|r| (r.holder.clone(), r.token, r.revision, r.evicted));
+            let mut last = match store.get(&election).await {
+                Ok(r) => key(&r),
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            };
+            loop {
+                let changed = tokio::select! {
+                    _ = tx.closed() => return,
+                    c = changes.recv() => c,
+                };
+                match changed {
+                    Ok(name) if !name.is_empty() && &*name != election.as_str() => continue,
+                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => return,
+                }
+                match store.get(&election).await {
+                    Ok(rec) if key(&rec) == last => {}
+                    Ok(rec) => {
+                        last = key(&rec);
+                        if tx.send(Ok(rec)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                }
+            }
+        });
+        Some(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
+    }
+
+    fn describe(&self) -> String {
+        self.inner.described.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_prefix_parameter_is_ours_and_checked() {
+        let (url, p) = split_prefix("redis://:pw@h:6379/2?prefix=app:leases&protocol=resp3").unwrap();
+        assert_eq!((url.as_str(), p.as_str()), ("redis://:pw@h:6379/2?protocol=resp3", "app:leases"));
+        assert_eq!(split_prefix("redis://h").unwrap().1, DEFAULT_PREFIX);
+        assert_eq!(split_prefix("redis://h?prefix=a*b").unwrap_err().kind(), ErrorKind::Invalid);
+    }
+}
