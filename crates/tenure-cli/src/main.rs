@@ -23,8 +23,9 @@ Exit codes:
   N    run: the command's own exit code; 128+S when it died of signal S
 
 Store: --store URL or TENURE_STORE. Supported: sqlite:PATH (default:
-$XDG_STATE_HOME/tenure/tenure.db, else ~/.local/state/tenure/tenure.db) and
-postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME].";
+$XDG_STATE_HOME/tenure/tenure.db, else ~/.local/state/tenure/tenure.db),
+postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME] and
+redis://[:PASSWORD@]HOST[:PORT][/DB][?prefix=NAME] (rediss:// for TLS).";
 
 /// Leader election for replicas: run a command on exactly one of them.
 #[derive(Parser)]

@@ -7,7 +7,8 @@ use anyhow::{Context, Result, bail};
 use tenure::LeaseStore;
 
 /// The schemes this build supports, for error messages and help.
-pub const SCHEMES: &str = "sqlite:PATH, postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME]";
+pub const SCHEMES: &str = "sqlite:PATH, postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME], \
+                           redis://[:PASSWORD@]HOST[:PORT][/DB][?prefix=NAME] (rediss:// for TLS)";
 
 /// Where the default SQLite database lives: `$XDG_STATE_HOME/tenure/tenure.db`, else
 /// `~/.local/state/tenure/tenure.db`.
@@ -72,7 +73,13 @@ pub async fn open(url: Option<&str>) -> Result<Arc<dyn LeaseStore>> {
                         .with_context(|| format!("cannot use the PostgreSQL store {}", redact(url)))?;
                     return Ok(Arc::new(store));
                 }
-                "mysql" | "mariadb" | "redis" | "rediss" | "etcd" | "nats" => {
+                "redis" | "rediss" => {
+                    let store = tenure_redis::RedisStore::connect(url)
+                        .await
+                        .with_context(|| format!("cannot use the Redis store {}", redact(url)))?;
+                    return Ok(Arc::new(store));
+                }
+                "mysql" | "mariadb" | "etcd" | "nats" => {
                     bail!("the {scheme} store is not part of this build yet; supported: {SCHEMES}")
                 }
                 other => bail!("unknown store scheme {other:?} in {:?}; supported: {SCHEMES}", redact(url)),

@@ -13,6 +13,14 @@
 //! not step back and fewer than one grant per microsecond happened, so tokens keep
 //! growing. They are large numbers for that reason.
 //!
+//! **The restart guard.** A restart without persistence also forgets every lease, while
+//! the leader that held one may still be acting until its deadline. So when an election has
+//! no history on the server (it is new, or the server lost its data), the first acquire
+//! starts a guard of one TTL during which nothing is granted; any leader from before has
+//! passed its deadline by then. A brand-new election therefore gets its first leader after
+//! one TTL. With persistence (AOF with `appendfsync always`) the guard can be switched off
+//! with `?restart_guard=off`.
+//!
 //! ```no_run
 //! # async fn t() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = tenure_redis::RedisStore::connect("redis://:secret@127.0.0.1:6379/0").await?;
@@ -53,11 +61,22 @@ local function reply(status)
 end
 "#;
 
-/// ARGV: holder, ttl_ms, metadata, channel, election.
+/// KEYS[3]: the guard key. ARGV: holder, ttl_ms, metadata, channel, election, guard ('1'/'0').
 const ACQUIRE: &str = r#"
 local holder, ttl = ARGV[1], ARGV[2]
 local cur = redis.call('HMGET', lease, 'holder', 'evicted')
 if cur[1] and (cur[1] ~= holder or cur[2] == '1') then return reply('held') end
+if not cur[1] and ARGV[6] == '1' then
+  -- No history for this election (new, or the server lost its data): a leader from
+  -- before may still believe it leads, so grant nothing for one TTL.
+  if redis.call('EXISTS', meta) == 0 then
+    next_value('token')
+    next_value('revision')
+    redis.call('SET', KEYS[3], '1', 'PX', ttl)
+  end
+  local wait = redis.call('PTTL', KEYS[3])
+  if wait > 0 then return {'guard', wait} end
+end
 local now = now_ms()
 if cur[1] then
   redis.call('HSET', lease, 'revision', next_value('revision'), 'ttl_ms', ttl, 'renewed_ms', now, 'metadata', ARGV[3])
@@ -120,6 +139,8 @@ struct Inner {
     prefix: String,
     described: String,
     scripts: Scripts,
+    /// Grant nothing for one TTL to an election with no history (see the crate docs).
+    guard: bool,
     changes: broadcast::Sender<Arc<str>>,
     listening: std::sync::atomic::AtomicBool,
 }
@@ -139,14 +160,29 @@ impl Scripts {
     }
 }
 
-/// Splits our own `prefix` parameter off the URL.
-fn split_prefix(url: &str) -> Result<(String, String), StoreError> {
+/// Our own URL parameters, split off before the client sees the URL.
+struct Params {
+    url: String,
+    prefix: String,
+    guard: bool,
+}
+
+/// Splits our own parameters (`prefix`, `restart_guard`) off the URL.
+fn split_params(url: &str) -> Result<Params, StoreError> {
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
     let mut prefix = DEFAULT_PREFIX.to_string();
+    let mut guard = true;
     let mut rest = Vec::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         match pair.split_once('=') {
             Some(("prefix", v)) => prefix = v.to_string(),
+            Some(("restart_guard", "on")) => guard = true,
+            Some(("restart_guard", "off")) => guard = false,
+            Some(("restart_guard", v)) => {
+                return Err(StoreError::invalid(format!(
+                    "restart_guard={v:?}: write restart_guard=on or restart_guard=off"
+                )));
+            }
             _ => rest.push(pair),
         }
     }
@@ -156,15 +192,15 @@ fn split_prefix(url: &str) -> Result<(String, String), StoreError> {
         )));
     }
     let url = if rest.is_empty() { base.to_string() } else { format!("{base}?{}", rest.join("&")) };
-    Ok((url, prefix))
+    Ok(Params { url, prefix, guard })
 }
 
 impl RedisStore {
     /// A store on the server `url` names (`redis://[:PASSWORD@]HOST[:PORT][/DB]`,
-    /// `rediss://` for TLS, plus an optional `prefix=NAME`). The connection is made on first
+    /// `rediss://` for TLS, plus our optional `prefix=NAME` and `restart_guard=on|off`). The connection is made on first
     /// use and remade after failures, so a server that is down now is not an error yet.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let (url, prefix) = split_prefix(url)?;
+        let Params { url, prefix, guard } = split_params(url)?;
         let client = redis::Client::open(url.as_str())
             .map_err(|e| StoreError::new(ErrorKind::Misconfigured, "the Redis URL is not valid").with_source(e))?;
         let info = client.get_connection_info();
@@ -176,6 +212,7 @@ impl RedisStore {
                 prefix,
                 described,
                 scripts: Scripts::new(),
+                guard,
                 changes: broadcast::channel(1024).0,
                 listening: std::sync::atomic::AtomicBool::new(false),
             }),
@@ -212,7 +249,7 @@ impl RedisStore {
         let mut conn = self.conn().await?;
         let (lease, meta) = self.keys(election);
         let mut inv = script.key(lease);
-        inv.key(meta);
+        inv.key(meta).key(format!("{}:guard:{election}", self.inner.prefix));
         for a in args {
             inv.arg(*a);
         }
@@ -295,6 +332,13 @@ impl Reply {
         };
         let num = |i: usize| text(i).and_then(|s| s.parse::<u64>().ok());
         let status = text(0).ok_or_else(bad)?;
+        if status == "guard" {
+            let wait = num(1).unwrap_or(0);
+            return Err(StoreError::unavailable(format!(
+                "Redis has no history for {election} (it is new, or the server lost its data): no lease is granted \
+                 for another {wait} ms, so that a leader from before cannot overlap (restart_guard; see docs/stores/redis.md)"
+            )));
+        }
         let record = match text(1) {
             None => None,
             Some(holder) => {
@@ -356,15 +400,17 @@ impl LeaseStore for RedisStore {
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
         req.validate()?;
         let (ttl, chan) = (req.ttl.as_millis().to_string(), self.channel());
+        let guard = if self.inner.guard { "1" } else { "0" };
         let e = req.election.as_str();
-        let r = self
-            .run(
-                "acquire",
-                &self.inner.scripts.acquire,
-                e,
-                &[req.holder.as_str().as_bytes(), ttl.as_bytes(), &req.metadata, chan.as_bytes(), e.as_bytes()],
-            )
-            .await?;
+        let args: [&[u8]; 6] = [
+            req.holder.as_str().as_bytes(),
+            ttl.as_bytes(),
+            &req.metadata,
+            chan.as_bytes(),
+            e.as_bytes(),
+            guard.as_bytes(),
+        ];
+        let r = self.run("acquire", &self.inner.scripts.acquire, e, &args).await?;
         let rec = r.record.ok_or_else(|| StoreError::ambiguous("Redis: the lease vanished while it was acquired"))?;
         Ok(if r.status == "ok" { Acquire::Acquired(rec) } else { Acquire::Held(rec) })
     }
@@ -506,10 +552,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_prefix_parameter_is_ours_and_checked() {
-        let (url, p) = split_prefix("redis://:pw@h:6379/2?prefix=app:leases&protocol=resp3").unwrap();
-        assert_eq!((url.as_str(), p.as_str()), ("redis://:pw@h:6379/2?protocol=resp3", "app:leases"));
-        assert_eq!(split_prefix("redis://h").unwrap().1, DEFAULT_PREFIX);
-        assert_eq!(split_prefix("redis://h?prefix=a*b").unwrap_err().kind(), ErrorKind::Invalid);
+    fn our_parameters_are_split_off_and_checked() {
+        let p = split_params("redis://:pw@h:6379/2?prefix=app:leases&protocol=resp3&restart_guard=off").unwrap();
+        assert_eq!(
+            (p.url.as_str(), p.prefix.as_str(), p.guard),
+            ("redis://:pw@h:6379/2?protocol=resp3", "app:leases", false)
+        );
+        let p = split_params("redis://h").unwrap();
+        assert_eq!((p.prefix.as_str(), p.guard), (DEFAULT_PREFIX, true));
+        assert_eq!(split_params("redis://h?prefix=a*b").err().unwrap().kind(), ErrorKind::Invalid);
+        assert_eq!(split_params("redis://h?restart_guard=maybe").err().unwrap().kind(), ErrorKind::Invalid);
     }
 }

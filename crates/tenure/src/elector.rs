@@ -502,6 +502,7 @@ async fn follow(shared: &Shared, view: &mut View<'_>) -> Option<(LeaseRecord, In
     let mut unresolved = false;
     let mut attempt = true;
     let mut wake_at = shared.clock.now();
+    let mut failures = Failures::new(&shared.req.election);
     loop {
         if shared.shutdown.is_cancelled() {
             return None;
@@ -527,7 +528,7 @@ async fn follow(shared: &Shared, view: &mut View<'_>) -> Option<(LeaseRecord, In
                                 wake_at = follower_wake(shared, cur.as_ref(), watch.is_some());
                             }
                             Err(e) => {
-                                tracing::warn!(election = %shared.req.election, error = %e, "confirming a maybe-held lease failed");
+                                failures.note(&e, "confirming a maybe-held lease failed");
                                 wake_at = retry_at;
                             }
                         }
@@ -543,7 +544,7 @@ async fn follow(shared: &Shared, view: &mut View<'_>) -> Option<(LeaseRecord, In
                         attempt = cur.is_none();
                     }
                     Err(e) => {
-                        tracing::warn!(election = %shared.req.election, error = %e, "reading the lease failed");
+                        failures.note(&e, "reading the lease failed");
                         wake_at = retry_at;
                     }
                 }
@@ -551,6 +552,7 @@ async fn follow(shared: &Shared, view: &mut View<'_>) -> Option<(LeaseRecord, In
                 match call(shared, "acquire", until, shared.store.try_acquire(&shared.req)).await {
                     Ok(Acquire::Acquired(lease)) => return Some((lease, sent)),
                     Ok(Acquire::Held(cur)) => {
+                        failures.reset();
                         view.saw_record(Some(&cur));
                         wake_at = follower_wake(shared, Some(&cur), watch.is_some());
                     }
@@ -558,7 +560,7 @@ async fn follow(shared: &Shared, view: &mut View<'_>) -> Option<(LeaseRecord, In
                         if e.kind() == ErrorKind::Ambiguous {
                             unresolved = true;
                         }
-                        tracing::warn!(election = %shared.req.election, error = %e, "acquire failed");
+                        failures.note(&e, "acquire failed");
                         wake_at = retry_at;
                     }
                 }
@@ -597,6 +599,35 @@ async fn follow(shared: &Shared, view: &mut View<'_>) -> Option<(LeaseRecord, In
                 }
             },
         }
+    }
+}
+
+/// Logs store failures: a warning for the first of a run, then at debug level, so that a
+/// long outage does not flood the log.
+struct Failures<'a> {
+    election: &'a ElectionName,
+    run: u32,
+}
+
+impl<'a> Failures<'a> {
+    fn new(election: &'a ElectionName) -> Self {
+        Self { election, run: 0 }
+    }
+
+    fn note(&mut self, e: &StoreError, what: &str) {
+        self.run += 1;
+        if self.run == 1 {
+            tracing::warn!(election = %self.election, error = %e, "{what}; retrying (further failures are logged at debug level)");
+        } else {
+            tracing::debug!(election = %self.election, error = %e, failures = self.run, "{what}");
+        }
+    }
+
+    fn reset(&mut self) {
+        if self.run > 1 {
+            tracing::info!(election = %self.election, failures = self.run, "the store answers again");
+        }
+        self.run = 0;
     }
 }
 
