@@ -105,7 +105,15 @@ async fn supervise(l: &Leadership, cmd: &[String], grace: Duration, stop: &Cance
     loop {
         tokio::select! {
             biased;
-            code = child.wait() => return Ok(End::Exited(code)),
+            code = child.wait() => {
+                if l.is_valid() {
+                    return Ok(End::Exited(code));
+                }
+                // It ended after the lease ran out: the supervisor stopped it because this
+                // process could not renew in time (it was frozen or stuck). Campaign again.
+                tracing::warn!(token = %l.token(), "the command was stopped at the lease deadline");
+                return Ok(End::Lost);
+            }
             _ = l.cancelled() => {
                 tracing::warn!(token = %l.token(), "leadership ended; stopping the command");
                 child.stop(grace).await;

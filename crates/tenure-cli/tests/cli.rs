@@ -181,7 +181,8 @@ fn three_runs_one_child_at_a_time_and_sigkill_takes_the_child_along() {
 #[test]
 fn a_frozen_tenure_run_still_stops_its_command_before_the_deadline() {
     let env = Env::new();
-    let runs: Vec<(String, Proc)> = (1..=2).map(|i| (format!("run-{i}"), env.run(&format!("run-{i}"), "2s"))).collect();
+    let mut runs: Vec<(String, Proc)> =
+        (1..=2).map(|i| (format!("run-{i}"), env.run(&format!("run-{i}"), "2s"))).collect();
     let first = wait_starts(&env.log(), 1, Duration::from_secs(20)).remove(0);
     let i = runs.iter().position(|(id, _)| *id == first.holder).unwrap();
     // Freeze the leader's tenure process (not its command) for longer than the TTL.
@@ -192,6 +193,8 @@ fn a_frozen_tenure_run_still_stops_its_command_before_the_deadline() {
     std::thread::sleep(Duration::from_millis(1500));
     signal(runs[i].1.id(), rustix::process::Signal::CONT);
     std::thread::sleep(Duration::from_millis(500));
+    let (_, thawed) = &mut runs[i];
+    assert!(thawed.0.try_wait().unwrap().is_none(), "a thawed tenure run keeps campaigning instead of exiting");
     stop_all(runs.into_iter().map(|(_, c)| c).collect());
     assert_no_overlap(&env.log());
 }

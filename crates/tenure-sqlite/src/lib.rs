@@ -98,8 +98,7 @@ impl SqliteStore {
     fn open_blocking(path: PathBuf, options: SqliteOptions) -> Result<Self, StoreError> {
         check_file_system(&path)?;
         let conn = connect(&path, &options)?;
-        let version: i64 = conn
-            .query_row("PRAGMA user_version", [], |r| r.get(0))
+        let version: i64 = retry_busy(&options, || conn.query_row("PRAGMA user_version", [], |r| r.get(0)))
             .map_err(|e| sql_error(&path, "reading the schema version", e))?;
         if version > SCHEMA_VERSION {
             return Err(StoreError::new(
@@ -110,8 +109,11 @@ impl SqliteStore {
                 ),
             ));
         }
-        conn.execute_batch(&format!("{SCHEMA} PRAGMA user_version = {SCHEMA_VERSION};"))
-            .map_err(|e| sql_error(&path, "creating the lease table", e))?;
+        // Only a new database is written to: opening one that is in use takes no write lock.
+        if version < SCHEMA_VERSION {
+            retry_busy(&options, || conn.execute_batch(&format!("{SCHEMA} PRAGMA user_version = {SCHEMA_VERSION};")))
+                .map_err(|e| sql_error(&path, "creating the lease table", e))?;
+        }
         Ok(Self {
             inner: Arc::new(Inner {
                 path,
@@ -470,14 +472,32 @@ fn poll_changes(inner: &Arc<Inner>) {
 fn connect(path: &Path, options: &SqliteOptions) -> Result<Connection, StoreError> {
     let conn = Connection::open(path).map_err(|e| sql_error(path, "opening the database", e))?;
     conn.busy_timeout(options.busy_timeout).map_err(|e| sql_error(path, "setting the busy timeout", e))?;
-    let mode: String = conn
-        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+    // Switching a fresh database to WAL takes an exclusive lock for which SQLite does not
+    // call the busy handler, so replicas starting together must retry here themselves.
+    let mode: String = retry_busy(options, || conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0)))
         .map_err(|e| sql_error(path, "switching to WAL", e))?;
     if !mode.eq_ignore_ascii_case("wal") {
         tracing::warn!(path = %path.display(), %mode, "SQLite did not switch to WAL");
     }
     conn.execute_batch("PRAGMA synchronous = FULL;").map_err(|e| sql_error(path, "setting synchronous", e))?;
     Ok(conn)
+}
+
+/// Runs `op` again while SQLite answers "busy" or "locked", for up to the busy timeout.
+fn retry_busy<T>(options: &SqliteOptions, mut op: impl FnMut() -> rusqlite::Result<T>) -> rusqlite::Result<T> {
+    let until = std::time::Instant::now() + options.busy_timeout;
+    loop {
+        match op() {
+            Err(e)
+                if matches!(e.sqlite_error_code(), Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked))
+                    && std::time::Instant::now() < until =>
+            {
+                // A spread, so that retrying openers do not collide again.
+                std::thread::sleep(Duration::from_millis(fastrand::u64(2..15)));
+            }
+            other => return other,
+        }
+    }
 }
 
 fn sql_error(path: &Path, what: &str, e: rusqlite::Error) -> StoreError {

@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure::Elector;
+use tenure::{Elector, LeaseStore};
 use tenure_sqlite::SqliteStore;
 
 const TTL: Duration = Duration::from_secs(2);
@@ -154,5 +154,70 @@ fn sqlite_processes_elect_one_leader() {
     for w in terms.windows(2) {
         assert!(w[0].0 < w[1].0, "tokens grow in the order terms start");
         assert!(w[0].2 < w[1].1, "term {} was still active when term {} started", w[0].0, w[1].0);
+    }
+}
+
+/// An opener: opens the database named by the environment, then exits.
+#[tokio::test]
+#[ignore = "run by many_processes_can_create_the_database_at_once as a child process"]
+async fn opener_process() {
+    let db = std::env::var("TENURE_TEST_DB").expect("the opener runs only as a child");
+    if let Err(e) = SqliteStore::open(&db).await {
+        eprintln!("{e}");
+        std::process::exit(3);
+    }
+}
+
+/// Replicas started together open one fresh database at once: every open succeeds
+/// (switching to WAL takes a lock that SQLite does not wait for by itself).
+#[test]
+fn many_processes_can_create_the_database_at_once() {
+    for round in 0..8 {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join(format!("fresh-{round}.db"));
+        // One replica is already at work, writing, while the others start.
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (db, stop) = (db.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                rt.block_on(async {
+                    let store = SqliteStore::open(&db).await.unwrap();
+                    let req = tenure::AcquireRequest::new(
+                        tenure::ElectionName::new("w").unwrap(),
+                        tenure::HolderId::new("w").unwrap(),
+                        Duration::from_secs(5),
+                    );
+                    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                        let _ = store.try_acquire(&req).await;
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                })
+            })
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        let children: Vec<Child> = (0..6)
+            .map(|_| {
+                Command::new(std::env::current_exe().unwrap())
+                    .args(["--ignored", "--exact", "opener_process", "--quiet", "--nocapture"])
+                    .env("TENURE_TEST_DB", &db)
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let outs: Vec<_> = children.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        writer.join().unwrap();
+        for out in outs {
+            assert!(
+                out.status.success(),
+                "an open failed ({}): {}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
     }
 }

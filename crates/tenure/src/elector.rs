@@ -707,6 +707,13 @@ async fn lead(shared: &Shared, view: &mut View<'_>, mut lease: LeaseRecord, sent
             }
             _ = shared.clock.sleep_until(times.renew_at) => {
                 let sent = shared.clock.now();
+                // Woken late (a pause): no time is left to renew in.
+                if sent >= times.deadline {
+                    break OustReason::DeadlinePassed;
+                }
+                if sent >= times.stop_at {
+                    break OustReason::RenewFailed;
+                }
                 let until = times.stop_at.min(sent + cfg.request_timeout);
                 match call(shared, "renew", until, shared.store.renew(&lease, cfg.ttl)).await {
                     Ok(Renew::Renewed(rec)) => {

@@ -165,7 +165,7 @@ fn spawn(a: &Args, store: &str, dir: &Path, id: &str) -> std::io::Result<Child> 
         .arg(me)
         .args(["probe", "--dir"])
         .arg(dir)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", std::env::var("TORTURE_RUST_LOG").unwrap_or_else(|_| "warn".into()))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join(format!("{id}.log")))?)
@@ -218,6 +218,13 @@ fn torture(a: Args) -> Result<bool, String> {
                 signal(&c.child, Signal::CONT);
                 c.frozen_until = None;
             }
+        }
+        // A candidate that exited on its own is a finding: tenure run should keep campaigning.
+        let before = cands.len();
+        cands.retain_mut(|c| !matches!(c.child.try_wait(), Ok(Some(_))));
+        for _ in cands.len()..before {
+            *faults.entry("exited on its own (unexpected)").or_default() += 1;
+            add(&mut cands)?;
         }
         let Some(leader) = current_leader(&events) else {
             continue;
