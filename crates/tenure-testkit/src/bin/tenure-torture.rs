@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal};
 use tenure_testkit::history::{self, Liveness, Record};
+use tenure_testkit::servers::{self, Kind};
 
 const ELECTION: &str = "torture/job";
 
@@ -97,6 +98,7 @@ fn signal_hook_term(flag: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Opti
 struct Args {
     tenure: PathBuf,
     store: Option<String>,
+    server: Option<Kind>,
     candidates: usize,
     duration: Duration,
     ttl: Duration,
@@ -108,6 +110,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut a = Args {
         tenure: std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.join("tenure"))).unwrap_or_default(),
         store: None,
+        server: None,
         candidates: 4,
         duration: Duration::from_secs(60),
         ttl: Duration::from_secs(2),
@@ -119,13 +122,20 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         match flag.as_str() {
             "--tenure" => a.tenure = PathBuf::from(value()?),
             "--store" => a.store = Some(value()?),
+            "--server" => {
+                a.server = Some(match value()?.as_str() {
+                    "postgres" => Kind::Postgres,
+                    "redis" => Kind::Redis,
+                    other => return Err(format!("--server {other:?}: one of postgres, redis")),
+                })
+            }
             "--candidates" => a.candidates = value()?.parse().map_err(|e| format!("--candidates: {e}"))?,
             "--duration" => a.duration = parse_duration(&value()?).ok_or("--duration: e.g. 60s or 10m")?,
             "--ttl" => a.ttl = parse_duration(&value()?).ok_or("--ttl: e.g. 2s")?,
             "--grace" => a.grace = parse_duration(&value()?).ok_or("--grace: e.g. 300ms")?,
             "--seed" => a.seed = value()?.parse().map_err(|e| format!("--seed: {e}"))?,
             "-h" | "--help" => {
-                return Err("usage: tenure-torture [--tenure PATH] [--store URL] [--candidates 4] [--duration 60s] \
+                return Err("usage: tenure-torture [--tenure PATH] [--store URL | --server postgres|redis] [--candidates 4] [--duration 60s] \
                             [--ttl 2s] [--grace 300ms] [--seed N]\n       tenure-torture probe --dir DIR"
                     .into());
             }
@@ -188,7 +198,16 @@ fn percentile(sorted: &[u64], p: f64) -> Duration {
 fn torture(a: Args) -> Result<bool, String> {
     let tmp = tempfile::tempdir().map_err(|e| format!("cannot create a temporary directory: {e}"))?;
     let dir = tmp.path().to_path_buf();
-    let store = a.store.clone().unwrap_or_else(|| format!("sqlite:{}", dir.join("store.db").display()));
+    // A throwaway server, restarted now and then as one more fault.
+    let mut server = match a.server {
+        Some(kind) => Some(servers::launch(kind).ok_or("the server binary is not installed")?),
+        None => None,
+    };
+    let store = match (&a.store, &server) {
+        (Some(url), _) => url.clone(),
+        (None, Some(s)) => s.url(),
+        (None, None) => format!("sqlite:{}", dir.join("store.db").display()),
+    };
     let events = dir.join("events");
     let mut rng = fastrand::Rng::with_seed(a.seed);
     let mut next = 0;
@@ -225,6 +244,13 @@ fn torture(a: Args) -> Result<bool, String> {
         for _ in cands.len()..before {
             *faults.entry("exited on its own (unexpected)").or_default() += 1;
             add(&mut cands)?;
+        }
+        if let Some(s) = server.as_mut()
+            && rng.usize(0..5) == 0
+        {
+            s.restart();
+            *faults.entry("server restart").or_default() += 1;
+            continue;
         }
         let Some(leader) = current_leader(&events) else {
             continue;
@@ -303,11 +329,15 @@ fn torture(a: Args) -> Result<bool, String> {
             completed: *at,
         });
     }
-    let liveness = Liveness {
-        after_crash: (a.ttl + Duration::from_secs(1)).as_nanos() as u64,
-        after_stop: Duration::from_secs(1).as_nanos() as u64,
-        until,
-    };
+    // TTL + 1 s after a crash. When the server itself restarts among the faults, a crash
+    // can fall into its outage, and Redis's restart guard then withholds grants for one
+    // more TTL: allow two TTLs and the restart.
+    let restarts = faults.get("server restart").copied().unwrap_or(0) > 0;
+    let crash_bound = if restarts { a.ttl * 2 + Duration::from_secs(2) } else { a.ttl + Duration::from_secs(1) };
+    let stop_bound = if restarts { crash_bound } else { Duration::from_secs(1) };
+    println!("liveness bound      {crash_bound:?} after a crash or freeze, {stop_bound:?} after a stop");
+    let liveness =
+        Liveness { after_crash: crash_bound.as_nanos() as u64, after_stop: stop_bound.as_nanos() as u64, until };
     let s = history::check(&records, Some(liveness));
     let mut takeovers = s.takeovers_after_crash.clone();
     takeovers.sort();
