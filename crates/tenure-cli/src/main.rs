@@ -25,7 +25,8 @@ Exit codes:
 Store: --store URL or TENURE_STORE. Supported: sqlite:PATH (default:
 $XDG_STATE_HOME/tenure/tenure.db, else ~/.local/state/tenure/tenure.db),
 postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME] and
-redis://[:PASSWORD@]HOST[:PORT][/DB][?prefix=NAME] (rediss:// for TLS).";
+redis://[:PASSWORD@]HOST[:PORT][/DB][?prefix=NAME] (rediss:// for TLS) and
+mysql://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME] (or mariadb://).";
 
 /// Leader election for replicas: run a command on exactly one of them.
 #[derive(Parser)]

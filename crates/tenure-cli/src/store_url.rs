@@ -8,7 +8,8 @@ use tenure::LeaseStore;
 
 /// The schemes this build supports, for error messages and help.
 pub const SCHEMES: &str = "sqlite:PATH, postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME], \
-                           redis://[:PASSWORD@]HOST[:PORT][/DB][?prefix=NAME] (rediss:// for TLS)";
+                           redis://[:PASSWORD@]HOST[:PORT][/DB][?prefix=NAME] (rediss:// for TLS), \
+                           mysql://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME] (or mariadb://)";
 
 /// Where the default SQLite database lives: `$XDG_STATE_HOME/tenure/tenure.db`, else
 /// `~/.local/state/tenure/tenure.db`.
@@ -79,7 +80,13 @@ pub async fn open(url: Option<&str>) -> Result<Arc<dyn LeaseStore>> {
                         .with_context(|| format!("cannot use the Redis store {}", redact(url)))?;
                     return Ok(Arc::new(store));
                 }
-                "mysql" | "mariadb" | "etcd" | "nats" => {
+                "mysql" | "mariadb" => {
+                    let store = tenure_mysql::MysqlStore::connect(url)
+                        .await
+                        .with_context(|| format!("cannot use the MySQL store {}", redact(url)))?;
+                    return Ok(Arc::new(store));
+                }
+                "etcd" | "nats" => {
                     bail!("the {scheme} store is not part of this build yet; supported: {SCHEMES}")
                 }
                 other => bail!("unknown store scheme {other:?} in {:?}; supported: {SCHEMES}", redact(url)),
@@ -108,7 +115,7 @@ mod tests {
     async fn unknown_schemes_list_the_supported_ones() {
         let err = open(Some("ftp://x")).await.err().unwrap().to_string();
         assert!(err.contains("unknown store scheme \"ftp\"") && err.contains(SCHEMES), "{err}");
-        let err = open(Some("mysql://u:pw@h/db")).await.err().unwrap().to_string();
+        let err = open(Some("etcd://u:pw@h:2379")).await.err().unwrap().to_string();
         assert!(!err.contains("pw"), "{err}");
         let err = open(Some("sqlite:")).await.err().unwrap().to_string();
         assert!(err.contains("names no file"), "{err}");

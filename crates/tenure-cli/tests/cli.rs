@@ -399,3 +399,9 @@ fn tenure_run_on_redis() {
     let Some(server) = tenure_testkit::servers::launch(tenure_testkit::servers::Kind::Redis) else { return };
     crash_takeover_on(server.url());
 }
+
+#[test]
+fn tenure_run_on_mariadb() {
+    let Some(server) = tenure_testkit::servers::launch(tenure_testkit::servers::Kind::MariaDb) else { return };
+    crash_takeover_on(server.url());
+}

@@ -130,7 +130,7 @@ pub fn launch(kind: Kind) -> Option<Server> {
 }
 
 /// Like [`launch`], with a password for the server's default user (PostgreSQL: the
-/// `postgres` user with scram-sha-256; Redis: `requirepass`).
+/// `postgres` user with scram-sha-256; MariaDB: `root`; Redis: `requirepass`).
 pub fn launch_with(kind: Kind, password: Option<&str>) -> Option<Server> {
     let Some(program) = find_program(kind.program()) else {
         let msg = format!(
@@ -157,6 +157,15 @@ pub fn launch_with(kind: Kind, password: Option<&str>) -> Option<Server> {
     };
     s.init();
     s.start();
+    if let (Kind::MariaDb, Some(pw)) = (kind, password) {
+        let client = find_program("mariadb").or_else(|| find_program("mysql")).expect("the mariadb client");
+        let out = Command::new(client)
+            .args(["-h", "127.0.0.1", "-P", &s.port.to_string(), "-u", "root", "-e"])
+            .arg(format!("ALTER USER 'root'@'localhost' IDENTIFIED BY '{pw}'; FLUSH PRIVILEGES;"))
+            .output()
+            .expect("the mariadb client runs");
+        assert!(out.status.success(), "setting the MariaDB password failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
     Some(s)
 }
 
@@ -179,7 +188,10 @@ impl Server {
                 Some(pw) => format!("postgres://postgres:{pw}@127.0.0.1:{p}/postgres"),
                 None => format!("postgres://postgres@127.0.0.1:{p}/postgres"),
             },
-            Kind::MariaDb => format!("mysql://root@127.0.0.1:{p}/mysql"),
+            Kind::MariaDb => match &self.password {
+                Some(pw) => format!("mysql://root:{pw}@127.0.0.1:{p}/mysql"),
+                None => format!("mysql://root@127.0.0.1:{p}/mysql"),
+            },
             Kind::Redis => match &self.password {
                 Some(pw) => format!("redis://:{pw}@127.0.0.1:{p}"),
                 None => format!("redis://127.0.0.1:{p}"),

@@ -126,7 +126,8 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                 a.server = Some(match value()?.as_str() {
                     "postgres" => Kind::Postgres,
                     "redis" => Kind::Redis,
-                    other => return Err(format!("--server {other:?}: one of postgres, redis")),
+                    "mariadb" => Kind::MariaDb,
+                    other => return Err(format!("--server {other:?}: one of postgres, redis, mariadb")),
                 })
             }
             "--candidates" => a.candidates = value()?.parse().map_err(|e| format!("--candidates: {e}"))?,
@@ -135,7 +136,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "--grace" => a.grace = parse_duration(&value()?).ok_or("--grace: e.g. 300ms")?,
             "--seed" => a.seed = value()?.parse().map_err(|e| format!("--seed: {e}"))?,
             "-h" | "--help" => {
-                return Err("usage: tenure-torture [--tenure PATH] [--store URL | --server postgres|redis] [--candidates 4] [--duration 60s] \
+                return Err("usage: tenure-torture [--tenure PATH] [--store URL | --server postgres|redis|mariadb] [--candidates 4] [--duration 60s] \
                             [--ttl 2s] [--grace 300ms] [--seed N]\n       tenure-torture probe --dir DIR"
                     .into());
             }

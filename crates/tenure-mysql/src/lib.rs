@@ -1,0 +1,502 @@
+//! MySQL/MariaDB lease store for tenure.
+//!
+//! One row per election in a lease table (default `tenure_leases`, created on first use).
+//! Every decision is one transaction: the row is locked with `SELECT … FOR UPDATE`, the
+//! server's clock is read under that lock (`UNIX_TIMESTAMP(NOW(6))`, after the server
+//! received the request), and the new state is written. Tokens live in the row, which is
+//! never deleted. MariaDB has no `UPDATE … RETURNING` and no notifications, so the record
+//! is computed from the locked row and followers poll.
+//!
+//! ```no_run
+//! # async fn t() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = tenure_mysql::MysqlStore::connect("mysql://app:secret@db:3306/app").await?;
+//! # Ok(()) }
+//! ```
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
+use sqlx::{MySql, Row, Transaction};
+use tenure::{
+    Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, Renew,
+    Revision, StoreError, check_ttl,
+};
+use tokio::sync::OnceCell;
+
+/// The default lease table.
+pub const DEFAULT_TABLE: &str = "tenure_leases";
+
+/// A lease store in a MySQL or MariaDB table.
+#[derive(Clone)]
+pub struct MysqlStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: MySqlPool,
+    table: String,
+    described: String,
+    schema: OnceCell<()>,
+}
+
+/// One row of the lease table, with the server clock read under its lock.
+struct LockedRow {
+    holder: Option<String>,
+    token: i64,
+    revision: i64,
+    ttl_ms: i64,
+    expires_us: i64,
+    acquired_ms: Option<i64>,
+    renewed_ms: Option<i64>,
+    evicted: bool,
+    metadata: Vec<u8>,
+    now_us: i64,
+}
+
+impl LockedRow {
+    fn read(r: &MySqlRow) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            holder: r.try_get("holder")?,
+            token: r.try_get("token")?,
+            revision: r.try_get("revision")?,
+            ttl_ms: r.try_get("ttl_ms")?,
+            expires_us: r.try_get("expires_us")?,
+            acquired_ms: r.try_get("acquired_ms")?,
+            renewed_ms: r.try_get("renewed_ms")?,
+            evicted: r.try_get::<i8, _>("evicted")? != 0,
+            metadata: r.try_get("metadata")?,
+            now_us: r.try_get("now_us")?,
+        })
+    }
+
+    fn live(&self) -> bool {
+        self.holder.is_some() && self.expires_us > self.now_us
+    }
+
+    fn record(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {
+        if !self.live() {
+            return Ok(None);
+        }
+        let invalid = |e: tenure::NameError| {
+            StoreError::new(ErrorKind::Misconfigured, "the lease table holds an invalid name").with_source(e)
+        };
+        let ms = |v: Option<i64>| v.map(|ms| UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64));
+        Ok(Some(LeaseRecord {
+            election: election.clone(),
+            holder: HolderId::new(self.holder.clone().unwrap_or_default()).map_err(invalid)?,
+            token: FencingToken(self.token as u64),
+            revision: Revision(self.revision as u64),
+            ttl: Duration::from_millis(self.ttl_ms.max(0) as u64),
+            acquired_at: ms(self.acquired_ms),
+            renewed_at: ms(self.renewed_ms),
+            remaining: Some(Duration::from_micros((self.expires_us - self.now_us).max(0) as u64)),
+            evicted: self.evicted,
+            metadata: self.metadata.clone(),
+        }))
+    }
+}
+
+/// Splits our own `table` parameter off the URL, and reads `mariadb://` as `mysql://`.
+fn split_table(url: &str) -> Result<(String, String), StoreError> {
+    let url = match url.strip_prefix("mariadb://") {
+        Some(rest) => format!("mysql://{rest}"),
+        None => url.to_string(),
+    };
+    let (base, query) = url.split_once('?').unwrap_or((&url, ""));
+    let mut table = DEFAULT_TABLE.to_string();
+    let mut rest = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("table", v)) => table = v.to_string(),
+            _ => rest.push(pair),
+        }
+    }
+    let valid = !table.is_empty()
+        && table.len() <= 64
+        && table.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && table.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !valid {
+        return Err(StoreError::invalid(format!(
+            "table name {table:?} is not allowed: use 1 to 64 letters, digits and underscores, not starting with a digit"
+        )));
+    }
+    let url = if rest.is_empty() { base.to_string() } else { format!("{base}?{}", rest.join("&")) };
+    Ok((url, table))
+}
+
+/// A statement built from our fixed text and the table name, which [`split_table`]
+/// restricts to letters, digits and underscores.
+fn audited(sql: String) -> sqlx::AssertSqlSafe<String> {
+    sqlx::AssertSqlSafe(sql)
+}
+
+/// The server's clock in microseconds (`NOW(6)` is the statement's start).
+const NOW_US: &str = "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)";
+
+impl MysqlStore {
+    /// A store for the database `url` names (`mysql://USER:PASSWORD@HOST:PORT/DB`, or
+    /// `mariadb://`, plus an optional `table=NAME`). No connection is made yet.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let (url, table) = split_table(url)?;
+        let options = MySqlConnectOptions::from_str(&url)
+            .map_err(|e| StoreError::new(ErrorKind::Misconfigured, "the MySQL URL is not valid").with_source(e))?;
+        let described = format!(
+            "mysql://{}@{}:{}/{} (table {table})",
+            options.get_username(),
+            options.get_host(),
+            options.get_port(),
+            options.get_database().unwrap_or("")
+        );
+        let pool = MySqlPoolOptions::new()
+            .max_connections(4)
+            .min_connections(0)
+            .acquire_timeout(Duration::from_secs(3))
+            .connect_lazy_with(options);
+        Ok(Self { inner: Arc::new(Inner { pool, table, described, schema: OnceCell::new() }) })
+    }
+
+    /// Creates the lease table if it is missing. Every operation does this once.
+    pub async fn ensure_schema(&self) -> Result<(), StoreError> {
+        self.inner
+            .schema
+            .get_or_try_init(|| async {
+                let t = &self.inner.table;
+                let ddl = format!(
+                    "CREATE TABLE IF NOT EXISTS {t} (
+                        election    VARCHAR(200) CHARACTER SET ascii COLLATE ascii_bin PRIMARY KEY,
+                        holder      VARCHAR(200) CHARACTER SET ascii COLLATE ascii_bin NULL,
+                        token       BIGINT NOT NULL,
+                        revision    BIGINT NOT NULL,
+                        ttl_ms      BIGINT NOT NULL,
+                        expires_us  BIGINT NOT NULL,
+                        acquired_ms BIGINT NULL,
+                        renewed_ms  BIGINT NULL,
+                        evicted     TINYINT NOT NULL DEFAULT 0,
+                        metadata    VARBINARY(4096) NOT NULL
+                    ) ENGINE=InnoDB"
+                );
+                sqlx::query(audited(ddl))
+                    .execute(&self.inner.pool)
+                    .await
+                    .map_err(|e| my_error("creating the lease table", e))?;
+                Ok(())
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// Locks the election's row (creating an empty one first if needed) and reads it
+    /// with the server clock.
+    async fn lock_row(&self, tx: &mut Transaction<'_, MySql>, election: &str) -> Result<LockedRow, sqlx::Error> {
+        let t = &self.inner.table;
+        let select = format!(
+            "SELECT holder, token, revision, ttl_ms, expires_us, acquired_ms, renewed_ms, evicted, metadata,
+                    {NOW_US} AS now_us
+             FROM {t} WHERE election = ? FOR UPDATE"
+        );
+        if let Some(r) = sqlx::query(audited(select.clone())).bind(election).fetch_optional(&mut **tx).await? {
+            return LockedRow::read(&r);
+        }
+        let insert = format!(
+            "INSERT IGNORE INTO {t} (election, holder, token, revision, ttl_ms, expires_us, evicted, metadata)
+             VALUES (?, NULL, 0, 0, 0, 0, 0, '')"
+        );
+        sqlx::query(audited(insert)).bind(election).execute(&mut **tx).await?;
+        let r = sqlx::query(audited(select)).bind(election).fetch_one(&mut **tx).await?;
+        LockedRow::read(&r)
+    }
+
+    /// Runs `f` in a transaction around the locked row; retries deadlocks, which roll back.
+    async fn transact<T>(
+        &self,
+        what: &'static str,
+        election: &str,
+        f: impl Fn(&LockedRow) -> (Option<Write>, T),
+    ) -> Result<(T, Option<LockedRow>), StoreError> {
+        self.ensure_schema().await?;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.transact_once(election, &f).await {
+                Ok(out) => return Ok(out),
+                Err(e) if attempt < 4 && is_deadlock(&e) => continue,
+                Err(e) => return Err(my_error(what, e)),
+            }
+        }
+    }
+
+    async fn transact_once<T>(
+        &self,
+        election: &str,
+        f: &impl Fn(&LockedRow) -> (Option<Write>, T),
+    ) -> Result<(T, Option<LockedRow>), sqlx::Error> {
+        let t = &self.inner.table;
+        let mut tx = self.inner.pool.begin().await?;
+        let row = self.lock_row(&mut tx, election).await?;
+        let (write, out) = f(&row);
+        let after = match write {
+            None => {
+                tx.commit().await?;
+                None
+            }
+            Some(w) => {
+                let now_ms = row.now_us / 1000;
+                let q = format!(
+                    "UPDATE {t} SET holder = ?, token = ?, revision = ?, ttl_ms = ?, expires_us = ?,
+                        acquired_ms = ?, renewed_ms = ?, evicted = ?, metadata = ? WHERE election = ?"
+                );
+                let next = LockedRow {
+                    holder: w.holder,
+                    token: w.token,
+                    revision: row.revision + 1,
+                    ttl_ms: w.ttl_ms,
+                    expires_us: w.expires_us,
+                    acquired_ms: w.acquired_ms.or(Some(now_ms)),
+                    renewed_ms: if w.renewed { Some(now_ms) } else { row.renewed_ms },
+                    evicted: w.evicted,
+                    metadata: w.metadata,
+                    now_us: row.now_us,
+                };
+                sqlx::query(audited(q))
+                    .bind(&next.holder)
+                    .bind(next.token)
+                    .bind(next.revision)
+                    .bind(next.ttl_ms)
+                    .bind(next.expires_us)
+                    .bind(next.acquired_ms)
+                    .bind(next.renewed_ms)
+                    .bind(next.evicted as i8)
+                    .bind(&next.metadata)
+                    .bind(election)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Some(next)
+            }
+        };
+        Ok((out, after))
+    }
+
+    async fn read(&self, what: &str, sql: String, arg: &str) -> Result<Vec<(String, LockedRow)>, StoreError> {
+        self.ensure_schema().await?;
+        let rows =
+            sqlx::query(audited(sql)).bind(arg).fetch_all(&self.inner.pool).await.map_err(|e| my_error(what, e))?;
+        rows.iter()
+            .map(|r| Ok((r.try_get::<String, _>("election")?, LockedRow::read(r)?)))
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .map_err(|e| my_error(what, e))
+    }
+}
+
+/// The new state of a row.
+struct Write {
+    holder: Option<String>,
+    token: i64,
+    ttl_ms: i64,
+    expires_us: i64,
+    /// `None`: set to now (a new grant); `Some`: keep.
+    acquired_ms: Option<i64>,
+    renewed: bool,
+    evicted: bool,
+    metadata: Vec<u8>,
+}
+
+impl Write {
+    /// The row as it was, with only these changes.
+    fn keep(row: &LockedRow) -> Self {
+        Self {
+            holder: row.holder.clone(),
+            token: row.token,
+            ttl_ms: row.ttl_ms,
+            expires_us: row.expires_us,
+            acquired_ms: row.acquired_ms,
+            renewed: false,
+            evicted: row.evicted,
+            metadata: row.metadata.clone(),
+        }
+    }
+}
+
+fn is_deadlock(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40001")) || db.message().contains("Deadlock"))
+}
+
+/// Maps a driver error to a store error that says whether a retry can help.
+fn my_error(what: &str, e: sqlx::Error) -> StoreError {
+    let code = match &e {
+        sqlx::Error::Database(db) => db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().map(|m| m.number()),
+        _ => None,
+    };
+    let (kind, hint) = match (&e, code) {
+        (_, Some(1045 | 1044 | 1698)) => (ErrorKind::Unauthorized, "check the user and password in the store URL"),
+        (_, Some(1142 | 1227)) => (ErrorKind::Unauthorized, "the user may not use the lease table"),
+        (_, Some(1049)) => (ErrorKind::Misconfigured, "the database in the store URL does not exist"),
+        (_, Some(1213 | 1205 | 1040 | 1203)) => (ErrorKind::Unavailable, "the server is busy; retrying"),
+        (_, Some(2006 | 2013 | 1927 | 1053)) => {
+            (ErrorKind::Ambiguous, "the connection broke; the request may have been applied")
+        }
+        (sqlx::Error::Database(_), _) => (ErrorKind::Misconfigured, "the server refused the statement"),
+        (sqlx::Error::Io(io), _) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+            (ErrorKind::Unavailable, "nothing listens at the store URL's host and port")
+        }
+        (sqlx::Error::Io(io), _) if io.to_string().contains("lookup address") => {
+            (ErrorKind::Unavailable, "the host name in the store URL does not resolve")
+        }
+        (sqlx::Error::Io(_) | sqlx::Error::Protocol(_), _) => {
+            (ErrorKind::Ambiguous, "the connection broke; the request may have been applied")
+        }
+        (sqlx::Error::PoolTimedOut, _) => (ErrorKind::Unavailable, "no connection to the server could be made in time"),
+        (sqlx::Error::Tls(_), _) => (ErrorKind::Misconfigured, "TLS failed; check ssl-mode and certificates"),
+        (sqlx::Error::Configuration(_), _) => (ErrorKind::Misconfigured, "the store URL is not valid"),
+        _ => (ErrorKind::Unavailable, "retrying"),
+    };
+    StoreError::new(kind, format!("MySQL: {what} failed ({hint})")).with_source(e)
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for MysqlStore {
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
+        req.validate()?;
+        let ttl_ms = req.ttl.as_millis() as i64;
+        let holder = req.holder.as_str().to_string();
+        let (held, after) = self
+            .transact("acquire", req.election.as_str(), |row| {
+                let ours = row.live() && row.holder.as_deref() == Some(holder.as_str());
+                if row.live() && (!ours || row.evicted) {
+                    return (None, true);
+                }
+                let write = Write {
+                    holder: Some(holder.clone()),
+                    token: if ours { row.token } else { row.token + 1 },
+                    ttl_ms,
+                    expires_us: row.now_us + ttl_ms * 1000,
+                    acquired_ms: if ours { row.acquired_ms } else { None },
+                    renewed: true,
+                    evicted: false,
+                    metadata: req.metadata.clone(),
+                };
+                (Some(write), false)
+            })
+            .await?;
+        if held {
+            let cur = self.get(&req.election).await?;
+            return match cur {
+                Some(c) => Ok(Acquire::Held(c)),
+                None => Err(StoreError::unavailable("MySQL: the lease changed hands while it was read; retrying")),
+            };
+        }
+        let rec = after.and_then(|r| r.record(&req.election).transpose()).transpose()?;
+        rec.map(Acquire::Acquired).ok_or_else(|| StoreError::ambiguous("MySQL: the new lease could not be read back"))
+    }
+
+    async fn renew(&self, held: &LeaseRecord, ttl: Duration) -> Result<Renew, StoreError> {
+        check_ttl(ttl)?;
+        let ttl_ms = ttl.as_millis() as i64;
+        let (ok, after) = self
+            .transact("renew", held.election.as_str(), |row| {
+                let same = row.live()
+                    && row.holder.as_deref() == Some(held.holder.as_str())
+                    && row.token as u64 == held.token.0
+                    && !row.evicted;
+                if !same {
+                    return (None, false);
+                }
+                let w = Write { ttl_ms, expires_us: row.now_us + ttl_ms * 1000, renewed: true, ..Write::keep(row) };
+                (Some(w), true)
+            })
+            .await?;
+        if ok {
+            let rec = after.and_then(|r| r.record(&held.election).transpose()).transpose()?;
+            return rec
+                .map(Renew::Renewed)
+                .ok_or_else(|| StoreError::ambiguous("MySQL: the renewal could not be read back"));
+        }
+        Ok(Renew::Lost(self.get(&held.election).await?))
+    }
+
+    async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
+        self.transact("release", held.election.as_str(), |row| {
+            let same = row.holder.as_deref() == Some(held.holder.as_str())
+                && row.token as u64 == held.token.0
+                && row.revision as u64 == held.revision.0;
+            let w = same.then(|| Write { holder: None, evicted: false, ..Write::keep(row) });
+            (w, ())
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn get(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {
+        let t = &self.inner.table;
+        let sql = format!(
+            "SELECT election, holder, token, revision, ttl_ms, expires_us, acquired_ms, renewed_ms, evicted, metadata,
+                    {NOW_US} AS now_us FROM {t} WHERE election = ?"
+        );
+        match self.read("get", sql, election.as_str()).await?.first() {
+            Some((_, row)) => row.record(election),
+            None => Ok(None),
+        }
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        let t = &self.inner.table;
+        let sql = format!(
+            "SELECT election, holder, token, revision, ttl_ms, expires_us, acquired_ms, renewed_ms, evicted, metadata,
+                    {NOW_US} AS now_us FROM {t}
+             WHERE holder IS NOT NULL AND LEFT(election, CHAR_LENGTH(?)) = ? ORDER BY election"
+        );
+        self.ensure_schema().await?;
+        let rows = sqlx::query(audited(sql))
+            .bind(prefix)
+            .bind(prefix)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| my_error("list", e))?;
+        let mut out = Vec::new();
+        for r in &rows {
+            let name: String = r.try_get("election").map_err(|e| my_error("list", e))?;
+            let row = LockedRow::read(r).map_err(|e| my_error("list", e))?;
+            if let Ok(e) = ElectionName::new(&name)
+                && let Some(rec) = row.record(&e)?
+            {
+                out.push(rec);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn evict(&self, election: &ElectionName, how: Evict) -> Result<Option<LeaseRecord>, StoreError> {
+        let (before, _) = self
+            .transact("evict", election.as_str(), |row| {
+                if !row.live() {
+                    return (None, None);
+                }
+                let before = row.record(election).ok().flatten();
+                let w = match how {
+                    Evict::Now => Write { holder: None, evicted: false, ..Write::keep(row) },
+                    Evict::AfterTerm => Write { evicted: true, ..Write::keep(row) },
+                };
+                (Some(w), before)
+            })
+            .await?;
+        Ok(before)
+    }
+
+    fn describe(&self) -> String {
+        self.inner.described.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_and_table_names() {
+        let (url, t) = split_table("mariadb://u:p@h/db?table=leases&ssl-mode=disabled").unwrap();
+        assert_eq!((url.as_str(), t.as_str()), ("mysql://u:p@h/db?ssl-mode=disabled", "leases"));
+        assert_eq!(split_table("mysql://h/db?table=a-b").unwrap_err().kind(), ErrorKind::Invalid);
+    }
+}

@@ -1,0 +1,93 @@
+//! The MySQL/MariaDB store against a throwaway MariaDB server: the conformance suite
+//! (restarts included), the multi-candidate scenario, and clear errors.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sqlx::Row;
+use tenure::{ElectionName, ErrorKind, LeaseStore};
+use tenure_mysql::MysqlStore;
+use tenure_testkit::conformance::{self, Harness};
+use tenure_testkit::scenario::{self, ScenarioHarness};
+use tenure_testkit::servers::{self, Kind, Server};
+
+struct My {
+    server: Mutex<Server>,
+    url: String,
+}
+
+impl My {
+    fn launch() -> Option<Self> {
+        let server = servers::launch(Kind::MariaDb)?;
+        let url = server.url();
+        Some(Self { server: Mutex::new(server), url })
+    }
+}
+
+#[async_trait::async_trait]
+impl Harness for My {
+    async fn open(&self) -> Arc<dyn LeaseStore> {
+        Arc::new(MysqlStore::connect(&self.url).await.unwrap())
+    }
+    async fn restart(&self) -> bool {
+        self.server.lock().unwrap().restart();
+        true
+    }
+}
+
+#[async_trait::async_trait]
+impl ScenarioHarness for My {
+    async fn open(&self) -> Arc<dyn LeaseStore> {
+        Harness::open(self).await
+    }
+    async fn kill_connections(&self) {
+        let pool = sqlx::MySqlPool::connect(&self.url).await.unwrap();
+        let rows =
+            sqlx::query("SELECT id FROM information_schema.processlist WHERE id <> CONNECTION_ID() AND user = 'root'")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        for r in rows {
+            let id: i64 = r.get("id");
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!("KILL {id}"))).execute(&pool).await;
+        }
+        pool.close().await;
+    }
+    async fn restart(&self) {
+        self.server.lock().unwrap().restart();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_store_conforms() {
+    let Some(my) = My::launch() else { return };
+    conformance::run_all(my).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_candidates_survive_killed_connections_and_a_restart() {
+    let Some(my) = My::launch() else { return };
+    let r = scenario::multi_candidate(&my, Duration::from_secs(2), Duration::from_millis(500)).await;
+    eprintln!("mysql scenario: {} terms, takeover {:?} after the leader was cut off", r.terms, r.takeover);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_is_a_clear_error() {
+    let Some(server) = servers::launch_with(Kind::MariaDb, Some("right-password")) else { return };
+    let bad = format!("mysql://root:wrong-password@127.0.0.1:{}/mysql", server.port());
+    let store = MysqlStore::connect(&bad).await.unwrap();
+    let err = store.get(&ElectionName::new("x").unwrap()).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
+    assert!(err.to_string().contains("check the user and password"), "{err}");
+    assert!(!format!("{err:?}").contains("wrong-password"));
+    let good = MysqlStore::connect(&server.url()).await.unwrap();
+    assert_eq!(good.get(&ElectionName::new("x").unwrap()).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_a_retryable_error() {
+    let port = servers::free_port();
+    let store = MysqlStore::connect(&format!("mysql://root@127.0.0.1:{port}/mysql")).await.unwrap();
+    let err = store.get(&ElectionName::new("x").unwrap()).await.unwrap_err();
+    assert!(err.is_retryable(), "{err}");
+}
