@@ -26,7 +26,9 @@ use tenure::{
     Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, Renew,
     Revision, StoreError, WatchStream, check_ttl,
 };
-use tokio::sync::{OnceCell, broadcast, mpsc};
+use tokio::sync::{OnceCell, broadcast};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::BroadcastStream;
 
 /// The default lease table.
 pub const DEFAULT_TABLE: &str = "tenure_leases";
@@ -464,46 +466,18 @@ impl LeaseStore for PostgresStore {
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
         self.ensure_listener();
-        let mut changes = self.inner.changes.subscribe();
-        let (tx, rx) = mpsc::channel(16);
-        let store = self.clone();
-        let election = election.clone();
-        tokio::spawn(async move {
-            let key = |r: &Option<LeaseRecord>| r.as_ref().map(|r| (r.holder.clone(), r.token, r.revision, r.evicted));
-            let mut last = match store.get(&election).await {
-                Ok(r) => key(&r),
-                Err(e) => {
-                    let _ = tx.send(Err(e)).await;
-                    return;
-                }
-            };
-            loop {
-                let changed = tokio::select! {
-                    _ = tx.closed() => return,
-                    c = changes.recv() => c,
-                };
-                match changed {
-                    // "" means: resynchronise; a lagging receiver also re-reads.
-                    Ok(name) if !name.is_empty() && &*name != election.as_str() => continue,
-                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
-                    Err(broadcast::error::RecvError::Closed) => return,
-                }
-                match store.get(&election).await {
-                    Ok(rec) if key(&rec) == last => {}
-                    Ok(rec) => {
-                        last = key(&rec);
-                        if tx.send(Ok(rec)).await.is_err() {
-                            return;
-                        }
-                    }
-                    Err(e) => {
-                        let _ = tx.send(Err(e)).await;
-                        return;
-                    }
-                }
-            }
+        let name: Arc<str> = Arc::from(election.as_str());
+        // A notification for this election, a resynchronisation (""), or a lag: re-read.
+        let signals = BroadcastStream::new(self.inner.changes.subscribe()).filter_map(move |m| match m {
+            Ok(n) if !n.is_empty() && n != name => None,
+            _ => Some(()),
         });
-        Some(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
+        let store = self.clone();
+        let read = move |e: ElectionName| {
+            let store = store.clone();
+            async move { store.get(&e).await }
+        };
+        Some(tenure::rereading_watch(election.clone(), signals, read, Duration::from_millis(100)))
     }
 
     fn describe(&self) -> String {

@@ -27,7 +27,8 @@ use tenure::{
     Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, Renew,
     Revision, StoreError, WatchStream, check_ttl,
 };
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
+use tokio_stream::StreamExt;
 
 const SCHEMA_VERSION: i64 = 1;
 
@@ -382,51 +383,14 @@ impl LeaseStore for SqliteStore {
     }
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
-        let mut changes = self.ensure_poller();
-        let (tx, rx) = mpsc::channel(16);
+        // Every commit by another connection changes data_version: re-read then.
+        let signals = tokio_stream::wrappers::WatchStream::from_changes(self.ensure_poller()).map(|_| ());
         let store = self.clone();
-        let election = election.clone();
-        let interval = self.inner.options.watch_interval;
-        tokio::spawn(async move {
-            let key = |r: &Option<LeaseRecord>| r.as_ref().map(|r| (r.holder.clone(), r.token, r.revision, r.evicted));
-            // Reads can meet a transient lock (a checkpoint, a writer's recovery): retry those.
-            let read = async |store: &SqliteStore| loop {
-                match store.get(&election).await {
-                    Err(e) if e.is_retryable() => tokio::time::sleep(interval).await,
-                    other => return other,
-                }
-            };
-            let mut last = match read(&store).await {
-                Ok(r) => key(&r),
-                Err(e) => {
-                    let _ = tx.send(Err(e)).await;
-                    return;
-                }
-            };
-            loop {
-                tokio::select! {
-                    _ = tx.closed() => return,
-                    r = changes.changed() => if r.is_err() {
-                        let _ = tx.send(Err(StoreError::unavailable("the SQLite watch stopped"))).await;
-                        return;
-                    },
-                }
-                match read(&store).await {
-                    Ok(rec) if key(&rec) == last => {}
-                    Ok(rec) => {
-                        last = key(&rec);
-                        if tx.send(Ok(rec)).await.is_err() {
-                            return;
-                        }
-                    }
-                    Err(e) => {
-                        let _ = tx.send(Err(e)).await;
-                        return;
-                    }
-                }
-            }
-        });
-        Some(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
+        let read = move |e: ElectionName| {
+            let store = store.clone();
+            async move { store.get(&e).await }
+        };
+        Some(tenure::rereading_watch(election.clone(), signals, read, self.inner.options.watch_interval))
     }
 
     fn describe(&self) -> String {

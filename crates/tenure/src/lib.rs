@@ -41,6 +41,7 @@ mod name;
 mod observe;
 mod record;
 mod store;
+mod watch;
 
 pub use clock::{Clock, Instant, TokioClock};
 pub use config::{Config, ConfigError, TermTimes};
@@ -54,3 +55,4 @@ pub use record::{
 };
 pub use store::{BoxError, ErrorKind, LeaseStore, StoreError, WatchEvent, WatchStream};
 pub use tokio_util::sync::CancellationToken;
+pub use watch::rereading_watch;

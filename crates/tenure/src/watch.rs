@@ -1,0 +1,66 @@
+//! A building block for stores whose change notifications say only *that* something
+//! may have changed: re-read the election on each signal and report real changes.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_stream::{Stream, StreamExt};
+
+use crate::name::ElectionName;
+use crate::record::LeaseRecord;
+use crate::store::{StoreError, WatchStream};
+
+/// A [`WatchStream`] for `election` that re-reads the record (with `read`) whenever
+/// `signals` yields, and reports it when its holder, token, revision or eviction differs
+/// from the last report. Retryable read errors are retried every `retry`; other errors
+/// end the stream after being reported. The stream also ends when `signals` ends.
+///
+/// The store decides what a signal is: a `NOTIFY`, a pub/sub message, a changed
+/// `data_version`, a reconnect after which anything may have changed.
+pub fn rereading_watch<S, R, F>(election: ElectionName, signals: S, read: R, retry: Duration) -> WatchStream
+where
+    S: Stream<Item = ()> + Send + 'static,
+    R: Fn(ElectionName) -> F + Send + Sync + 'static,
+    F: Future<Output = Result<Option<LeaseRecord>, StoreError>> + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(async move {
+        let key = |r: &Option<LeaseRecord>| r.as_ref().map(|r| (r.holder.clone(), r.token, r.revision, r.evicted));
+        let reread = async || loop {
+            match read(election.clone()).await {
+                Err(e) if e.is_retryable() => tokio::time::sleep(retry).await,
+                other => return other,
+            }
+        };
+        let mut signals = Box::pin(signals);
+        let mut last = match reread().await {
+            Ok(r) => key(&r),
+            Err(e) => {
+                let _ = tx.send(Err(e)).await;
+                return;
+            }
+        };
+        loop {
+            tokio::select! {
+                biased;
+                _ = tx.closed() => return,
+                s = signals.next() => if s.is_none() { return },
+            }
+            match reread().await {
+                Ok(rec) if key(&rec) == last => {}
+                Ok(rec) => {
+                    last = key(&rec);
+                    if tx.send(Ok(rec)).await.is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            }
+        }
+    });
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
