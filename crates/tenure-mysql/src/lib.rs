@@ -104,25 +104,9 @@ fn split_table(url: &str) -> Result<(String, String), StoreError> {
         Some(rest) => format!("mysql://{rest}"),
         None => url.to_string(),
     };
-    let (base, query) = url.split_once('?').unwrap_or((&url, ""));
-    let mut table = DEFAULT_TABLE.to_string();
-    let mut rest = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        match pair.split_once('=') {
-            Some(("table", v)) => table = v.to_string(),
-            _ => rest.push(pair),
-        }
-    }
-    let valid = !table.is_empty()
-        && table.len() <= 64
-        && table.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
-        && table.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if !valid {
-        return Err(StoreError::invalid(format!(
-            "table name {table:?} is not allowed: use 1 to 64 letters, digits and underscores, not starting with a digit"
-        )));
-    }
-    let url = if rest.is_empty() { base.to_string() } else { format!("{base}?{}", rest.join("&")) };
+    let (url, mut ours) = tenure::url::take_params(&url, &["table"]);
+    let table = ours.remove(0).unwrap_or_else(|| DEFAULT_TABLE.to_string());
+    tenure::url::check_table_name(&table, 64)?;
     Ok((url, table))
 }
 

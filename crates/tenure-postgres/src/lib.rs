@@ -115,30 +115,11 @@ impl Sql {
     }
 }
 
-/// Splits our own `table` parameter off the URL.
+/// Splits our own `table` parameter off the URL and checks it.
 fn split_table(url: &str) -> Result<(String, String), StoreError> {
-    let (base, query) = match url.split_once('?') {
-        Some((b, q)) => (b, q),
-        None => (url, ""),
-    };
-    let mut table = DEFAULT_TABLE.to_string();
-    let mut rest = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        match pair.split_once('=') {
-            Some(("table", v)) => table = v.to_string(),
-            _ => rest.push(pair),
-        }
-    }
-    let valid = !table.is_empty()
-        && table.len() <= 63
-        && table.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
-        && table.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if !valid {
-        return Err(StoreError::invalid(format!(
-            "table name {table:?} is not allowed: use 1 to 63 letters, digits and underscores, not starting with a digit"
-        )));
-    }
-    let url = if rest.is_empty() { base.to_string() } else { format!("{base}?{}", rest.join("&")) };
+    let (url, mut ours) = tenure::url::take_params(url, &["table"]);
+    let table = ours.remove(0).unwrap_or_else(|| DEFAULT_TABLE.to_string());
+    tenure::url::check_table_name(&table, 63)?;
     Ok((url, table))
 }
 

@@ -169,31 +169,24 @@ struct Params {
     guard: bool,
 }
 
-/// Splits our own parameters (`prefix`, `restart_guard`) off the URL.
+/// Splits our own parameters (`prefix`, `restart_guard`) off the URL and checks them.
 fn split_params(url: &str) -> Result<Params, StoreError> {
-    let (base, query) = url.split_once('?').unwrap_or((url, ""));
-    let mut prefix = DEFAULT_PREFIX.to_string();
-    let mut guard = true;
-    let mut rest = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        match pair.split_once('=') {
-            Some(("prefix", v)) => prefix = v.to_string(),
-            Some(("restart_guard", "on")) => guard = true,
-            Some(("restart_guard", "off")) => guard = false,
-            Some(("restart_guard", v)) => {
-                return Err(StoreError::invalid(format!(
-                    "restart_guard={v:?}: write restart_guard=on or restart_guard=off"
-                )));
-            }
-            _ => rest.push(pair),
+    let (url, ours) = tenure::url::take_params(url, &["prefix", "restart_guard"]);
+    let prefix = ours[0].clone().unwrap_or_else(|| DEFAULT_PREFIX.to_string());
+    let guard = match ours[1].as_deref() {
+        None | Some("on") => true,
+        Some("off") => false,
+        Some(v) => {
+            return Err(StoreError::invalid(format!(
+                "restart_guard={v:?}: write restart_guard=on or restart_guard=off"
+            )));
         }
-    }
+    };
     if prefix.is_empty() || !prefix.chars().all(|c| c.is_ascii_alphanumeric() || "._-:/".contains(c)) {
         return Err(StoreError::invalid(format!(
             "key prefix {prefix:?} is not allowed: use letters, digits and . _ - : /"
         )));
     }
-    let url = if rest.is_empty() { base.to_string() } else { format!("{base}?{}", rest.join("&")) };
     Ok(Params { url, prefix, guard })
 }
 

@@ -41,6 +41,7 @@ mod name;
 mod observe;
 mod record;
 mod store;
+pub mod url;
 mod watch;
 
 pub use clock::{Clock, Instant, TokioClock};
