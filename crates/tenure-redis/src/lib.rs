@@ -6,20 +6,18 @@
 //! Every write publishes the election's name on `PREFIX:changes`, so followers wait on
 //! pub/sub instead of polling.
 //!
-//! **Tokens survive a restart without persistence.** When the counter is missing (a new
-//! server, or one that lost its data), the next token is the server's clock in
-//! microseconds (`TIME`); afterwards each grant adds one. Tokens granted before the data
-//! was lost are smaller than the clock at the restart as long as the server's clock did
-//! not step back and fewer than one grant per microsecond happened, so tokens keep
-//! growing. They are large numbers for that reason.
+//! **Tokens survive a restart that loses data.** Each grant's token is the larger of the
+//! last token plus one and the server's clock in microseconds (`TIME`). A lost or stale
+//! counter therefore cannot make a token repeat: the clock has moved on since any grant
+//! that was lost, as long as the server's clock does not step backwards. Tokens are large
+//! numbers (about 1.7·10¹⁵) for that reason.
 //!
-//! **The restart guard.** A restart without persistence also forgets every lease, while
-//! the leader that held one may still be acting until its deadline. So when an election has
-//! no history on the server (it is new, or the server lost its data), the first acquire
-//! starts a guard of one TTL during which nothing is granted; any leader from before has
-//! passed its deadline by then. A brand-new election therefore gets its first leader after
-//! one TTL. With persistence (AOF with `appendfsync always`) the guard can be switched off
-//! with `?restart_guard=off`.
+//! **The restart guard.** A restart without persistence forgets every lease (and one with
+//! snapshot persistence may restore older ones), while the leader that held one may still
+//! be acting until its deadline. So for one TTL (plus one second, the resolution of
+//! `uptime_in_seconds`) after the server started, no acquire is granted; any leader from
+//! before has passed its deadline by then. With persistence that keeps every write (AOF
+//! with `appendfsync always`) the guard can be switched off with `?restart_guard=off`.
 //!
 //! ```no_run
 //! # async fn t() -> Result<(), Box<dyn std::error::Error>> {
@@ -48,10 +46,23 @@ pub const DEFAULT_PREFIX: &str = "tenure";
 const LIB: &str = r#"
 local lease, meta = KEYS[1], KEYS[2]
 local function next_value(field)
+  -- max(last + 1, server clock in microseconds): grows even if `meta` was lost or
+  -- restored from an older snapshot, since the clock has moved on since any lost grant.
   local t = redis.call('TIME')
-  local us = t[1] .. string.format('%06d', tonumber(t[2]))
-  if redis.call('HSETNX', meta, field, us) == 1 then return us end
-  return string.format('%.0f', redis.call('HINCRBY', meta, field, 1))
+  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local v = math.max(tonumber(redis.call('HGET', meta, field) or '0') + 1, us)
+  local s = string.format('%.0f', v)
+  redis.call('HSET', meta, field, s)
+  return s
+end
+local function guard_wait(ttl, on)
+  -- For one TTL (and a second of uptime rounding) after the server started, grant
+  -- nothing: leases it forgot, or restored from an older snapshot, may still be believed.
+  if on ~= '1' then return 0 end
+  local up = tonumber(string.match(redis.call('INFO', 'server'), 'uptime_in_seconds:(%d+)')) or 0
+  local need = tonumber(ttl) + 1000
+  if up * 1000 < need then return need - up * 1000 end
+  return 0
 end
 local function now_ms()
   local t = redis.call('TIME')
@@ -63,22 +74,13 @@ local function reply(status)
 end
 "#;
 
-/// KEYS[3]: the guard key. ARGV: holder, ttl_ms, metadata, channel, election, guard ('1'/'0').
+/// ARGV: holder, ttl_ms, metadata, channel, election, guard ('1'/'0').
 const ACQUIRE: &str = r#"
 local holder, ttl = ARGV[1], ARGV[2]
 local cur = redis.call('HMGET', lease, 'holder', 'evicted')
 if cur[1] and (cur[1] ~= holder or cur[2] == '1') then return reply('held') end
-if not cur[1] and ARGV[6] == '1' then
-  -- No history for this election (new, or the server lost its data): a leader from
-  -- before may still believe it leads, so grant nothing for one TTL.
-  if redis.call('EXISTS', meta) == 0 then
-    next_value('token')
-    next_value('revision')
-    redis.call('SET', KEYS[3], '1', 'PX', ttl)
-  end
-  local wait = redis.call('PTTL', KEYS[3])
-  if wait > 0 then return {'guard', wait} end
-end
+local wait = guard_wait(ttl, ARGV[6])
+if wait > 0 then return {'guard', wait} end
 local now = now_ms()
 if cur[1] then
   redis.call('HSET', lease, 'revision', next_value('revision'), 'ttl_ms', ttl, 'renewed_ms', now, 'metadata', ARGV[3])
@@ -244,7 +246,7 @@ impl RedisStore {
         let mut conn = self.conn().await?;
         let (lease, meta) = self.keys(election);
         let mut inv = script.key(lease);
-        inv.key(meta).key(format!("{}:guard:{election}", self.inner.prefix));
+        inv.key(meta);
         for a in args {
             inv.arg(*a);
         }
@@ -330,8 +332,8 @@ impl Reply {
         if status == "guard" {
             let wait = num(1).unwrap_or(0);
             return Err(StoreError::unavailable(format!(
-                "Redis has no history for {election} (it is new, or the server lost its data): no lease is granted \
-                 for another {wait} ms, so that a leader from before cannot overlap (restart_guard; see docs/stores/redis.md)"
+                "Redis restarted less than one TTL ago: no lease for {election} is granted for another {wait} ms, \
+                 so that a leader it forgot cannot overlap (restart_guard; see docs/stores/redis.md)"
             )));
         }
         let record = match text(1) {
