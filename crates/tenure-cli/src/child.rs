@@ -33,6 +33,11 @@ fn read_stop_at(path: &Path) -> u64 {
     std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
 }
 
+/// The file the supervisor creates when it stops the command itself.
+fn stopped_marker(deadline_file: &Path) -> PathBuf {
+    deadline_file.with_extension("stopped")
+}
+
 /// Writes the instant by which the command must start stopping, atomically.
 fn write_stop_at(path: &Path, stop_at_ns: u64) -> std::io::Result<()> {
     let tmp = path.with_extension("new");
@@ -89,6 +94,8 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, cmd:
                         let stop_at = read_stop_at(deadline_file);
                         if stop_at > 0 && now >= stop_at {
                             // `tenure` did not extend the deadline: it is frozen or stuck.
+                            // Leave a mark, so that it reads the exit as a stop, not a finish.
+                            let _ = std::fs::write(stopped_marker(deadline_file), b"");
                             eprintln!("tenure: the lease was not renewed in time; stopping the command");
                             let _ = rustix::process::kill_process_group(group, Signal::TERM);
                             terminated_at = Some(now);
@@ -151,6 +158,11 @@ impl Supervised {
         if let Err(e) = write_stop_at(&self.deadline_file, stop_at_ns) {
             tracing::warn!(error = %e, "cannot extend the command's deadline; it may be stopped early");
         }
+    }
+
+    /// Whether the supervisor stopped the command itself (its deadline passed unextended).
+    pub fn stopped_by_supervisor(&self) -> bool {
+        stopped_marker(&self.deadline_file).exists()
     }
 
     /// The process group id (the supervisor's pid).

@@ -106,11 +106,12 @@ async fn supervise(l: &Leadership, cmd: &[String], grace: Duration, stop: &Cance
         tokio::select! {
             biased;
             code = child.wait() => {
-                if l.is_valid() {
+                if l.is_valid() && !child.stopped_by_supervisor() {
                     return Ok(End::Exited(code));
                 }
-                // It ended after the lease ran out: the supervisor stopped it because this
-                // process could not renew in time (it was frozen or stuck). Campaign again.
+                // The supervisor stopped it because this process did not extend the deadline
+                // in time (it was frozen or stuck), or it ended after the lease ran out:
+                // either way this is the end of the term, not of the work. Campaign again.
                 tracing::warn!(token = %l.token(), "the command was stopped at the lease deadline");
                 return Ok(End::Lost);
             }

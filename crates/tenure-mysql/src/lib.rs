@@ -125,7 +125,9 @@ impl MysqlStore {
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let (url, table) = split_table(url)?;
         let options = MySqlConnectOptions::from_str(&url)
-            .map_err(|e| StoreError::new(ErrorKind::Misconfigured, "the MySQL URL is not valid").with_source(e))?;
+            .map_err(|e| StoreError::new(ErrorKind::Misconfigured, "the MySQL URL is not valid").with_source(e))?
+            // A fixed zone: under one with daylight saving, UNIX_TIMESTAMP(NOW()) jumps.
+            .timezone(Some(String::from("+00:00")));
         let described = format!(
             "mysql://{}@{}:{}/{} (table {table})",
             options.get_username(),

@@ -119,7 +119,8 @@ impl Sql {
 fn split_table(url: &str) -> Result<(String, String), StoreError> {
     let (url, mut ours) = tenure::url::take_params(url, &["table"]);
     let table = ours.remove(0).unwrap_or_else(|| DEFAULT_TABLE.to_string());
-    tenure::url::check_table_name(&table, 63)?;
+    // The trigger is named <table>_notify, and PostgreSQL names are at most 63 bytes.
+    tenure::url::check_table_name(&table, 56)?;
     Ok((url, table))
 }
 

@@ -132,19 +132,24 @@ impl SqliteStore {
         &self.inner.path
     }
 
-    /// Runs `f` on the connection in a blocking thread.
+    /// Runs `f` on the connection in a blocking thread. A call whose caller has given up
+    /// (it timed out while the job waited for the connection) is skipped, so stale
+    /// requests do not pile up and land late.
     async fn with_conn<T: Send + 'static>(
         &self,
         what: &'static str,
         f: impl FnOnce(&mut Connection, &Inner) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, StoreError> {
         let inner = self.inner.clone();
+        let (tx, rx) = tokio::sync::oneshot::channel();
         tokio::task::spawn_blocking(move || {
             let mut conn = inner.conn.lock().unwrap_or_else(|p| p.into_inner());
-            f(&mut conn, &inner).map_err(|e| sql_error(&inner.path, what, e))
-        })
-        .await
-        .map_err(|e| StoreError::unavailable(format!("{what}: the database task failed")).with_source(e))?
+            if tx.is_closed() {
+                return;
+            }
+            let _ = tx.send(f(&mut conn, &inner).map_err(|e| sql_error(&inner.path, what, e)));
+        });
+        rx.await.map_err(|_| StoreError::unavailable(format!("{what}: the database task failed")))?
     }
 
     /// Runs `f` in one `BEGIN IMMEDIATE` transaction with the store clock read inside it.

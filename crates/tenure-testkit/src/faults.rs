@@ -22,6 +22,10 @@ pub enum Fault {
     LoseResponse,
     /// Delay every request by this many milliseconds before passing it through.
     Delay(u64),
+    /// Refuse every request as unauthorized (a wrong password): no retry can help.
+    Refuse,
+    /// Panic inside the store call (a buggy store implementation).
+    Panic,
 }
 
 /// Wraps a store and injects the [`Fault`] currently set. Counts the calls it sees.
@@ -70,6 +74,8 @@ impl FaultyStore {
                 let _ = f.await;
                 Err(StoreError::ambiguous(format!("{what}: injected lost response")))
             }
+            Fault::Refuse => Err(StoreError::new(tenure::ErrorKind::Unauthorized, format!("{what}: injected refusal"))),
+            Fault::Panic => panic!("{what}: injected panic"),
             Fault::Delay(ms) => {
                 tokio::time::sleep(Duration::from_millis(ms)).await;
                 f.await

@@ -138,6 +138,13 @@ impl Config {
                 format!("{:?} must be above zero and at most renew_deadline", self.retry_period),
             );
         }
+        for (setting, value) in
+            [("request_timeout", self.request_timeout), ("splay", self.splay), ("resign_backoff", self.resign_backoff)]
+        {
+            if value > MAX_TTL {
+                return err(setting, format!("{value:?} is longer than {MAX_TTL:?}"));
+            }
+        }
         if self.request_timeout.is_zero() {
             return err("request_timeout", "must be above zero".into());
         }

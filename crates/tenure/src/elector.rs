@@ -68,6 +68,13 @@ pub enum ElectError {
     /// The elector was shut down (or dropped) before the wait ended.
     #[error("the elector has been shut down")]
     ShutDown,
+    /// The store refused in a way no retry can mend (credentials, permissions, a bad
+    /// configuration), so the elector stopped campaigning.
+    #[error("the elector stopped: the store refused to work with it")]
+    Store(#[source] Arc<StoreError>),
+    /// The campaign task ended unexpectedly (a store implementation panicked).
+    #[error("the elector's campaign task ended unexpectedly")]
+    Crashed,
 }
 
 type ConfigEdit = Box<dyn FnOnce(&mut Config) + Send>;
@@ -162,6 +169,7 @@ impl ElectorBuilder {
             shutdown: shutdown.clone(),
             stopped: watch::Sender::new(false),
             task: Mutex::new(None),
+            failure: Mutex::new(None),
         });
         Ok(Elector { shared, _guard: Arc::new(shutdown.drop_guard()) })
     }
@@ -189,6 +197,8 @@ struct Shared {
     shutdown: CancellationToken,
     stopped: watch::Sender<bool>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Why the campaign stopped, if not by shutdown.
+    failure: Mutex<Option<ElectError>>,
 }
 
 impl Elector {
@@ -230,10 +240,23 @@ impl Elector {
         if task.is_none() && !self.shared.shutdown.is_cancelled() {
             let shared = self.shared.clone();
             *task = Some(tokio::spawn(async move {
+                // Runs even if a store implementation panics: waiters must not hang,
+                // and a published leadership must end.
+                let stopped = Stopped(&shared);
                 campaign_loop(&shared).await;
-                shared.leadership.send_replace(None);
-                shared.stopped.send_replace(true);
+                std::mem::forget(stopped);
+                Stopped::finish(&shared, false);
             }));
+        }
+    }
+
+    /// Why the campaign stopped on its own, if it did.
+    fn failure(&self) -> Option<ElectError> {
+        let f = self.shared.failure.lock().unwrap_or_else(|p| p.into_inner());
+        match &*f {
+            Some(ElectError::Store(e)) => Some(ElectError::Store(e.clone())),
+            Some(ElectError::Crashed) => Some(ElectError::Crashed),
+            _ => None,
         }
     }
 
@@ -249,6 +272,9 @@ impl Elector {
         loop {
             if let Some(l) = rx.borrow_and_update().clone().filter(|l| !l.cancel.is_cancelled()) {
                 return Ok(l);
+            }
+            if let Some(failure) = self.failure() {
+                return Err(failure);
             }
             if self.shared.shutdown.is_cancelled() {
                 return Err(ElectError::ShutDown);
@@ -413,6 +439,28 @@ impl Leadership {
     }
 }
 
+/// Ends the campaign's outward state when the campaign task ends, however it ends.
+struct Stopped<'a>(&'a Shared);
+
+impl Stopped<'_> {
+    fn finish(shared: &Shared, crashed: bool) {
+        if crashed {
+            let mut f = shared.failure.lock().unwrap_or_else(|p| p.into_inner());
+            f.get_or_insert(ElectError::Crashed);
+        }
+        if let Some(l) = shared.leadership.send_replace(None) {
+            l.cancel.cancel();
+        }
+        shared.stopped.send_replace(true);
+    }
+}
+
+impl Drop for Stopped<'_> {
+    fn drop(&mut self) {
+        Stopped::finish(self.0, true);
+    }
+}
+
 /// Tracks the leader this candidate last reported, to emit each change once.
 struct View<'a> {
     shared: &'a Shared,
@@ -556,6 +604,12 @@ async fn follow(shared: &Shared, view: &mut View<'_>) -> Option<(LeaseRecord, In
                         view.saw_record(Some(&cur));
                         wake_at = follower_wake(shared, Some(&cur), watch.is_some());
                     }
+                    Err(e) if !e.is_retryable() => {
+                        tracing::error!(election = %shared.req.election, error = %e, "the store refused; no retry can help, so campaigning stops");
+                        let mut f = shared.failure.lock().unwrap_or_else(|p| p.into_inner());
+                        *f = Some(ElectError::Store(Arc::new(e)));
+                        return None;
+                    }
                     Err(e) => {
                         if e.kind() == ErrorKind::Ambiguous {
                             unresolved = true;
@@ -628,6 +682,24 @@ impl<'a> Failures<'a> {
             tracing::info!(election = %self.election, failures = self.run, "the store answers again");
         }
         self.run = 0;
+    }
+}
+
+/// Releases `lease` and checks: a renewal that timed out may still have been applied and
+/// moved the revision, which makes the release match nothing; then the record as it
+/// stands is released. True if the lease is gone.
+async fn release(shared: &Shared, lease: &LeaseRecord) -> Result<bool, StoreError> {
+    let until = shared.clock.now() + shared.cfg.request_timeout;
+    call(shared, "release", until, shared.store.release(lease)).await?;
+    let until = shared.clock.now() + shared.cfg.request_timeout;
+    match call(shared, "get", until, shared.store.get(&lease.election)).await? {
+        Some(cur) if cur.holder == lease.holder && cur.token == lease.token => {
+            let until = shared.clock.now() + shared.cfg.request_timeout;
+            call(shared, "release", until, shared.store.release(&cur)).await?;
+            Ok(true)
+        }
+        Some(_) => Ok(false),
+        None => Ok(true),
     }
 }
 
@@ -777,9 +849,9 @@ async fn lead(shared: &Shared, view: &mut View<'_>, mut lease: LeaseRecord, sent
         resigners.push(tx);
     }
     if !matches!(reason, OustReason::Lost { .. }) {
-        let until = shared.clock.now() + cfg.request_timeout;
-        match call(shared, "release", until, shared.store.release(&lease)).await {
-            Ok(()) => view.saw(None),
+        match release(shared, &lease).await {
+            Ok(true) => view.saw(None),
+            Ok(false) => {}
             Err(e) => {
                 tracing::warn!(%election, error = %e, "release failed; the lease will expire on its own")
             }

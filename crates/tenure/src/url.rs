@@ -20,18 +20,19 @@ pub fn take_params(url: &str, ours: &[&str]) -> (String, Vec<Option<String>>) {
     (url, found)
 }
 
-/// Checks a table name that will be written into SQL: 1 to `max` letters, digits and
-/// underscores, not starting with a digit. Nothing else can reach the statement text.
+/// Checks a table name that will be written into SQL: 1 to `max` lowercase letters,
+/// digits and underscores, not starting with a digit. Nothing else can reach the statement
+/// text, and lowercase names mean the same thing quoted or not, on every server.
 pub fn check_table_name(name: &str, max: usize) -> Result<(), StoreError> {
     let valid = !name.is_empty()
         && name.len() <= max
-        && name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        && name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
     if valid {
         Ok(())
     } else {
         Err(StoreError::invalid(format!(
-            "table name {name:?} is not allowed: use 1 to {max} letters, digits and underscores, not starting with a digit"
+            "table name {name:?} is not allowed: use 1 to {max} lowercase letters, digits and underscores, not starting with a digit"
         )))
     }
 }
@@ -51,7 +52,7 @@ mod tests {
     #[test]
     fn table_names_are_checked() {
         assert!(check_table_name("tenure_leases", 63).is_ok());
-        for bad in ["", "1t", "a-b", "a;drop", &"x".repeat(64)] {
+        for bad in ["", "1t", "a-b", "a;drop", "Leases", &"x".repeat(64)] {
             assert!(check_table_name(bad, 63).is_err(), "{bad}");
         }
     }

@@ -27,16 +27,21 @@ where
     let (tx, rx) = mpsc::channel(16);
     tokio::spawn(async move {
         let key = |r: &Option<LeaseRecord>| r.as_ref().map(|r| (r.holder.clone(), r.token, r.revision, r.evicted));
+        // None when nobody listens any more.
         let reread = async || loop {
             match read(election.clone()).await {
-                Err(e) if e.is_retryable() => tokio::time::sleep(retry).await,
-                other => return other,
+                Err(e) if e.is_retryable() => tokio::select! {
+                    _ = tx.closed() => return None,
+                    _ = tokio::time::sleep(retry) => {}
+                },
+                other => return Some(other),
             }
         };
         let mut signals = Box::pin(signals);
         let mut last = match reread().await {
-            Ok(r) => key(&r),
-            Err(e) => {
+            None => return,
+            Some(Ok(r)) => key(&r),
+            Some(Err(e)) => {
                 let _ = tx.send(Err(e)).await;
                 return;
             }
@@ -48,14 +53,15 @@ where
                 s = signals.next() => if s.is_none() { return },
             }
             match reread().await {
-                Ok(rec) if key(&rec) == last => {}
-                Ok(rec) => {
+                None => return,
+                Some(Ok(rec)) if key(&rec) == last => {}
+                Some(Ok(rec)) => {
                     last = key(&rec);
                     if tx.send(Ok(rec)).await.is_err() {
                         return;
                     }
                 }
-                Err(e) => {
+                Some(Err(e)) => {
                     let _ = tx.send(Err(e)).await;
                     return;
                 }

@@ -326,3 +326,47 @@ fn bad_settings_name_the_setting() {
     let err = Elector::builder(store, "jobs//x").build().err().unwrap();
     assert!(err.to_string().contains("empty path segment"), "{err}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_store_that_refuses_ends_the_campaign_with_its_error() {
+    let store = FaultyStore::new(Arc::new(MemoryStore::new()));
+    store.set(Fault::Refuse);
+    let a = elector(Arc::new(store), "a");
+    let err = a.leadership().await.unwrap_err();
+    assert!(matches!(err, tenure::ElectError::Store(_)), "{err:?}");
+    let chain = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+    assert!(chain.contains("injected refusal"), "{chain}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_store_does_not_leave_waiters_hanging() {
+    let store = FaultyStore::new(Arc::new(MemoryStore::new()));
+    let a = elector(Arc::new(store.clone()), "a");
+    let l = a.leadership().await.unwrap();
+    store.set(Fault::Panic);
+    // The next renewal panics inside the campaign task: the term must end at once.
+    l.cancelled().await;
+    assert!(!l.is_valid());
+    drop(l);
+    assert!(matches!(a.leadership().await, Err(tenure::ElectError::Crashed)));
+    a.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn release_after_renewals_that_were_applied_but_unanswered_still_clears_the_lease() {
+    let inner = Arc::new(MemoryStore::new());
+    let store = FaultyStore::new(inner.clone());
+    let a = elector(Arc::new(store.clone()), "a");
+    let l = a.leadership().await.unwrap();
+    // Renewals land but their answers are lost: the store's revision moves on unseen.
+    store.set(Fault::LoseResponse);
+    l.cancelled().await;
+    store.set(Fault::None);
+    drop(l);
+    a.shutdown().await;
+    assert_eq!(
+        inner.get(&"jobs/sweeper".parse().unwrap()).await.unwrap(),
+        None,
+        "the release must clear the lease, not leave it to expire"
+    );
+}
