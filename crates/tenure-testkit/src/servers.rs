@@ -357,7 +357,10 @@ impl Server {
             cmd = Command::new(&self.program);
             cmd.args(self.args()).arg("--user=mysql");
         }
+        use std::os::unix::process::CommandExt;
+        // Its own process group: a kill takes the server's children (PostgreSQL's backends) too.
         let child = cmd
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
@@ -404,15 +407,22 @@ impl Server {
         }
     }
 
-    /// Stops the server gracefully (SIGTERM; SIGKILL after 10 s). Its data stays.
+    fn signal_group(&self, sig: Signal) {
+        if let Some(pid) = self.pid().and_then(|p| Pid::from_raw(p as i32)) {
+            let _ = rustix::process::kill_process_group(pid, sig);
+        }
+    }
+
+    /// Stops the server gracefully (SIGKILL after 10 s). Its data stays.
     pub fn stop(&mut self) {
-        self.signal(Signal::CONT);
-        self.signal(Signal::TERM);
+        self.signal_group(Signal::CONT);
+        // PostgreSQL's SIGTERM waits for every client to leave; SIGINT is its fast shutdown.
+        self.signal(if self.kind == Kind::Postgres { Signal::INT } else { Signal::TERM });
         if let Some(mut child) = self.child.take() {
             let t0 = Instant::now();
             while child.try_wait().ok().flatten().is_none() {
                 if t0.elapsed() > Duration::from_secs(10) {
-                    let _ = child.kill();
+                    self.signal_group_of(&child, Signal::KILL);
                     let _ = child.wait();
                     break;
                 }
@@ -421,11 +431,17 @@ impl Server {
         }
     }
 
-    /// Kills the server at once (SIGKILL), as a crash would. Its data stays.
+    /// Kills the server and its children at once (SIGKILL), as a crash would. Its data stays.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
+            self.signal_group_of(&child, Signal::KILL);
             let _ = child.wait();
+        }
+    }
+
+    fn signal_group_of(&self, child: &Child, sig: Signal) {
+        if let Some(pid) = Pid::from_raw(child.id() as i32) {
+            let _ = rustix::process::kill_process_group(pid, sig);
         }
     }
 
@@ -435,20 +451,21 @@ impl Server {
         self.start();
     }
 
-    /// Freezes the server (SIGSTOP): connections stay open but nothing is answered.
+    /// Freezes the server and its children (SIGSTOP): connections stay open but nothing
+    /// is answered.
     pub fn pause(&self) {
-        self.signal(Signal::STOP);
+        self.signal_group(Signal::STOP);
     }
 
     /// Thaws a paused server (SIGCONT).
     pub fn resume(&self) {
-        self.signal(Signal::CONT);
+        self.signal_group(Signal::CONT);
     }
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
-        self.signal(Signal::CONT);
+        self.signal_group(Signal::CONT);
         self.kill();
     }
 }
