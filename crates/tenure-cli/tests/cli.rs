@@ -123,8 +123,12 @@ fn signal(pid: u32, sig: rustix::process::Signal) {
     let _ = rustix::process::kill_process(rustix::process::Pid::from_raw(pid as i32).unwrap(), sig);
 }
 
+/// Whether `pid` is a running process: a zombie (dead, not yet reaped) does not count.
 fn alive(pid: i32) -> bool {
-    rustix::process::Pid::from_raw(pid).is_some_and(|p| rustix::process::test_kill_process(p).is_ok())
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // The state follows the command name, which is in parentheses and may hold spaces.
+    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
+    !matches!(state, None | Some("Z") | Some("X"))
 }
 
 /// No two children's activity overlaps, and tokens grow in the order terms start.
