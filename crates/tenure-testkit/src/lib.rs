@@ -6,10 +6,12 @@
 //! - [`sim`]: the deterministic simulation behind `tenure-sim`.
 //! - [`servers`]: throwaway PostgreSQL, MariaDB, Redis, NATS and etcd servers.
 //! - [`scenario`]: the multi-candidate scenario every server store runs.
+//! - [`proxy`]: a TCP proxy that cuts, black-holes or delays traffic.
 
 pub mod conformance;
 pub mod faults;
 pub mod history;
+pub mod proxy;
 pub mod scenario;
 pub mod servers;
 pub mod sim;

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal};
 use tenure_testkit::history::{self, Liveness, Record};
+use tenure_testkit::proxy::{Mode, Proxy};
 use tenure_testkit::servers::{self, Kind};
 
 const ELECTION: &str = "torture/job";
@@ -159,6 +160,9 @@ struct Candidate {
     id: String,
     child: Child,
     frozen_until: Option<Instant>,
+    /// Its own way to the server (server stores only), and when a network fault on it ends.
+    proxy: Option<Proxy>,
+    network_fault_until: Option<Instant>,
 }
 
 fn signal(child: &Child, sig: Signal) {
@@ -213,11 +217,21 @@ fn torture(a: Args) -> Result<bool, String> {
     let mut rng = fastrand::Rng::with_seed(a.seed);
     let mut next = 0;
     let mut cands: Vec<Candidate> = Vec::new();
+    let server_port = server.as_ref().map(|s| s.port());
     let mut add = |cands: &mut Vec<Candidate>| -> Result<(), String> {
         next += 1;
         let id = format!("cand-{next}");
-        let child = spawn(&a, &store, &dir, &id).map_err(|e| format!("cannot start tenure run: {e}"))?;
-        cands.push(Candidate { id, child, frozen_until: None });
+        // With a server, each candidate reaches it through a proxy of its own.
+        let (proxy, url) = match server_port {
+            Some(port) => {
+                let p = Proxy::start(("127.0.0.1", port)).map_err(|e| format!("cannot start a proxy: {e}"))?;
+                let url = store.replacen(&format!(":{port}"), &format!(":{}", p.port()), 1);
+                (Some(p), url)
+            }
+            None => (None, store.clone()),
+        };
+        let child = spawn(&a, &url, &dir, &id).map_err(|e| format!("cannot start tenure run: {e}"))?;
+        cands.push(Candidate { id, child, frozen_until: None, proxy, network_fault_until: None });
         Ok(())
     };
     for _ in 0..a.candidates {
@@ -232,11 +246,17 @@ fn torture(a: Args) -> Result<bool, String> {
     let mut faults: BTreeMap<&str, u32> = BTreeMap::new();
     while started.elapsed() < a.duration {
         std::thread::sleep(a.ttl.mul_f64(0.75 + 1.5 * rng.f64()));
-        // Thaw candidates whose freeze is over.
+        // Thaw candidates whose freeze is over; heal their network.
         for c in cands.iter_mut() {
             if c.frozen_until.is_some_and(|t| Instant::now() >= t) {
                 signal(&c.child, Signal::CONT);
                 c.frozen_until = None;
+            }
+            if c.network_fault_until.is_some_and(|t| Instant::now() >= t) {
+                if let Some(p) = &c.proxy {
+                    p.set(Mode::Pass);
+                }
+                c.network_fault_until = None;
             }
         }
         // A candidate that exited on its own is a finding: tenure run should keep campaigning.
@@ -256,11 +276,40 @@ fn torture(a: Args) -> Result<bool, String> {
         let Some(leader) = current_leader(&events) else {
             continue;
         };
-        let Some(i) = cands.iter().position(|c| c.id == leader && c.frozen_until.is_none()) else {
+        let Some(i) =
+            cands.iter().position(|c| c.id == leader && c.frozen_until.is_none() && c.network_fault_until.is_none())
+        else {
             continue;
         };
         let at = now_ns();
-        match rng.usize(0..3) {
+        let kinds = if server_port.is_some() { 6 } else { 3 };
+        match rng.usize(0..kinds) {
+            3 | 4 => {
+                // The leader loses the store: a cut (connections closed, refused) or a
+                // black hole (nothing answers), for longer than the TTL.
+                let c = &mut cands[i];
+                let (mode, name) = if rng.bool() {
+                    (Mode::Cut, "partition (cut)")
+                } else {
+                    (Mode::BlackHole, "partition (black hole)")
+                };
+                if let Some(p) = &c.proxy {
+                    p.set(mode);
+                }
+                c.network_fault_until = Some(Instant::now() + a.ttl.mul_f64(1.2 + 1.3 * rng.f64()));
+                records.push(Record::Stop { election: ELECTION.into(), holder: c.id.clone(), at, graceful: false });
+                *faults.entry(name).or_default() += 1;
+            }
+            5 => {
+                // A slow network to the leader: it may keep leading or lose the lease.
+                let c = &mut cands[i];
+                let delay = a.ttl.mul_f64(0.05 + 0.2 * rng.f64());
+                if let Some(p) = &c.proxy {
+                    p.set(Mode::Delay(delay));
+                }
+                c.network_fault_until = Some(Instant::now() + a.ttl * 2);
+                *faults.entry("network delay").or_default() += 1;
+            }
             0 => {
                 let mut c = cands.remove(i);
                 signal(&c.child, Signal::KILL);

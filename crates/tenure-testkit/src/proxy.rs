@@ -1,0 +1,146 @@
+//! A small TCP proxy for fault tests: pass traffic, cut it, black-hole it, or delay it.
+//!
+//! It runs on a thread of its own, so that a test or tool without an async runtime can
+//! use it.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use tenure_testkit::proxy::{Mode, Proxy};
+//! let proxy = Proxy::start(("127.0.0.1", 5432)).unwrap();
+//! // connect clients to 127.0.0.1:proxy.port() instead of 5432, then:
+//! proxy.set(Mode::Delay(Duration::from_millis(200)));
+//! proxy.set(Mode::Cut);
+//! ```
+
+use std::net::{SocketAddr, TcpListener as StdListener, ToSocketAddrs};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// What the proxy does with traffic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Forward everything.
+    Pass,
+    /// Close every connection and refuse new ones (a cable pulled, a host down).
+    Cut,
+    /// Keep connections open but forward nothing (packets silently dropped).
+    BlackHole,
+    /// Forward every chunk after this delay.
+    Delay(Duration),
+}
+
+/// A running proxy; dropping it stops it.
+pub struct Proxy {
+    port: u16,
+    mode: Arc<Mutex<Mode>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Proxy {
+    /// Starts a proxy on a free 127.0.0.1 port that forwards to `target`.
+    pub fn start(target: impl ToSocketAddrs) -> std::io::Result<Self> {
+        let target: SocketAddr = target
+            .to_socket_addrs()?
+            .next()
+            .ok_or_else(|| std::io::Error::other("the proxy target does not resolve"))?;
+        let listener = StdListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
+        let port = listener.local_addr()?.port();
+        let mode = Arc::new(Mutex::new(Mode::Pass));
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let m = mode.clone();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        std::thread::Builder::new().name("tenure-proxy".into()).spawn(move || {
+            rt.block_on(async move {
+                let Ok(listener) = TcpListener::from_std(listener) else { return };
+                tokio::select! {
+                    _ = stopped => {}
+                    _ = accept_loop(listener, target, m) => {}
+                }
+            })
+        })?;
+        Ok(Self { port, mode, stop: Some(stop) })
+    }
+
+    /// The port clients connect to.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Changes what the proxy does, for open connections and new ones.
+    pub fn set(&self, mode: Mode) {
+        *self.mode.lock().unwrap_or_else(|p| p.into_inner()) = mode;
+    }
+
+    /// What the proxy does now.
+    pub fn mode(&self) -> Mode {
+        *self.mode.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+fn current(mode: &Mutex<Mode>) -> Mode {
+    *mode.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+async fn accept_loop(listener: TcpListener, target: SocketAddr, mode: Arc<Mutex<Mode>>) {
+    loop {
+        let Ok((client, _)) = listener.accept().await else { continue };
+        if current(&mode) == Mode::Cut {
+            drop(client);
+            continue;
+        }
+        let mode = mode.clone();
+        tokio::spawn(async move {
+            let Ok(server) = TcpStream::connect(target).await else { return };
+            let (cr, cw) = client.into_split();
+            let (sr, sw) = server.into_split();
+            tokio::select! {
+                _ = pump(cr, sw, mode.clone()) => {}
+                _ = pump(sr, cw, mode) => {}
+            }
+        });
+    }
+}
+
+/// Copies one direction, applying the mode to every chunk; ends on a cut or a close.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mode: Arc<Mutex<Mode>>,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let read = tokio::select! {
+            r = from.read(&mut buf) => r,
+            // Notice a cut even on an idle connection.
+            _ = tokio::time::sleep(Duration::from_millis(20)) => {
+                if current(&mode) == Mode::Cut { return }
+                continue;
+            }
+        };
+        let n = match read {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        match current(&mode) {
+            Mode::Cut => return,
+            Mode::BlackHole => continue,
+            Mode::Delay(d) => tokio::time::sleep(d).await,
+            Mode::Pass => {}
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}

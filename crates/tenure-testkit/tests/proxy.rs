@@ -1,0 +1,58 @@
+//! The proxy passes, cuts, black-holes and delays traffic.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use tenure_testkit::proxy::{Mode, Proxy};
+
+/// An echo server on a free port.
+fn echo() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut s = s;
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 || s.write_all(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+fn roundtrip(s: &mut TcpStream) -> std::io::Result<Duration> {
+    let t0 = Instant::now();
+    s.write_all(b"ping")?;
+    let mut buf = [0u8; 4];
+    s.read_exact(&mut buf)?;
+    assert_eq!(&buf, b"ping");
+    Ok(t0.elapsed())
+}
+
+#[test]
+fn passes_delays_blackholes_and_cuts() {
+    let proxy = Proxy::start(("127.0.0.1", echo())).unwrap();
+    let mut s = TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    roundtrip(&mut s).expect("pass");
+    proxy.set(Mode::Delay(Duration::from_millis(100)));
+    assert!(roundtrip(&mut s).unwrap() >= Duration::from_millis(200), "both directions are delayed");
+    proxy.set(Mode::BlackHole);
+    assert!(roundtrip(&mut s).is_err(), "a black hole answers nothing");
+    proxy.set(Mode::Cut);
+    std::thread::sleep(Duration::from_millis(100));
+    let mut buf = [0u8; 4];
+    assert!(matches!(s.read(&mut buf), Ok(0) | Err(_)), "a cut closes open connections");
+    let mut fresh = TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
+    fresh.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    assert!(roundtrip(&mut fresh).is_err(), "and refuses new ones");
+    proxy.set(Mode::Pass);
+    let mut again = TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
+    roundtrip(&mut again).expect("traffic passes again");
+}
