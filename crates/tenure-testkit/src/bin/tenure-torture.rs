@@ -100,6 +100,8 @@ struct Args {
     tenure: PathBuf,
     store: Option<String>,
     server: Option<Kind>,
+    /// libfaketime, when candidates run with skewed clocks.
+    skew: Option<PathBuf>,
     candidates: usize,
     duration: Duration,
     ttl: Duration,
@@ -112,6 +114,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         tenure: std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.join("tenure"))).unwrap_or_default(),
         store: None,
         server: None,
+        skew: None,
         candidates: 4,
         duration: Duration::from_secs(60),
         ttl: Duration::from_secs(2),
@@ -136,9 +139,21 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "--ttl" => a.ttl = parse_duration(&value()?).ok_or("--ttl: e.g. 2s")?,
             "--grace" => a.grace = parse_duration(&value()?).ok_or("--grace: e.g. 300ms")?,
             "--seed" => a.seed = value()?.parse().map_err(|e| format!("--seed: {e}"))?,
+            "--skew" => {
+                let lib = [
+                    "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+                    "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+                    "/usr/lib/faketime/libfaketime.so.1",
+                ]
+                .iter()
+                .map(PathBuf::from)
+                .find(|p| p.is_file())
+                .ok_or("--skew needs libfaketime (Debian package faketime)")?;
+                a.skew = Some(lib);
+            }
             "-h" | "--help" => {
                 return Err("usage: tenure-torture [--tenure PATH] [--store URL | --server postgres|redis|mariadb] [--candidates 4] [--duration 60s] \
-                            [--ttl 2s] [--grace 300ms] [--seed N]\n       tenure-torture probe --dir DIR"
+                            [--ttl 2s] [--grace 300ms] [--seed N] [--skew]\n       tenure-torture probe --dir DIR"
                     .into());
             }
             other => return Err(format!("unknown argument {other:?}; see --help")),
@@ -171,10 +186,19 @@ fn signal(child: &Child, sig: Signal) {
     }
 }
 
-fn spawn(a: &Args, store: &str, dir: &Path, id: &str) -> std::io::Result<Child> {
+/// The clock skew of candidate `n` with `--skew`: alternately 0.5 % slow and 2 h ahead,
+/// 0.5 % fast and 90 min behind (monotonic clocks included), within the default 1 % bound.
+fn skew_of(n: usize) -> &'static str {
+    if n % 2 == 0 { "+2h x0.995" } else { "-90m x1.005" }
+}
+
+fn spawn(a: &Args, store: &str, dir: &Path, id: &str, n: usize) -> std::io::Result<Child> {
     let me = std::env::current_exe()?;
-    Command::new(&a.tenure)
-        .args(["run", ELECTION, "--store", store, "--id", id])
+    let mut cmd = Command::new(&a.tenure);
+    if let Some(lib) = &a.skew {
+        cmd.env("LD_PRELOAD", lib).env("FAKETIME", skew_of(n));
+    }
+    cmd.args(["run", ELECTION, "--store", store, "--id", id])
         .args(["--ttl", &format!("{}ms", a.ttl.as_millis()), "--grace", &format!("{}ms", a.grace.as_millis())])
         .arg("--")
         .arg(me)
@@ -230,7 +254,7 @@ fn torture(a: Args) -> Result<bool, String> {
             }
             None => (None, store.clone()),
         };
-        let child = spawn(&a, &url, &dir, &id).map_err(|e| format!("cannot start tenure run: {e}"))?;
+        let child = spawn(&a, &url, &dir, &id, next).map_err(|e| format!("cannot start tenure run: {e}"))?;
         cands.push(Candidate { id, child, frozen_until: None, proxy, network_fault_until: None });
         Ok(())
     };
@@ -241,6 +265,9 @@ fn torture(a: Args) -> Result<bool, String> {
         "torture: {} candidates on {store}, TTL {:?}, grace {:?}, for {:?} (seed {})",
         a.candidates, a.ttl, a.grace, a.duration, a.seed
     );
+    if a.skew.is_some() {
+        println!("clock skew          candidates alternate {} and {} (libfaketime)", skew_of(0), skew_of(1));
+    }
     let started = Instant::now();
     let mut records: Vec<Record> = Vec::new();
     let mut faults: BTreeMap<&str, u32> = BTreeMap::new();
