@@ -24,25 +24,25 @@ fn a_seed_replays_exactly() {
     assert!(a.faults > 0 && a.summary.terms > 1, "the seed exercised faults and handovers");
 }
 
-/// Each mutant is caught within the first seeds (the simulation is deterministic, so
-/// these ranges are stable; `tenure-sim --mutant …` scans more).
-fn caught(mutant: Mutant, seeds: std::ops::Range<u64>) {
+/// Each mutant is caught within the first few hundred seeds; the scan stops at the first
+/// violation (where exactly depends on the runtime's code, so no seed is pinned).
+fn caught(mutant: Mutant) {
     let cfg = SimConfig { mutant: Some(mutant), ..SimConfig::default() };
-    let found = violations(seeds.clone(), &cfg);
-    assert!(!found.is_empty(), "{mutant:?} went unnoticed over seeds {seeds:?}");
+    let first = (1..600).find(|&seed| !run_seed(seed, &cfg).summary.violations.is_empty());
+    assert!(first.is_some(), "{mutant:?} went unnoticed over 600 seeds");
 }
 
 #[test]
 fn zero_safety_margin_is_caught() {
-    caught(Mutant::ZeroSafetyMargin, 1..20);
+    caught(Mutant::ZeroSafetyMargin);
 }
 
 #[test]
 fn deadline_dated_from_the_response_is_caught() {
-    caught(Mutant::DeadlineFromResponse, 30..45);
+    caught(Mutant::DeadlineFromResponse);
 }
 
 #[test]
 fn renew_without_compare_and_set_is_caught() {
-    caught(Mutant::RenewWithoutCas, 10..25);
+    caught(Mutant::RenewWithoutCas);
 }
