@@ -271,7 +271,7 @@ fn torture(a: Args) -> Result<bool, String> {
     let started = Instant::now();
     let mut records: Vec<Record> = Vec::new();
     let mut faults: BTreeMap<&str, u32> = BTreeMap::new();
-    let mut restarts: Vec<u64> = Vec::new();
+    let mut restart_times: Vec<u64> = Vec::new();
     while started.elapsed() < a.duration {
         std::thread::sleep(a.ttl.mul_f64(0.75 + 1.5 * rng.f64()));
         // Thaw candidates whose freeze is over; heal their network.
@@ -298,7 +298,7 @@ fn torture(a: Args) -> Result<bool, String> {
             && rng.usize(0..5) == 0
         {
             s.restart();
-            restarts.push(now_ns());
+            restart_times.push(now_ns());
             *faults.entry("server restart").or_default() += 1;
             continue;
         }
@@ -421,7 +421,7 @@ fn torture(a: Args) -> Result<bool, String> {
     // further restart within the bound gave the candidates no fair chance and is not judged.
     let before = records.len();
     records.retain(|r| match r {
-        Record::Stop { at, .. } => !restarts.iter().any(|t| *t >= *at && *t <= at + liveness.after_crash),
+        Record::Stop { at, .. } => !restart_times.iter().any(|t| *t >= *at && *t <= at + liveness.after_crash),
         _ => true,
     });
     println!("liveness excused    {} stops followed by another server restart within the bound", before - records.len());
