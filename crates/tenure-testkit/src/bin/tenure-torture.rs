@@ -424,7 +424,10 @@ fn torture(a: Args) -> Result<bool, String> {
         Record::Stop { at, .. } => !restart_times.iter().any(|t| *t >= *at && *t <= at + liveness.after_crash),
         _ => true,
     });
-    println!("liveness excused    {} stops followed by another server restart within the bound", before - records.len());
+    println!(
+        "liveness excused    {} stops followed by another server restart within the bound",
+        before - records.len()
+    );
     let s = history::check(&records, Some(liveness));
     let mut takeovers = s.takeovers_after_crash.clone();
     takeovers.sort();
