@@ -27,8 +27,6 @@ use tenure::{
     Revision, StoreError, WatchStream, check_ttl,
 };
 use tokio::sync::{OnceCell, broadcast};
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::BroadcastStream;
 
 /// The default lease table.
 pub const DEFAULT_TABLE: &str = "tenure_leases";
@@ -448,18 +446,7 @@ impl LeaseStore for PostgresStore {
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
         self.ensure_listener();
-        let name: Arc<str> = Arc::from(election.as_str());
-        // A notification for this election, a resynchronisation (""), or a lag: re-read.
-        let signals = BroadcastStream::new(self.inner.changes.subscribe()).filter_map(move |m| match m {
-            Ok(n) if !n.is_empty() && n != name => None,
-            _ => Some(()),
-        });
-        let store = self.clone();
-        let read = move |e: ElectionName| {
-            let store = store.clone();
-            async move { store.get(&e).await }
-        };
-        Some(tenure::rereading_watch(election.clone(), signals, read, Duration::from_millis(100)))
+        Some(tenure::watch_by_name(Arc::new(self.clone()), self.inner.changes.subscribe(), election))
     }
 
     fn describe(&self) -> String {

@@ -56,4 +56,4 @@ pub use record::{
 };
 pub use store::{BoxError, ErrorKind, LeaseStore, StoreError, WatchEvent, WatchStream};
 pub use tokio_util::sync::CancellationToken;
-pub use watch::rereading_watch;
+pub use watch::{rereading_watch, watch_by_name};

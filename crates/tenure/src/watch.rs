@@ -70,3 +70,23 @@ where
     });
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
+
+/// A [`WatchStream`] for stores that broadcast the names of elections that changed (an
+/// empty name meaning "anything may have changed", e.g. after a reconnect): re-reads
+/// `election` through `store` whenever its name, an empty name, or a lag comes by.
+pub fn watch_by_name(
+    store: std::sync::Arc<dyn crate::LeaseStore>,
+    changes: tokio::sync::broadcast::Receiver<std::sync::Arc<str>>,
+    election: &ElectionName,
+) -> WatchStream {
+    let name: std::sync::Arc<str> = std::sync::Arc::from(election.as_str());
+    let signals = tokio_stream::wrappers::BroadcastStream::new(changes).filter_map(move |m| match m {
+        Ok(n) if !n.is_empty() && n != name => None,
+        _ => Some(()),
+    });
+    let read = move |e: ElectionName| {
+        let store = store.clone();
+        async move { store.get(&e).await }
+    };
+    rereading_watch(election.clone(), signals, read, Duration::from_millis(100))
+}
