@@ -46,6 +46,17 @@ pub async fn demo(candidates: usize, ttl: Duration) -> Result<()> {
     if !(2..=20).contains(&candidates) {
         bail!("--candidates {candidates}: the demo needs 2 to 20 candidates");
     }
+    // The candidates stop their job within 300 ms: the TTL must leave room for that.
+    let campaign = crate::run::Campaign {
+        election: ELECTION.into(),
+        id: None,
+        ttl,
+        grace: Duration::from_millis(300),
+        metadata: None,
+    };
+    if let Err(e) = campaign.renew_deadline() {
+        bail!("--ttl {} is too short for the demo (try 1s or more): {e}", humantime::format_duration(ttl));
+    }
     let dir = tempfile::tempdir().context("cannot create a temporary directory for the demo store")?;
     let db = dir.path().join("demo.db");
     let url = format!("sqlite:{}", db.display());
@@ -64,7 +75,15 @@ pub async fn demo(candidates: usize, ttl: Duration) -> Result<()> {
         let id = format!("candidate-{i}");
         let child = Command::new(&exe)
             .args(["run", ELECTION, "--store", &url, "--ttl", &humantime::format_duration(ttl).to_string()])
-            .args(["--grace", "300ms", "--id", &id, "--", &exe.to_string_lossy(), "__demo-job"])
+            .args([
+                "--grace",
+                &format!("{}ms", campaign.grace.as_millis()),
+                "--id",
+                &id,
+                "--",
+                &exe.to_string_lossy(),
+                "__demo-job",
+            ])
             .arg(dir.path())
             .env("RUST_LOG", "error")
             .stdin(Stdio::null())

@@ -25,6 +25,19 @@ impl Campaign {
     /// Builds the elector, stepping down early enough that the command can be
     /// stopped (SIGTERM, `grace`, SIGKILL) before the lease deadline.
     pub fn elector(&self, store: Arc<dyn LeaseStore>) -> Result<Elector> {
+        let renew_deadline = self.renew_deadline()?;
+        let mut b = Elector::builder(store, &self.election).ttl(self.ttl).renew_deadline(renew_deadline);
+        if let Some(id) = &self.id {
+            b = b.holder(id);
+        }
+        if let Some(m) = &self.metadata {
+            b = b.metadata(m.as_bytes().to_vec());
+        }
+        Ok(b.build()?)
+    }
+
+    /// Checks that `ttl` is valid and that `grace` fits inside it; returns when to step down.
+    pub fn renew_deadline(&self) -> Result<Duration> {
         let cfg = Config::new(self.ttl);
         if let Err(e) = cfg.validate() {
             bail!("invalid --ttl {}: {}", humantime::format_duration(self.ttl), e.reason);
@@ -39,16 +52,7 @@ impl Campaign {
                 humantime::format_duration(Duration::from_millis(budget.as_millis() as u64)),
             );
         }
-        let mut b = Elector::builder(store, &self.election)
-            .ttl(self.ttl)
-            .renew_deadline(cfg.deadline_offset() - self.grace - KILL_MARGIN);
-        if let Some(id) = &self.id {
-            b = b.holder(id);
-        }
-        if let Some(m) = &self.metadata {
-            b = b.metadata(m.as_bytes().to_vec());
-        }
-        Ok(b.build()?)
+        Ok(cfg.deadline_offset() - self.grace - KILL_MARGIN)
     }
 }
 

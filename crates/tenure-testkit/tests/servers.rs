@@ -42,3 +42,19 @@ fn nats_launcher() {
 fn etcd_launcher() {
     exercise(Kind::Etcd);
 }
+
+#[test]
+fn a_paused_server_answers_nothing_until_resumed() {
+    use std::io::{Read, Write};
+    let Some(s) = servers::launch(Kind::Redis) else { return };
+    let mut c = TcpStream::connect(("127.0.0.1", s.port())).unwrap();
+    c.set_read_timeout(Some(std::time::Duration::from_millis(300))).unwrap();
+    let mut buf = [0u8; 7];
+    s.pause();
+    c.write_all(b"PING\r\n").unwrap();
+    assert!(c.read_exact(&mut buf).is_err(), "a paused server must not answer");
+    s.resume();
+    c.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+    c.read_exact(&mut buf).expect("the resumed server answers the waiting request");
+    assert_eq!(&buf, b"+PONG\r\n");
+}
