@@ -1,0 +1,741 @@
+//! etcd lease store for tenure.
+//!
+//! Each election is one key, `PREFIX/lease/ELECTION`, bound to an **etcd lease**: when
+//! the lease runs out, etcd deletes the key, so the etcd leader's clock judges expiry.
+//!
+//! **One etcd lease per process.** A store keeps one etcd lease per TTL it is asked for
+//! (in whole seconds, rounded up), shared by every election it holds with that TTL, and
+//! keeps it alive with one keep-alive per renewal interval however many elections it
+//! leads. A keep-alive is sent before every acquire and renewal unless one was already
+//! sent after that call began, so an acquire or renewal that succeeds always finds the
+//! lease refreshed after its request left: the key then lives at least a TTL after
+//! the runtime dated its term.
+//!
+//! **Tokens and revisions.** The key's create revision is the fencing token: etcd's
+//! revision counter only grows, a key created again after a release, an eviction or
+//! expiry gets a larger one, and it is durable across restarts. The key's mod revision
+//! is the record's revision; a renewal rewrites the key (keeping its value) to move it.
+//!
+//! **Compare-and-set.** Renewal and release are transactions that compare the create
+//! revision and the stored value (holder, TTL, eviction flag, metadata), so a record of
+//! another grant, of another holder, or an evicted one never matches. Eviction after
+//! term marks the value and moves the key to a fresh etcd lease of the record's TTL,
+//! granted after the record was read, so the key outlives the holder's deadline but no
+//! longer lives as long as the holder's process.
+//!
+//! Followers wait on one prefix watch per store, not on polling.
+//!
+//! ```no_run
+//! # async fn t() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = tenure_etcd::EtcdStore::connect("etcd://127.0.0.1:2379,127.0.0.1:22379").await?;
+//! # Ok(()) }
+//! ```
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue, LeaseKeepAliveStream, LeaseKeeper,
+    PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
+};
+use tenure::{
+    Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, Renew,
+    Revision, StoreError, WatchStream, check_ttl,
+};
+use tokio::sync::{OnceCell, broadcast};
+
+/// The default key prefix.
+pub const DEFAULT_PREFIX: &str = "tenure";
+
+/// How long one request may take before it counts as lost.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// A lease store on an etcd cluster.
+#[derive(Clone)]
+pub struct EtcdStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    endpoints: Vec<String>,
+    options: ConnectOptions,
+    client: OnceCell<Client>,
+    /// `PREFIX/lease/`: every election's key starts with it.
+    keys: String,
+    described: String,
+    /// One etcd lease per TTL in whole seconds.
+    leases: Mutex<HashMap<i64, Arc<tokio::sync::Mutex<LeaseSlot>>>>,
+    changes: broadcast::Sender<Arc<str>>,
+    listening: AtomicBool,
+}
+
+/// One shared etcd lease and its keep-alive stream.
+#[derive(Default)]
+struct LeaseSlot {
+    id: Option<i64>,
+    stream: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    /// When the last keep-alive (or grant) that succeeded was sent.
+    refreshed: Option<Instant>,
+}
+
+/// What the store URL says, split into the client's settings and ours.
+struct Parsed {
+    endpoints: Vec<String>,
+    user: Option<(String, String)>,
+    tls: bool,
+    ca: Option<String>,
+    prefix: String,
+}
+
+fn parse_url(url: &str) -> Result<Parsed, StoreError> {
+    let (url, ours) = tenure::url::take_params(url, &["prefix", "ca"]);
+    let bad = |why: &str| {
+        StoreError::invalid(format!(
+            "etcd store URL: {why}; write etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][?prefix=NAME] \
+             (etcds:// for TLS, with ca=PATH for a private CA)"
+        ))
+    };
+    let (tls, rest) = if let Some(r) = url.strip_prefix("etcds://") {
+        (true, r)
+    } else if let Some(r) = url.strip_prefix("etcd://") {
+        (false, r)
+    } else {
+        return Err(bad("the scheme must be etcd:// or etcds://"));
+    };
+    if rest.contains('?') {
+        return Err(bad("unknown parameter (known: prefix, ca)"));
+    }
+    let authority = rest.trim_end_matches('/');
+    if authority.contains('/') {
+        return Err(bad("a path is not allowed"));
+    }
+    let (user, hosts) = match authority.rsplit_once('@') {
+        Some((info, hosts)) => {
+            let (u, p) = info.split_once(':').ok_or_else(|| bad("user info needs USER:PASSWORD"))?;
+            if u.is_empty() {
+                return Err(bad("the user name is empty"));
+            }
+            (Some((u.to_string(), p.to_string())), hosts)
+        }
+        None => (None, authority),
+    };
+    let scheme = if tls { "https" } else { "http" };
+    let mut endpoints = Vec::new();
+    for h in hosts.split(',') {
+        let (host, port) = h.rsplit_once(':').ok_or_else(|| bad(&format!("{h:?} needs a port")))?;
+        if host.is_empty() || port.parse::<u16>().is_err() {
+            return Err(bad(&format!("{h:?} is not HOST:PORT")));
+        }
+        endpoints.push(format!("{scheme}://{h}"));
+    }
+    let prefix = ours[0].clone().unwrap_or_else(|| DEFAULT_PREFIX.to_string());
+    if prefix.is_empty() || !prefix.chars().all(|c| c.is_ascii_alphanumeric() || "._-/".contains(c)) {
+        return Err(StoreError::invalid(format!(
+            "key prefix {prefix:?} is not allowed: use letters, digits and . _ - /"
+        )));
+    }
+    if ours[1].is_some() && !tls {
+        return Err(bad("ca= needs etcds://"));
+    }
+    Ok(Parsed { endpoints, user, tls, ca: ours[1].clone(), prefix })
+}
+
+/// The stored value: `tenure1 HOLDER TTL_MS ACQUIRED_MS EVICTED\nMETADATA`. Holder ids
+/// have no spaces or line breaks, so the header splits cleanly; the metadata is raw bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Value {
+    holder: HolderId,
+    ttl: Duration,
+    acquired_ms: u64,
+    evicted: bool,
+    metadata: Vec<u8>,
+}
+
+impl Value {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = format!(
+            "tenure1 {} {} {} {}\n",
+            self.holder,
+            self.ttl.as_millis(),
+            self.acquired_ms,
+            if self.evicted { 1 } else { 0 }
+        )
+        .into_bytes();
+        v.extend_from_slice(&self.metadata);
+        v
+    }
+
+    fn decode(raw: &[u8]) -> Option<Self> {
+        let nl = raw.iter().position(|&b| b == b'\n')?;
+        let header = std::str::from_utf8(&raw[..nl]).ok()?;
+        let mut f = header.split(' ');
+        if f.next()? != "tenure1" {
+            return None;
+        }
+        let holder = HolderId::new(f.next()?).ok()?;
+        let ttl = Duration::from_millis(f.next()?.parse().ok()?);
+        let acquired_ms = f.next()?.parse().ok()?;
+        let evicted = match f.next()? {
+            "0" => false,
+            "1" => true,
+            _ => return None,
+        };
+        Some(Self { holder, ttl, acquired_ms, evicted, metadata: raw[nl + 1..].to_vec() })
+    }
+
+    /// The value a record was read from (every field of it comes from the value).
+    fn of(rec: &LeaseRecord) -> Self {
+        let acquired_ms =
+            rec.acquired_at.and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map_or(0, |d| d.as_millis() as u64);
+        Self {
+            holder: rec.holder.clone(),
+            ttl: rec.ttl,
+            acquired_ms,
+            evicted: rec.evicted,
+            metadata: rec.metadata.clone(),
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// TTL in the whole seconds etcd leases count in, rounded up.
+fn lease_secs(ttl: Duration) -> i64 {
+    (ttl.as_millis().div_ceil(1000) as i64).max(1)
+}
+
+/// Maps a client error to a store error that says whether a retry can help.
+fn etcd_error(what: &str, e: etcd_client::Error) -> StoreError {
+    use etcd_client::Error as E;
+    let (kind, hint) = match &e {
+        E::GRpcStatus(s) => {
+            let m = s.message();
+            match s.code() {
+                tonic_code::Unauthenticated | tonic_code::PermissionDenied => {
+                    (ErrorKind::Unauthorized, "check the user and password in the store URL")
+                }
+                _ if m.contains("authentication failed") || m.contains("invalid auth token") => {
+                    (ErrorKind::Unauthorized, "check the user and password in the store URL")
+                }
+                _ if m.contains("requested lease not found") => {
+                    (ErrorKind::Unavailable, "the process's etcd lease ran out; a new one is granted")
+                }
+                tonic_code::Unavailable if m.contains("onnection refused") || m.contains("tcp connect") => {
+                    (ErrorKind::Unavailable, "nothing listens at the store URL's hosts and ports")
+                }
+                _ if m.contains("no leader") || m.contains("too many requests") || m.contains("not capable") => {
+                    (ErrorKind::Unavailable, "the cluster cannot serve requests now")
+                }
+                tonic_code::Unavailable
+                | tonic_code::DeadlineExceeded
+                | tonic_code::Cancelled
+                | tonic_code::Unknown => (ErrorKind::Ambiguous, "the request may or may not have been applied"),
+                _ if m.contains("leader changed") || m.contains("timed out") => {
+                    (ErrorKind::Ambiguous, "the request may or may not have been applied")
+                }
+                tonic_code::InvalidArgument | tonic_code::OutOfRange | tonic_code::FailedPrecondition => {
+                    (ErrorKind::Misconfigured, "the server refused the request")
+                }
+                _ => (ErrorKind::Unavailable, "the server refused the request for now"),
+            }
+        }
+        E::TransportError(_) | E::IoError(_) => (ErrorKind::Unavailable, "cannot reach the server"),
+        E::InvalidUri(_) | E::InvalidArgs(_) | E::EndpointError(_) => {
+            (ErrorKind::Misconfigured, "the store URL is not valid")
+        }
+        E::LeaseKeepAliveError(_) | E::WatchError(_) => (ErrorKind::Unavailable, "the stream to the server broke"),
+        _ => (ErrorKind::Unavailable, "the client failed"),
+    };
+    StoreError::new(kind, format!("etcd: {what} failed ({hint})")).with_source(e)
+}
+
+/// Whether `e` says that the etcd lease no longer exists (it ran out or was revoked).
+fn lease_gone(e: &StoreError) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(x) = cur {
+        let m = x.to_string();
+        if m.contains("lease not found") || m.contains("lease ran out") {
+            return true;
+        }
+        cur = x.source();
+    }
+    false
+}
+
+/// gRPC status codes.
+mod tonic_code {
+    pub use tonic::Code::*;
+}
+
+/// Runs `f` with [`REQUEST_TIMEOUT`]; a timeout is an ambiguous answer.
+async fn timed<T>(
+    what: &str,
+    f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(REQUEST_TIMEOUT, f).await {
+        Ok(r) => r.map_err(|e| etcd_error(what, e)),
+        Err(_) => Err(StoreError::timed_out(&format!("etcd: {what}"), REQUEST_TIMEOUT)),
+    }
+}
+
+impl EtcdStore {
+    /// A store on the cluster `url` names:
+    /// `etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][?prefix=NAME]`, or `etcds://…` for TLS
+    /// (the system's roots, or `ca=PATH` to a PEM file). The connection is made on first
+    /// use and remade after failures, so a cluster that is down now is not an error yet.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let p = parse_url(url)?;
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(REQUEST_TIMEOUT)
+            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
+            .with_require_leader(true);
+        if let Some((u, pw)) = &p.user {
+            options = options.with_user(u.clone(), pw.clone());
+        }
+        if p.tls {
+            let mut tls = etcd_client::TlsOptions::new().with_native_roots();
+            if let Some(path) = &p.ca {
+                let pem = std::fs::read(path).map_err(|e| {
+                    StoreError::new(ErrorKind::Misconfigured, format!("cannot read the CA file {path}")).with_source(e)
+                })?;
+                tls = tls.ca_certificate(etcd_client::Certificate::from_pem(pem));
+            }
+            options = options.with_tls(tls);
+        }
+        let hosts: Vec<&str> = p.endpoints.iter().map(|e| e.split_once("://").map_or(e.as_str(), |x| x.1)).collect();
+        let described = format!("{}://{} (prefix {})", if p.tls { "etcds" } else { "etcd" }, hosts.join(","), p.prefix);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                endpoints: p.endpoints,
+                options,
+                client: OnceCell::new(),
+                keys: format!("{}/lease/", p.prefix),
+                described,
+                leases: Mutex::new(HashMap::new()),
+                changes: broadcast::channel(1024).0,
+                listening: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    async fn client(&self) -> Result<Client, StoreError> {
+        self.inner
+            .client
+            .get_or_try_init(|| async {
+                match tokio::time::timeout(
+                    REQUEST_TIMEOUT,
+                    Client::connect(&self.inner.endpoints, Some(self.inner.options.clone())),
+                )
+                .await
+                {
+                    Ok(r) => r.map_err(|e| {
+                        let e = etcd_error("connecting", e);
+                        // Nothing was applied yet: a broken connect is never ambiguous.
+                        if e.kind() == ErrorKind::Ambiguous {
+                            StoreError::unavailable(e.to_string()).with_source(e)
+                        } else {
+                            e
+                        }
+                    }),
+                    Err(_) => Err(StoreError::unavailable("etcd: connecting timed out (cannot reach the server)")),
+                }
+            })
+            .await
+            .cloned()
+    }
+
+    fn key(&self, election: &str) -> String {
+        format!("{}{election}", self.inner.keys)
+    }
+
+    fn record(&self, kv: &KeyValue) -> Result<LeaseRecord, StoreError> {
+        let bad = |why: &str| {
+            StoreError::new(
+                ErrorKind::Misconfigured,
+                format!(
+                    "etcd key {} {why}; is another program writing under this prefix?",
+                    String::from_utf8_lossy(kv.key())
+                ),
+            )
+        };
+        let name = kv.key().strip_prefix(self.inner.keys.as_bytes()).ok_or_else(|| bad("is outside the prefix"))?;
+        let name = std::str::from_utf8(name).ok().and_then(|n| ElectionName::new(n).ok());
+        let election = name.ok_or_else(|| bad("does not name an election"))?;
+        let v = Value::decode(kv.value()).ok_or_else(|| bad("does not hold a tenure lease"))?;
+        Ok(LeaseRecord {
+            election,
+            holder: v.holder,
+            token: FencingToken(kv.create_revision() as u64),
+            revision: Revision(kv.mod_revision() as u64),
+            ttl: v.ttl,
+            acquired_at: (v.acquired_ms > 0).then(|| UNIX_EPOCH + Duration::from_millis(v.acquired_ms)),
+            renewed_at: None,
+            remaining: None,
+            evicted: v.evicted,
+            metadata: v.metadata,
+        })
+    }
+
+    /// The record a transaction's `get` answered, if the key exists.
+    fn txn_record(&self, resp: &TxnResponse) -> Result<Option<LeaseRecord>, StoreError> {
+        for op in resp.op_responses() {
+            if let TxnOpResponse::Get(g) = op {
+                return g.kvs().first().map(|kv| self.record(kv)).transpose();
+            }
+        }
+        Ok(None)
+    }
+
+    async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse, StoreError> {
+        let mut c = self.client().await?;
+        let r = timed(what, c.txn(txn)).await;
+        if let Err(e) = &r
+            && lease_gone(e)
+        {
+            self.inner.leases.lock().unwrap().clear();
+        }
+        r
+    }
+
+    /// The shared etcd lease for `ttl`, refreshed by a keep-alive (or granted) that was
+    /// sent no earlier than `since`.
+    async fn lease(&self, ttl: Duration, since: Instant) -> Result<i64, StoreError> {
+        let secs = lease_secs(ttl);
+        let slot = self.inner.leases.lock().unwrap().entry(secs).or_default().clone();
+        let mut slot = slot.lock().await;
+        if let (Some(id), Some(at)) = (slot.id, slot.refreshed)
+            && at >= since
+        {
+            return Ok(id);
+        }
+        let mut c = self.client().await?;
+        if let Some(id) = slot.id {
+            if slot.stream.is_none() {
+                match timed("opening a lease keep-alive", c.lease_keep_alive(id)).await {
+                    Ok(s) => slot.stream = Some(s),
+                    Err(e) if lease_gone(&e) => slot.id = None,
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        if let (Some(id), Some(_)) = (slot.id, slot.stream.as_ref()) {
+            let sent = Instant::now();
+            let (keeper, stream) = slot.stream.as_mut().expect("opened above");
+            let answer = tokio::time::timeout(REQUEST_TIMEOUT, async {
+                keeper.keep_alive().await?;
+                stream.message().await
+            })
+            .await;
+            match answer {
+                Ok(Ok(Some(r))) if r.ttl() >= secs => {
+                    slot.refreshed = Some(sent);
+                    return Ok(id);
+                }
+                // The lease ran out (its keys are gone): grant a new one below.
+                Ok(Ok(Some(r))) if r.ttl() <= 0 => slot.id = None,
+                Ok(Ok(Some(r))) => {
+                    slot.stream = None;
+                    return Err(StoreError::new(
+                        ErrorKind::Misconfigured,
+                        format!("etcd kept a {secs} s lease alive for only {} s", r.ttl()),
+                    ));
+                }
+                Ok(Ok(None)) => {
+                    slot.stream = None;
+                    return Err(StoreError::unavailable(
+                        "etcd: the lease keep-alive stream ended (cannot reach the server)",
+                    ));
+                }
+                Ok(Err(e)) => {
+                    slot.stream = None;
+                    let e = etcd_error("keeping the lease alive", e);
+                    if lease_gone(&e) {
+                        slot.id = None;
+                    } else {
+                        return Err(if e.kind() == ErrorKind::Ambiguous {
+                            StoreError::unavailable(e.to_string())
+                        } else {
+                            e
+                        });
+                    }
+                }
+                Err(_) => {
+                    slot.stream = None;
+                    return Err(StoreError::unavailable(format!(
+                        "etcd: the lease keep-alive got no answer within {REQUEST_TIMEOUT:?}"
+                    )));
+                }
+            }
+        }
+        slot.stream = None;
+        let sent = Instant::now();
+        let granted = timed("granting a lease", c.lease_grant(secs, None)).await?;
+        if granted.ttl() < secs {
+            return Err(StoreError::new(
+                ErrorKind::Misconfigured,
+                format!("etcd granted a {} s lease when {secs} s were asked", granted.ttl()),
+            ));
+        }
+        slot.id = Some(granted.id());
+        slot.refreshed = Some(sent);
+        Ok(granted.id())
+    }
+
+    fn ensure_listener(&self) {
+        if self.inner.listening.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        let keys = self.inner.keys.clone();
+        tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(100);
+            loop {
+                let Some(inner) = weak.upgrade() else { return };
+                let store = EtcdStore { inner };
+                let opened = match store.client().await {
+                    Ok(mut c) => {
+                        timed("watching", c.watch(keys.clone(), Some(WatchOptions::new().with_prefix()))).await.ok()
+                    }
+                    Err(_) => None,
+                };
+                let changes = store.inner.changes.clone();
+                drop(store);
+                let Some(mut watch) = opened else {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                    continue;
+                };
+                backoff = Duration::from_millis(100);
+                // (Re)watching: changes may have been missed; every watcher re-reads.
+                let _ = changes.send(Arc::from(""));
+                loop {
+                    let m = tokio::time::timeout(Duration::from_secs(5), watch.message()).await;
+                    if weak.strong_count() == 0 {
+                        return;
+                    }
+                    match m {
+                        Ok(Ok(Some(resp))) => {
+                            if resp.canceled() {
+                                break;
+                            }
+                            for ev in resp.events() {
+                                if let Some(name) = ev.kv().and_then(|kv| kv.key().strip_prefix(keys.as_bytes())) {
+                                    let _ = changes.send(Arc::from(String::from_utf8_lossy(name).as_ref()));
+                                }
+                            }
+                        }
+                        Ok(_) => break,
+                        Err(_) => {}
+                    }
+                }
+            }
+        });
+    }
+
+    /// Takes an absent key, or re-takes our own: one transaction in the common case.
+    async fn acquire_once(&self, req: &AcquireRequest, lease: i64) -> Result<Option<Acquire>, StoreError> {
+        let key = self.key(req.election.as_str());
+        let fresh = Value {
+            holder: req.holder.clone(),
+            ttl: req.ttl,
+            acquired_ms: now_ms(),
+            evicted: false,
+            metadata: req.metadata.clone(),
+        };
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(key.clone(), fresh.encode(), Some(PutOptions::new().with_lease(lease))),
+                TxnOp::get(key.clone(), None),
+            ])
+            .or_else([TxnOp::get(key.clone(), None)]);
+        let resp = self.txn("acquire", txn).await?;
+        let current = self.txn_record(&resp)?;
+        if resp.succeeded() {
+            let rec = current.ok_or_else(|| StoreError::ambiguous("etcd: the lease vanished while it was acquired"))?;
+            return Ok(Some(Acquire::Acquired(rec)));
+        }
+        let Some(cur) = current else {
+            return Ok(None); // gone in between: try again
+        };
+        if cur.holder != req.holder || cur.evicted {
+            return Ok(Some(Acquire::Held(cur)));
+        }
+        // Our own record: a renewal that keeps the token and the grant time.
+        let again = Value { acquired_ms: Value::of(&cur).acquired_ms, ..fresh };
+        let txn =
+            Txn::new().when([Compare::mod_revision(key.clone(), CompareOp::Equal, cur.revision.0 as i64)]).and_then([
+                TxnOp::put(key.clone(), again.encode(), Some(PutOptions::new().with_lease(lease))),
+                TxnOp::get(key.clone(), None),
+            ]);
+        let resp = self.txn("acquire", txn).await?;
+        if !resp.succeeded() {
+            return Ok(None);
+        }
+        let rec = self.txn_record(&resp)?;
+        Ok(Some(Acquire::Acquired(
+            rec.ok_or_else(|| StoreError::ambiguous("etcd: the lease vanished while it was acquired"))?,
+        )))
+    }
+
+    async fn get_key(&self, election: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        let mut c = self.client().await?;
+        let resp = timed("get", c.get(self.key(election), None)).await?;
+        resp.kvs().first().map(|kv| self.record(kv)).transpose()
+    }
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for EtcdStore {
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
+        req.validate()?;
+        let since = Instant::now();
+        let lease = self.lease(req.ttl, since).await?;
+        for _ in 0..5 {
+            if let Some(a) = self.acquire_once(req, lease).await? {
+                return Ok(a);
+            }
+        }
+        Err(StoreError::unavailable("etcd: the record kept changing during the acquire; retrying"))
+    }
+
+    async fn renew(&self, held: &LeaseRecord, ttl: Duration) -> Result<Renew, StoreError> {
+        check_ttl(ttl)?;
+        let key = self.key(held.election.as_str());
+        if held.evicted {
+            return Ok(Renew::Lost(self.get_key(held.election.as_str()).await?));
+        }
+        let since = Instant::now();
+        let lease = self.lease(ttl, since).await?;
+        let put = if ttl == held.ttl {
+            // Same value: only the revision moves (and the lease, should it have changed).
+            TxnOp::put(key.clone(), Vec::new(), Some(PutOptions::new().with_ignore_value().with_lease(lease)))
+        } else {
+            let v = Value { ttl, ..Value::of(held) };
+            TxnOp::put(key.clone(), v.encode(), Some(PutOptions::new().with_lease(lease)))
+        };
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key.clone(), CompareOp::Equal, held.token.0 as i64),
+                Compare::value(key.clone(), CompareOp::Equal, Value::of(held).encode()),
+            ])
+            .and_then([put, TxnOp::get(key.clone(), None)])
+            .or_else([TxnOp::get(key.clone(), None)]);
+        let resp = self.txn("renew", txn).await?;
+        let current = self.txn_record(&resp)?;
+        Ok(match (resp.succeeded(), current) {
+            (true, Some(rec)) => Renew::Renewed(rec),
+            (_, cur) => Renew::Lost(cur),
+        })
+    }
+
+    async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
+        let key = self.key(held.election.as_str());
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key.clone(), CompareOp::Equal, held.token.0 as i64),
+                Compare::mod_revision(key.clone(), CompareOp::Equal, held.revision.0 as i64),
+                Compare::value(key.clone(), CompareOp::Equal, Value::of(held).encode()),
+            ])
+            .and_then([TxnOp::delete(key, None)]);
+        self.txn("release", txn).await?;
+        Ok(())
+    }
+
+    async fn get(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {
+        self.get_key(election.as_str()).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        let mut c = self.client().await?;
+        let resp = timed("list", c.get(self.key(prefix), Some(GetOptions::new().with_prefix()))).await?;
+        let mut out = resp.kvs().iter().map(|kv| self.record(kv)).collect::<Result<Vec<_>, _>>()?;
+        out.sort_by(|a, b| a.election.as_str().cmp(b.election.as_str()));
+        Ok(out)
+    }
+
+    async fn evict(&self, election: &ElectionName, how: Evict) -> Result<Option<LeaseRecord>, StoreError> {
+        let key = self.key(election.as_str());
+        if how == Evict::Now {
+            let mut c = self.client().await?;
+            let resp = timed("evict", c.delete(key, Some(DeleteOptions::new().with_prev_key()))).await?;
+            return resp.prev_kvs().first().map(|kv| self.record(kv)).transpose();
+        }
+        for _ in 0..5 {
+            let Some(cur) = self.get_key(election.as_str()).await? else {
+                return Ok(None);
+            };
+            if cur.evicted {
+                return Ok(Some(cur));
+            }
+            // Granted after the read, and the write below only lands if nothing renewed
+            // since the read: the key outlives every term the holder was granted.
+            let mut c = self.client().await?;
+            let lease = timed("granting a lease", c.lease_grant(lease_secs(cur.ttl), None)).await?.id();
+            let marked = Value { evicted: true, ..Value::of(&cur) };
+            let txn = Txn::new()
+                .when([Compare::mod_revision(key.clone(), CompareOp::Equal, cur.revision.0 as i64)])
+                .and_then([TxnOp::put(key.clone(), marked.encode(), Some(PutOptions::new().with_lease(lease)))]);
+            if self.txn("evict", txn).await?.succeeded() {
+                return Ok(Some(cur));
+            }
+        }
+        Err(StoreError::unavailable("etcd: the record kept changing during the eviction; try again"))
+    }
+
+    fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
+        self.ensure_listener();
+        Some(tenure::watch_by_name(Arc::new(self.clone()), self.inner.changes.subscribe(), election))
+    }
+
+    fn describe(&self) -> String {
+        self.inner.described.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_parsed_and_checked() {
+        let p = parse_url("etcd://root:s3cret@h1:2379,h2:22379?prefix=app/leases").unwrap();
+        assert_eq!(p.endpoints, vec!["http://h1:2379", "http://h2:22379"]);
+        assert_eq!(p.user, Some(("root".into(), "s3cret".into())));
+        assert_eq!((p.tls, p.prefix.as_str()), (false, "app/leases"));
+        let p = parse_url("etcds://h:2379/?ca=/etc/ca.pem").unwrap();
+        assert_eq!((p.endpoints[0].as_str(), p.tls, p.ca.as_deref()), ("https://h:2379", true, Some("/etc/ca.pem")));
+        for bad in
+            ["etcd://h", "etcd://h:x", "etcd://h:2379/db", "etcd://h:2379?x=1", "http://h:2379", "etcd://h:1?ca=a"]
+        {
+            assert_eq!(parse_url(bad).err().map(|e| e.kind()), Some(ErrorKind::Invalid), "{bad}");
+        }
+        assert!(parse_url("etcd://h:1?prefix=a*b").is_err());
+    }
+
+    #[test]
+    fn values_round_trip_byte_for_byte() {
+        let v = Value {
+            holder: HolderId::new("web-1.42.x").unwrap(),
+            ttl: Duration::from_millis(2500),
+            acquired_ms: 1_700_000_000_123,
+            evicted: true,
+            metadata: b"a\nb \x00\xff".to_vec(),
+        };
+        let raw = v.encode();
+        assert_eq!(Value::decode(&raw), Some(v));
+        assert_eq!(Value::decode(b"other data"), None);
+        assert_eq!(Value::decode(b"tenure1 h 1 2 3\n"), None);
+    }
+
+    #[test]
+    fn lease_seconds_round_up() {
+        assert_eq!(lease_secs(Duration::from_millis(300)), 1);
+        assert_eq!(lease_secs(Duration::from_millis(2000)), 2);
+        assert_eq!(lease_secs(Duration::from_millis(2001)), 3);
+    }
+}
