@@ -55,6 +55,12 @@ pub trait Harness: Send + Sync + 'static {
     fn short_ttl(&self) -> Duration {
         Duration::from_millis(300)
     }
+
+    /// The TTL of leases a case expects to outlast it ([`LONG_TTL`]). A store that serves
+    /// one TTL only (a NATS bucket) answers the same as [`Harness::short_ttl`].
+    fn long_ttl(&self) -> Duration {
+        LONG_TTL
+    }
 }
 
 type Case = fn(Arc<dyn Harness>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -127,7 +133,8 @@ fn holder(name: &str) -> HolderId {
     HolderId::new(unique(name)).unwrap()
 }
 
-const LONG: Duration = Duration::from_secs(30);
+/// The TTL of leases the cases expect to outlast the case, unless the harness says otherwise.
+pub const LONG_TTL: Duration = Duration::from_secs(30);
 
 fn req(e: &ElectionName, h: &HolderId, ttl: Duration) -> AcquireRequest {
     AcquireRequest::new(e.clone(), h.clone(), ttl)
@@ -164,9 +171,9 @@ async fn acquire_on_empty(h: Arc<dyn Harness>) {
     let e = election("empty");
     let a = holder("a");
     assert_eq!(s.get(&e).await.unwrap(), None, "a fresh election has no record");
-    let l = acquired(&*s, &req(&e, &a, LONG)).await;
+    let l = acquired(&*s, &req(&e, &a, h.long_ttl())).await;
     assert!(l.token >= FencingToken(1), "tokens start above zero");
-    assert_eq!(l.ttl, LONG);
+    assert_eq!(l.ttl, h.long_ttl());
     let got = s.get(&e).await.unwrap().expect("get sees the new lease");
     assert_eq!((got.holder, got.token), (a, l.token));
 }
@@ -175,11 +182,11 @@ async fn held_by_another(h: Arc<dyn Harness>) {
     let (s1, s2) = (h.open().await, h.open().await);
     let e = election("held");
     let (a, b) = (holder("a"), holder("b"));
-    let l = acquired(&*s1, &req(&e, &a, LONG)).await;
-    let rec = held(&*s2, &req(&e, &b, LONG)).await;
+    let l = acquired(&*s1, &req(&e, &a, h.long_ttl())).await;
+    let rec = held(&*s2, &req(&e, &b, h.long_ttl())).await;
     assert_eq!((rec.holder, rec.token), (a.clone(), l.token), "Held names the current holder");
     let remaining = rec.remaining.unwrap_or(rec.ttl);
-    assert!(remaining <= LONG, "remaining {remaining:?} exceeds the TTL");
+    assert!(remaining <= h.long_ttl(), "remaining {remaining:?} exceeds the TTL");
     let got = s2.get(&e).await.unwrap().unwrap();
     assert_eq!(got.holder, a, "a lost race leaves the record alone");
 }
@@ -188,8 +195,8 @@ async fn same_holder_reacquire_renews(h: Arc<dyn Harness>) {
     let s = h.open().await;
     let e = election("reacquire");
     let a = holder("a");
-    let first = acquired(&*s, &req(&e, &a, LONG)).await;
-    let again = acquired(&*s, &req(&e, &a, LONG)).await;
+    let first = acquired(&*s, &req(&e, &a, h.long_ttl())).await;
+    let again = acquired(&*s, &req(&e, &a, h.long_ttl())).await;
     assert_eq!(again.token, first.token, "re-acquiring by the same holder is a renewal and keeps the token");
     assert!(again.revision > first.revision, "a renewal moves the revision");
 }
@@ -198,15 +205,15 @@ async fn renew_keeps_token_and_moves_revision(h: Arc<dyn Harness>) {
     let s = h.open().await;
     let e = election("renew");
     let a = holder("a");
-    let l = acquired(&*s, &req(&e, &a, LONG)).await;
-    let r = match s.renew(&l, LONG).await.unwrap() {
+    let l = acquired(&*s, &req(&e, &a, h.long_ttl())).await;
+    let r = match s.renew(&l, h.long_ttl()).await.unwrap() {
         Renew::Renewed(r) => r,
         Renew::Lost(cur) => panic!("renewing a live lease failed: {cur:?}"),
     };
     assert_eq!(r.token, l.token);
     assert!(r.revision > l.revision);
     // Renewing from the older copy still works: the compare is on holder and token.
-    assert!(matches!(s.renew(&l, LONG).await.unwrap(), Renew::Renewed(_)));
+    assert!(matches!(s.renew(&l, h.long_ttl()).await.unwrap(), Renew::Renewed(_)));
 }
 
 async fn expiry_then_takeover(h: Arc<dyn Harness>) {
@@ -214,10 +221,10 @@ async fn expiry_then_takeover(h: Arc<dyn Harness>) {
     let e = election("expiry");
     let (a, b) = (holder("a"), holder("b"));
     let la = acquired(&*s1, &req(&e, &a, h.short_ttl())).await;
-    held(&*s2, &req(&e, &b, LONG)).await;
+    held(&*s2, &req(&e, &b, h.long_ttl())).await;
     outlive(&h).await;
     assert_eq!(s2.get(&e).await.unwrap(), None, "an expired lease is not reported by get");
-    let lb = acquired(&*s2, &req(&e, &b, LONG)).await;
+    let lb = acquired(&*s2, &req(&e, &b, h.long_ttl())).await;
     assert!(lb.token > la.token, "takeover after expiry must raise the token ({} then {})", la.token, lb.token);
 }
 
@@ -228,7 +235,7 @@ async fn renew_after_expiry_fails(h: Arc<dyn Harness>) {
     let l = acquired(&*s, &req(&e, &a, h.short_ttl())).await;
     outlive(&h).await;
     assert!(
-        matches!(s.renew(&l, LONG).await.unwrap(), Renew::Lost(None)),
+        matches!(s.renew(&l, h.long_ttl()).await.unwrap(), Renew::Lost(None)),
         "a lease that has expired cannot be renewed back to life"
     );
 }
@@ -239,8 +246,8 @@ async fn renew_after_takeover_fails(h: Arc<dyn Harness>) {
     let (a, b) = (holder("a"), holder("b"));
     let la = acquired(&*s1, &req(&e, &a, h.short_ttl())).await;
     outlive(&h).await;
-    let lb = acquired(&*s2, &req(&e, &b, LONG)).await;
-    match s1.renew(&la, LONG).await.unwrap() {
+    let lb = acquired(&*s2, &req(&e, &b, h.long_ttl())).await;
+    match s1.renew(&la, h.long_ttl()).await.unwrap() {
         Renew::Lost(Some(cur)) => assert_eq!((cur.holder, cur.token), (b.clone(), lb.token)),
         other => {
             panic!("the old holder's renewal must be Lost naming the new holder, got {other:?}")
@@ -248,7 +255,7 @@ async fn renew_after_takeover_fails(h: Arc<dyn Harness>) {
     }
     // Same holder id, old token: still refused (a different grant).
     let stale = LeaseRecord { holder: b.clone(), token: la.token, ..lb.clone() };
-    assert!(matches!(s1.renew(&stale, LONG).await.unwrap(), Renew::Lost(_)), "renew compares the token too");
+    assert!(matches!(s1.renew(&stale, h.long_ttl()).await.unwrap(), Renew::Lost(_)), "renew compares the token too");
     assert_eq!(s1.get(&e).await.unwrap().unwrap().holder, b);
 }
 
@@ -256,13 +263,13 @@ async fn release_clears_and_is_idempotent(h: Arc<dyn Harness>) {
     let (s1, s2) = (h.open().await, h.open().await);
     let e = election("release");
     let (a, b) = (holder("a"), holder("b"));
-    let la = acquired(&*s1, &req(&e, &a, LONG)).await;
+    let la = acquired(&*s1, &req(&e, &a, h.long_ttl())).await;
     s1.release(&la).await.unwrap();
     assert_eq!(s1.get(&e).await.unwrap(), None);
     s1.release(&la).await.unwrap();
-    let lb = acquired(&*s2, &req(&e, &b, LONG)).await;
+    let lb = acquired(&*s2, &req(&e, &b, h.long_ttl())).await;
     assert!(lb.token > la.token, "a grant after release gets a larger token");
-    assert!(matches!(s1.renew(&la, LONG).await.unwrap(), Renew::Lost(_)), "a released lease cannot be renewed");
+    assert!(matches!(s1.renew(&la, h.long_ttl()).await.unwrap(), Renew::Lost(_)), "a released lease cannot be renewed");
     s1.release(&la).await.unwrap();
     assert_eq!(s2.get(&e).await.unwrap().unwrap().holder, b, "a stale release leaves the new holder alone");
 }
@@ -271,14 +278,14 @@ async fn release_by_non_holder_is_harmless(h: Arc<dyn Harness>) {
     let (s1, s2) = (h.open().await, h.open().await);
     let e = election("foreign-release");
     let (a, b) = (holder("a"), holder("b"));
-    let la = acquired(&*s1, &req(&e, &a, LONG)).await;
+    let la = acquired(&*s1, &req(&e, &a, h.long_ttl())).await;
     let forged = LeaseRecord { holder: b.clone(), ..la.clone() };
     s2.release(&forged).await.expect("a release that does not match is not an error");
     let wrong_token = LeaseRecord { token: FencingToken(la.token.0 + 1000), ..la.clone() };
     s2.release(&wrong_token).await.unwrap();
     let got = s2.get(&e).await.unwrap().expect("the record must survive");
     assert_eq!((got.holder, got.token), (a, la.token));
-    held(&*s2, &req(&e, &b, LONG)).await;
+    held(&*s2, &req(&e, &b, h.long_ttl())).await;
 }
 
 /// A holder that re-acquires its own live record keeps the token; a release sent in
@@ -287,8 +294,8 @@ async fn delayed_release_of_an_earlier_term_is_harmless(h: Arc<dyn Harness>) {
     let s = h.open().await;
     let e = election("late-release");
     let a = holder("a");
-    let first = acquired(&*s, &req(&e, &a, LONG)).await;
-    let second = acquired(&*s, &req(&e, &a, LONG)).await;
+    let first = acquired(&*s, &req(&e, &a, h.long_ttl())).await;
+    let second = acquired(&*s, &req(&e, &a, h.long_ttl())).await;
     assert_eq!(second.token, first.token);
     s.release(&first).await.unwrap();
     let got = s.get(&e).await.unwrap().expect("a release carrying an older revision leaves the record");
@@ -301,24 +308,24 @@ async fn evict_after_term_blocks_until_release(h: Arc<dyn Harness>) {
     let (s1, s2, op) = (h.open().await, h.open().await, h.open().await);
     let e = election("evict-release");
     let (a, b) = (holder("a"), holder("b"));
-    let la = acquired(&*s1, &req(&e, &a, LONG)).await;
+    let la = acquired(&*s1, &req(&e, &a, h.long_ttl())).await;
     let ev = op.evict(&e, Evict::AfterTerm).await.unwrap().expect("evict names who it evicted");
     assert_eq!((ev.holder, ev.token), (a.clone(), la.token));
     let shown = op.get(&e).await.unwrap().expect("an evicted lease stays until its holder releases");
     assert!(shown.evicted, "get shows the eviction");
-    let evicted = match s1.renew(&la, LONG).await.unwrap() {
+    let evicted = match s1.renew(&la, h.long_ttl()).await.unwrap() {
         Renew::Lost(Some(cur)) => {
             assert!(cur.evicted && cur.holder == a && cur.token == la.token, "Lost shows our own evicted record");
             cur
         }
         other => panic!("an evicted holder must not renew, got {other:?}"),
     };
-    let blocked = held(&*s2, &req(&e, &b, LONG)).await;
+    let blocked = held(&*s2, &req(&e, &b, h.long_ttl())).await;
     assert!(blocked.evicted && blocked.holder == a, "nobody else may acquire while the evicted holder may still act");
-    held(&*s1, &req(&e, &a, LONG)).await;
+    held(&*s1, &req(&e, &a, h.long_ttl())).await;
     // The eviction moved the revision: the holder releases the record as Lost showed it.
     s1.release(&evicted).await.unwrap();
-    let lb = acquired(&*s2, &req(&e, &b, LONG)).await;
+    let lb = acquired(&*s2, &req(&e, &b, h.long_ttl())).await;
     assert!(lb.token > la.token);
 }
 
@@ -328,9 +335,9 @@ async fn evict_after_term_blocks_until_term_ends(h: Arc<dyn Harness>) {
     let (a, b) = (holder("a"), holder("b"));
     let la = acquired(&*s1, &req(&e, &a, h.short_ttl())).await;
     op.evict(&e, Evict::AfterTerm).await.unwrap().unwrap();
-    held(&*s2, &req(&e, &b, LONG)).await;
+    held(&*s2, &req(&e, &b, h.long_ttl())).await;
     outlive(&h).await;
-    let lb = acquired(&*s2, &req(&e, &b, LONG)).await;
+    let lb = acquired(&*s2, &req(&e, &b, h.long_ttl())).await;
     assert!(lb.token > la.token, "the term ran out; the next grant gets a larger token");
 }
 
@@ -338,12 +345,12 @@ async fn evict_now_frees_at_once(h: Arc<dyn Harness>) {
     let (s1, s2, op) = (h.open().await, h.open().await, h.open().await);
     let e = election("evict-now");
     let (a, b) = (holder("a"), holder("b"));
-    let la = acquired(&*s1, &req(&e, &a, LONG)).await;
+    let la = acquired(&*s1, &req(&e, &a, h.long_ttl())).await;
     op.evict(&e, Evict::Now).await.unwrap().unwrap();
     assert_eq!(op.get(&e).await.unwrap(), None);
-    let lb = acquired(&*s2, &req(&e, &b, LONG)).await;
+    let lb = acquired(&*s2, &req(&e, &b, h.long_ttl())).await;
     assert!(lb.token > la.token, "the token counter survives an eviction");
-    assert!(matches!(s1.renew(&la, LONG).await.unwrap(), Renew::Lost(_)));
+    assert!(matches!(s1.renew(&la, h.long_ttl()).await.unwrap(), Renew::Lost(_)));
 }
 
 async fn evict_without_holder(h: Arc<dyn Harness>) {
@@ -351,7 +358,7 @@ async fn evict_without_holder(h: Arc<dyn Harness>) {
     let e = election("evict-empty");
     assert_eq!(s.evict(&e, Evict::AfterTerm).await.unwrap(), None);
     assert_eq!(s.evict(&e, Evict::Now).await.unwrap(), None);
-    acquired(&*s, &req(&e, &holder("a"), LONG)).await;
+    acquired(&*s, &req(&e, &holder("a"), h.long_ttl())).await;
 }
 
 async fn tokens_increase_across_release_evict_expiry(h: Arc<dyn Harness>) {
@@ -363,13 +370,13 @@ async fn tokens_increase_across_release_evict_expiry(h: Arc<dyn Harness>) {
         last = t;
     };
     for round in 0..3 {
-        let l = acquired(&*s, &req(&e, &holder("r"), LONG)).await;
+        let l = acquired(&*s, &req(&e, &holder("r"), h.long_ttl())).await;
         check(l.token, "release");
         s.release(&l).await.unwrap();
-        let l = acquired(&*s, &req(&e, &holder("n"), LONG)).await;
+        let l = acquired(&*s, &req(&e, &holder("n"), h.long_ttl())).await;
         check(l.token, "a release");
         s.evict(&e, Evict::Now).await.unwrap();
-        let l = acquired(&*s, &req(&e, &holder("t"), LONG)).await;
+        let l = acquired(&*s, &req(&e, &holder("t"), h.long_ttl())).await;
         check(l.token, "an eviction now");
         s.evict(&e, Evict::AfterTerm).await.unwrap();
         let evicted = s.get(&e).await.unwrap().expect("evicted, not yet released");
@@ -387,7 +394,7 @@ async fn tokens_increase_across_release_evict_expiry(h: Arc<dyn Harness>) {
 async fn tokens_increase_across_restart(h: Arc<dyn Harness>) {
     let s = h.open().await;
     let e = election("restart");
-    let l = acquired(&*s, &req(&e, &holder("a"), LONG)).await;
+    let l = acquired(&*s, &req(&e, &holder("a"), h.long_ttl())).await;
     s.release(&l).await.unwrap();
     drop(s);
     if !h.restart().await {
@@ -395,7 +402,7 @@ async fn tokens_increase_across_restart(h: Arc<dyn Harness>) {
         return;
     }
     let s = h.open().await;
-    let l2 = acquired(&*s, &req(&e, &holder("b"), LONG)).await;
+    let l2 = acquired(&*s, &req(&e, &holder("b"), h.long_ttl())).await;
     assert!(l2.token > l.token, "token {} after a restart is not above {}", l2.token, l.token);
 }
 
@@ -409,7 +416,7 @@ async fn racing_candidates_one_winner(h: Arc<dyn Harness>) {
     let start = Arc::new(tokio::sync::Barrier::new(N));
     let mut tasks = Vec::new();
     for (i, s) in stores.into_iter().enumerate() {
-        let r = req(&e, &holder(&format!("c{i}")), LONG);
+        let r = req(&e, &holder(&format!("c{i}")), h.long_ttl());
         let start = start.clone();
         tasks.push(tokio::spawn(async move {
             start.wait().await;
@@ -442,7 +449,7 @@ async fn list_by_prefix(h: Arc<dyn Harness>) {
     let names = ["jobs/a", "jobs/b", "jobsx", "other/c"].map(|n| ElectionName::new(format!("{root}/{n}")).unwrap());
     let mut leases = Vec::new();
     for n in &names {
-        leases.push(acquired(&*s, &req(n, &holder("l"), LONG)).await);
+        leases.push(acquired(&*s, &req(n, &holder("l"), h.long_ttl())).await);
     }
     let listed: Vec<_> = s.list(&format!("{root}/jobs/")).await.unwrap().into_iter().map(|r| r.election).collect();
     assert_eq!(listed, vec![names[0].clone(), names[1].clone()], "list returns the prefix's elections, by name");
@@ -465,11 +472,11 @@ async fn watch_tells_of_changes(h: Arc<dyn Harness>) {
     let (a, b) = (holder("a"), holder("b"));
     // Settle: some stores need a moment before the subscription is live.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let la = acquired(&*s1, &req(&e, &a, LONG)).await;
+    let la = acquired(&*s1, &req(&e, &a, h.long_ttl())).await;
     wait_for(&mut w, "the acquire", |ev| ev.as_ref().is_some_and(|r| r.holder == a && r.token == la.token)).await;
     s1.release(&la).await.unwrap();
     wait_for(&mut w, "the release", |ev| ev.is_none()).await;
-    let lb = acquired(&*s1, &req(&e, &b, LONG)).await;
+    let lb = acquired(&*s1, &req(&e, &b, h.long_ttl())).await;
     wait_for(&mut w, "the next acquire", |ev| ev.as_ref().is_some_and(|r| r.holder == b && r.token == lb.token)).await;
     s1.evict(&e, Evict::AfterTerm).await.unwrap();
     wait_for(&mut w, "the eviction", |ev| ev.as_ref().is_some_and(|r| r.evicted)).await;
@@ -492,20 +499,20 @@ async fn metadata_round_trips(h: Arc<dyn Harness>) {
     let (s1, s2) = (h.open().await, h.open().await);
     let e = election("metadata");
     let meta = b"host=10.0.0.7:8080 \x00\xff binary-safe".to_vec();
-    let r = req(&e, &holder("a"), LONG).with_metadata(meta.clone());
+    let r = req(&e, &holder("a"), h.long_ttl()).with_metadata(meta.clone());
     let l = acquired(&*s1, &r).await;
     assert_eq!(l.metadata, meta);
     assert_eq!(s2.get(&e).await.unwrap().unwrap().metadata, meta, "observers see the metadata");
-    assert_eq!(held(&*s2, &req(&e, &holder("b"), LONG)).await.metadata, meta);
+    assert_eq!(held(&*s2, &req(&e, &holder("b"), h.long_ttl())).await.metadata, meta);
     let e2 = election("metadata-max");
     let full = vec![b'x'; MAX_METADATA];
-    assert_eq!(acquired(&*s1, &req(&e2, &holder("a"), LONG).with_metadata(full.clone())).await.metadata, full);
+    assert_eq!(acquired(&*s1, &req(&e2, &holder("a"), h.long_ttl()).with_metadata(full.clone())).await.metadata, full);
 }
 
 async fn invalid_requests_are_refused(h: Arc<dyn Harness>) {
     let s = h.open().await;
     let e = election("invalid");
-    let big = req(&e, &holder("a"), LONG).with_metadata(vec![0u8; MAX_METADATA + 1]);
+    let big = req(&e, &holder("a"), h.long_ttl()).with_metadata(vec![0u8; MAX_METADATA + 1]);
     let err = s.try_acquire(&big).await.expect_err("oversized metadata must be refused");
     assert_eq!(err.kind(), ErrorKind::Invalid);
     assert!(err.to_string().contains("metadata"), "the error says what is wrong: {err}");

@@ -130,7 +130,7 @@ pub fn launch(kind: Kind) -> Option<Server> {
 }
 
 /// Like [`launch`], with a password for the server's default user (PostgreSQL: the
-/// `postgres` user with scram-sha-256; MariaDB: `root`; Redis: `requirepass`).
+/// `postgres` user with scram-sha-256; MariaDB: `root`; Redis: `requirepass`; NATS: user `tenure`).
 pub fn launch_with(kind: Kind, password: Option<&str>) -> Option<Server> {
     let Some(program) = find_program(kind.program()) else {
         let msg = format!(
@@ -196,7 +196,10 @@ impl Server {
                 Some(pw) => format!("redis://:{pw}@127.0.0.1:{p}"),
                 None => format!("redis://127.0.0.1:{p}"),
             },
-            Kind::Nats => format!("nats://127.0.0.1:{p}"),
+            Kind::Nats => match &self.password {
+                Some(pw) => format!("nats://tenure:{pw}@127.0.0.1:{p}"),
+                None => format!("nats://127.0.0.1:{p}"),
+            },
             Kind::Etcd => format!("etcd://127.0.0.1:{p}"),
         }
     }
@@ -326,7 +329,13 @@ impl Server {
                 }
                 v
             }
-            Kind::Nats => vec![s("-a"), s("127.0.0.1"), s("-p"), s(&p), s("-js"), s("-sd"), data.into()],
+            Kind::Nats => {
+                let mut v = vec![s("-a"), s("127.0.0.1"), s("-p"), s(&p), s("-js"), s("-sd"), data.into()];
+                if let Some(pw) = &self.password {
+                    v.extend([s("--user"), s("tenure"), s("--pass"), s(pw)]);
+                }
+                v
+            }
             Kind::Etcd => {
                 let client = format!("http://127.0.0.1:{p}");
                 let peer = format!("http://127.0.0.1:{}", self.peer_port);

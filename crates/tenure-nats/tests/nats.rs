@@ -1,0 +1,140 @@
+//! The NATS store against a throwaway nats-server with JetStream: the conformance suite
+//! (restarts included) on a bucket with one TTL, the multi-candidate scenario, the TTL
+//! check against the bucket's max-age, and clear errors for bad passwords and
+//! unreachable servers.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tenure::{Acquire, AcquireRequest, ElectionName, ErrorKind, HolderId, LeaseStore};
+use tenure_nats::NatsStore;
+use tenure_testkit::conformance::{self, Harness};
+use tenure_testkit::proxy::{Mode, Proxy};
+use tenure_testkit::scenario::{self, ScenarioHarness};
+use tenure_testkit::servers::{self, Kind, Server};
+
+/// The bucket's max-age in the conformance run: every lease there has this TTL.
+const BUCKET_TTL: Duration = Duration::from_secs(3);
+
+struct Nats {
+    server: Mutex<Server>,
+    /// Clients reach the server through this proxy, so a test can cut their connections.
+    proxy: Proxy,
+}
+
+impl Nats {
+    fn launch() -> Option<Self> {
+        let server = servers::launch(Kind::Nats)?;
+        let proxy = Proxy::start(("127.0.0.1", server.port())).unwrap();
+        Some(Self { server: Mutex::new(server), proxy })
+    }
+
+    fn url(&self, bucket: &str) -> String {
+        format!("nats://127.0.0.1:{}/{bucket}", self.proxy.port())
+    }
+}
+
+#[async_trait::async_trait]
+impl Harness for Nats {
+    async fn open(&self) -> Arc<dyn LeaseStore> {
+        Arc::new(NatsStore::connect(&self.url("conformance")).await.unwrap())
+    }
+    async fn restart(&self) -> bool {
+        self.server.lock().unwrap().restart();
+        true
+    }
+    fn short_ttl(&self) -> Duration {
+        BUCKET_TTL
+    }
+    fn long_ttl(&self) -> Duration {
+        BUCKET_TTL
+    }
+}
+
+#[async_trait::async_trait]
+impl ScenarioHarness for Nats {
+    async fn open(&self) -> Arc<dyn LeaseStore> {
+        Arc::new(NatsStore::connect(&self.url("scenario")).await.unwrap())
+    }
+    async fn kill_connections(&self) {
+        self.proxy.set(Mode::Cut);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        self.proxy.set(Mode::Pass);
+    }
+    async fn restart(&self) {
+        self.server.lock().unwrap().restart();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_store_conforms() {
+    let Some(nats) = Nats::launch() else { return };
+    conformance::run_all(nats).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_candidates_survive_killed_connections_and_a_restart() {
+    let Some(nats) = Nats::launch() else { return };
+    let r = scenario::multi_candidate(&nats, Duration::from_secs(2), Duration::from_millis(500)).await;
+    eprintln!("nats scenario: {} terms, takeover {:?} after the leader was cut off", r.terms, r.takeover);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ttl_other_than_the_buckets_is_refused_and_writes_nothing() {
+    let Some(nats) = Nats::launch() else { return };
+    let store = NatsStore::connect(&nats.url("ttl")).await.unwrap();
+    let e = ElectionName::new("ttl/check").unwrap();
+    let a = HolderId::new("a").unwrap();
+    // The first acquire creates the bucket with its TTL.
+    let l = match store.try_acquire(&AcquireRequest::new(e.clone(), a.clone(), Duration::from_secs(5))).await.unwrap() {
+        Acquire::Acquired(l) => l,
+        Acquire::Held(r) => panic!("held by {}", r.holder),
+    };
+    let other = NatsStore::connect(&nats.url("ttl")).await.unwrap();
+    let b = HolderId::new("b").unwrap();
+    let err = other.try_acquire(&AcquireRequest::new(e.clone(), b, Duration::from_secs(7))).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Invalid, "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains("5s") && msg.contains("7s") && msg.contains("--ttl 5s"), "{msg}");
+    assert!(other.renew(&l, Duration::from_secs(7)).await.is_err());
+    let cur = other.get(&e).await.unwrap().expect("the lease is untouched");
+    assert_eq!((cur.holder, cur.token, cur.revision), (a, l.token, l.revision));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_before_the_bucket_exists_find_nothing_and_create_nothing() {
+    let Some(nats) = Nats::launch() else { return };
+    let store = NatsStore::connect(&nats.url("later")).await.unwrap();
+    let e = ElectionName::new("x").unwrap();
+    assert_eq!(store.get(&e).await.unwrap(), None);
+    assert!(store.list("").await.unwrap().is_empty());
+    assert_eq!(store.evict(&e, tenure::Evict::Now).await.unwrap(), None);
+    let client = async_nats::connect(format!("127.0.0.1:{}", nats.proxy.port())).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    assert!(js.get_stream("KV_later").await.is_err(), "a read created the bucket");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_is_a_clear_error() {
+    let Some(server) = servers::launch_with(Kind::Nats, Some("right-password")) else {
+        return;
+    };
+    let bad = format!("nats://tenure:wrong-password@127.0.0.1:{}/b", server.port());
+    let store = NatsStore::connect(&bad).await.unwrap();
+    let err = store.get(&ElectionName::new("x").unwrap()).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
+    assert!(err.to_string().contains("check the user and password"), "{err}");
+    assert!(!format!("{err:?}").contains("wrong-password"), "the password never shows");
+    assert!(!store.describe().contains("password"));
+    let good = NatsStore::connect(&format!("{}/b", server.url())).await.unwrap();
+    assert_eq!(good.get(&ElectionName::new("x").unwrap()).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_a_retryable_error() {
+    let port = servers::free_port();
+    let store = NatsStore::connect(&format!("nats://127.0.0.1:{port}/b")).await.unwrap();
+    let err = store.get(&ElectionName::new("x").unwrap()).await.unwrap_err();
+    assert!(err.is_retryable(), "{err}");
+    assert!(err.to_string().contains("NATS"), "{err}");
+}
