@@ -24,9 +24,11 @@ Exit codes:
 
 Store: --store URL or TENURE_STORE. Supported: sqlite:PATH (default:
 $XDG_STATE_HOME/tenure/tenure.db, else ~/.local/state/tenure/tenure.db),
-postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME] and
-redis://[:PASSWORD@]HOST[:PORT][/DB][?prefix=NAME] (rediss:// for TLS) and
-mysql://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME] (or mariadb://).";
+postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME],
+redis://[:PASSWORD@]HOST[:PORT][/DB][?prefix=NAME] (rediss:// for TLS),
+mysql://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME] (or mariadb://),
+etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][?prefix=NAME] (etcds:// for TLS) and
+nats://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][/BUCKET] (one TTL per bucket).";
 
 /// Leader election for replicas: run a command on exactly one of them.
 #[derive(Parser)]

@@ -9,7 +9,9 @@ use tenure::LeaseStore;
 /// The schemes this build supports, for error messages and help.
 pub const SCHEMES: &str = "sqlite:PATH, postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME], \
                            redis://[:PASSWORD@]HOST[:PORT][/DB][?prefix=NAME] (rediss:// for TLS), \
-                           mysql://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME] (or mariadb://)";
+                           mysql://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME] (or mariadb://), \
+                           etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][?prefix=NAME] (etcds:// for TLS), \
+                           nats://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][/BUCKET]";
 
 /// Where the default SQLite database lives: `$XDG_STATE_HOME/tenure/tenure.db`, else
 /// `~/.local/state/tenure/tenure.db`.
@@ -86,8 +88,17 @@ pub async fn open(url: Option<&str>) -> Result<Arc<dyn LeaseStore>> {
                         .with_context(|| format!("cannot use the MySQL store {}", redact(url)))?;
                     return Ok(Arc::new(store));
                 }
-                "etcd" | "nats" => {
-                    bail!("the {scheme} store is not part of this build yet; supported: {SCHEMES}")
+                "etcd" | "etcds" => {
+                    let store = tenure_etcd::EtcdStore::connect(url)
+                        .await
+                        .with_context(|| format!("cannot use the etcd store {}", redact(url)))?;
+                    return Ok(Arc::new(store));
+                }
+                "nats" => {
+                    let store = tenure_nats::NatsStore::connect(url)
+                        .await
+                        .with_context(|| format!("cannot use the NATS store {}", redact(url)))?;
+                    return Ok(Arc::new(store));
                 }
                 other => bail!("unknown store scheme {other:?} in {:?}; supported: {SCHEMES}", redact(url)),
             }
@@ -115,8 +126,10 @@ mod tests {
     async fn unknown_schemes_list_the_supported_ones() {
         let err = open(Some("ftp://x")).await.err().unwrap().to_string();
         assert!(err.contains("unknown store scheme \"ftp\"") && err.contains(SCHEMES), "{err}");
-        let err = open(Some("etcd://u:pw@h:2379")).await.err().unwrap().to_string();
-        assert!(!err.contains("pw"), "{err}");
+        let err = format!("{:#}", open(Some("etcd://u:pw@h")).await.err().unwrap());
+        assert!(!err.contains("pw") && err.contains("needs a port"), "{err}");
+        let err = format!("{:#}", open(Some("nats://u:pw@h:4222/a.b")).await.err().unwrap());
+        assert!(!err.contains("pw") && err.contains("bucket"), "{err}");
         let err = open(Some("sqlite:")).await.err().unwrap().to_string();
         assert!(err.contains("names no file"), "{err}");
     }

@@ -409,3 +409,15 @@ fn tenure_run_on_mariadb() {
     let Some(server) = tenure_testkit::servers::launch(tenure_testkit::servers::Kind::MariaDb) else { return };
     crash_takeover_on(server.url());
 }
+
+#[test]
+fn tenure_run_on_etcd() {
+    let Some(server) = tenure_testkit::servers::launch(tenure_testkit::servers::Kind::Etcd) else { return };
+    crash_takeover_on(server.url());
+}
+
+#[test]
+fn tenure_run_on_nats() {
+    let Some(server) = tenure_testkit::servers::launch(tenure_testkit::servers::Kind::Nats) else { return };
+    crash_takeover_on(format!("{}/cli", server.url()));
+}

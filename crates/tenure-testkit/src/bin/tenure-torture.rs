@@ -131,7 +131,9 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                     "postgres" => Kind::Postgres,
                     "redis" => Kind::Redis,
                     "mariadb" => Kind::MariaDb,
-                    other => return Err(format!("--server {other:?}: one of postgres, redis, mariadb")),
+                    "etcd" => Kind::Etcd,
+                    "nats" => Kind::Nats,
+                    other => return Err(format!("--server {other:?}: one of postgres, redis, mariadb, etcd, nats")),
                 })
             }
             "--candidates" => a.candidates = value()?.parse().map_err(|e| format!("--candidates: {e}"))?,
@@ -152,7 +154,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                 a.skew = Some(lib);
             }
             "-h" | "--help" => {
-                return Err("usage: tenure-torture [--tenure PATH] [--store URL | --server postgres|redis|mariadb] [--candidates 4] [--duration 60s] \
+                return Err("usage: tenure-torture [--tenure PATH] [--store URL | --server postgres|redis|mariadb|etcd|nats] [--candidates 4] [--duration 60s] \
                             [--ttl 2s] [--grace 300ms] [--seed N] [--skew]\n       tenure-torture probe --dir DIR"
                     .into());
             }
