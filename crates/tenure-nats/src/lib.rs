@@ -386,8 +386,9 @@ impl NatsStore {
                 UNIX_EPOCH + Duration::from_millis(v.acquired_ms)
             }),
             renewed_at: Some(written),
-            // A hint from two clocks (the server's write time, ours now); never used for safety.
-            remaining: Some(ttl.saturating_sub(age)),
+            // A hint from two clocks (the server's write time, ours now); never used for
+            // safety. Clocks that disagree by more than a TTL give no hint at all.
+            remaining: (age <= ttl * 2).then(|| ttl.saturating_sub(age)),
             evicted: v.evicted,
             metadata: v.metadata,
         }))
