@@ -8,6 +8,7 @@ use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use tenure::ElectionName;
 
+mod bench;
 mod child;
 mod cron;
 mod demo;
@@ -148,6 +149,46 @@ Example:
         #[arg(long, default_value = "2s", value_parser = duration)]
         ttl: Duration,
     },
+    /// Measure speed and store load of elections on the store, with baselines
+    #[command(after_help = "\
+Runs the scenarios in one process against --store and prints a table (or --json):
+round trip of the simplest read; uncontended acquire; graceful handover (a leader
+resigns); crash takeover (a leader is cut off from the store); steady-state store
+calls of E elections x C candidates, with watches and with a polling baseline
+(watch hidden, as client-go-style electors poll); and many elections held by one
+process. Elections are named bench/RANDOM/...; a NATS bucket must have --ttl as its
+TTL, so point it at a bucket of its own.
+
+Examples:
+  tenure bench
+  tenure --store redis://127.0.0.1:6379 bench --scenario rtt,acquire,handover --json
+  tenure --store etcd://127.0.0.1:2379 bench --scenario scale --scale 10000 --ttl 10s")]
+    Bench {
+        /// Scenarios to run (default: all but scale)
+        #[arg(long, value_enum, value_delimiter = ',', default_values_t = [bench::Scenario::Rtt, bench::Scenario::Acquire, bench::Scenario::Handover, bench::Scenario::Crash, bench::Scenario::Load])]
+        scenario: Vec<bench::Scenario>,
+        /// Lease TTL of every candidate
+        #[arg(long, default_value = "2s", value_parser = duration)]
+        ttl: Duration,
+        /// Samples for round trip and acquire (handover takes at most 50, crash at most 5)
+        #[arg(long, default_value_t = 200)]
+        samples: usize,
+        /// Elections in the load scenario
+        #[arg(long, default_value_t = 10)]
+        elections: usize,
+        /// Candidates per election in the load scenario (one store handle each)
+        #[arg(long, default_value_t = 3)]
+        candidates: usize,
+        /// How long the load and scale scenarios measure
+        #[arg(long, default_value = "10s", value_parser = duration)]
+        duration: Duration,
+        /// Elections held by one process in the scale scenario
+        #[arg(long, default_value_t = 10_000)]
+        scale: usize,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
     #[command(name = "__child", hide = true)]
     Child {
         parent: i32,
@@ -268,6 +309,11 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             let s = store_url::open(store).await?;
             run::schedule(s, &c, &schedule, &a.cmd).await
         }
+        Command::Bench { scenario, ttl, samples, elections, candidates, duration, scale, json } => {
+            let settings =
+                bench::Settings { scenarios: scenario, ttl, samples, elections, candidates, duration, scale, json };
+            bench::bench(|| store_url::open(store), &settings).await
+        }
         Command::Status { election, json } => {
             inspect::status(store_url::open(store).await?, &election, json).await.map(|()| 0)
         }
@@ -284,7 +330,9 @@ async fn dispatch(cli: Cli) -> Result<i32> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if !matches!(cli.command, Command::Child { .. } | Command::DemoJob { .. }) {
-        init_logging(cli.verbose, cli.quiet);
+        // The benchmark starts and stops hundreds of terms: only warnings unless asked.
+        let quiet = cli.quiet || (matches!(cli.command, Command::Bench { .. }) && cli.verbose == 0);
+        init_logging(cli.verbose, quiet);
     }
     // One thread: a child's parent-death signal follows the thread that started it.
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {

@@ -67,7 +67,7 @@ struct Inner {
     described: String,
     /// One etcd lease per TTL in whole seconds.
     leases: Mutex<HashMap<i64, Arc<tokio::sync::Mutex<LeaseSlot>>>>,
-    changes: broadcast::Sender<Arc<str>>,
+    changes: broadcast::Sender<tenure::Change>,
     listening: AtomicBool,
 }
 
@@ -511,21 +511,27 @@ impl EtcdStore {
                 };
                 backoff = Duration::from_millis(100);
                 // (Re)watching: changes may have been missed; every watcher re-reads.
-                let _ = changes.send(Arc::from(""));
+                let _ = changes.send(tenure::Change { election: Arc::from(""), record: None });
                 loop {
                     let m = tokio::time::timeout(Duration::from_secs(5), watch.message()).await;
-                    if weak.strong_count() == 0 {
-                        return;
-                    }
+                    let Some(inner) = weak.upgrade() else { return };
+                    let this = EtcdStore { inner };
                     match m {
                         Ok(Ok(Some(resp))) => {
                             if resp.canceled() {
                                 break;
                             }
+                            // Each event carries the key as it now stands: followers need
+                            // no read while the leader renews.
                             for ev in resp.events() {
-                                if let Some(name) = ev.kv().and_then(|kv| kv.key().strip_prefix(keys.as_bytes())) {
-                                    let _ = changes.send(Arc::from(String::from_utf8_lossy(name).as_ref()));
-                                }
+                                let Some(kv) = ev.kv() else { continue };
+                                let Some(name) = kv.key().strip_prefix(keys.as_bytes()) else { continue };
+                                let record = match ev.event_type() {
+                                    etcd_client::EventType::Put => this.record(kv).ok().map(Some),
+                                    etcd_client::EventType::Delete => Some(None),
+                                };
+                                let election = Arc::from(String::from_utf8_lossy(name).as_ref());
+                                let _ = changes.send(tenure::Change { election, record });
                             }
                         }
                         Ok(_) => break,
@@ -689,7 +695,7 @@ impl LeaseStore for EtcdStore {
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
         self.ensure_listener();
-        Some(tenure::watch_by_name(Arc::new(self.clone()), self.inner.changes.subscribe(), election))
+        Some(tenure::watch_changes(Arc::new(self.clone()), self.inner.changes.subscribe(), election))
     }
 
     fn describe(&self) -> String {

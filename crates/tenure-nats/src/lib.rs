@@ -60,7 +60,7 @@ struct Inner {
     /// The bucket and its max-age, once it exists.
     bucket: tokio::sync::Mutex<Option<(Store, Duration)>>,
     described: String,
-    changes: broadcast::Sender<Arc<str>>,
+    changes: broadcast::Sender<tenure::Change>,
     listening: AtomicBool,
     /// Per election, the last revision this store wrote or read, with its holder and
     /// token: a renewal of exactly that record needs no read first.
@@ -478,11 +478,11 @@ impl NatsStore {
             loop {
                 let Some(inner) = weak.upgrade() else { return };
                 let store = NatsStore { inner };
-                let watch = match store.bucket(None).await {
-                    Ok(Some((kv, _))) => {
-                        tokio::time::timeout(REQUEST_TIMEOUT, kv.watch_all()).await.ok().and_then(|r| r.ok())
+                let (watch, ttl) = match store.bucket(None).await {
+                    Ok(Some((kv, ttl))) => {
+                        (tokio::time::timeout(REQUEST_TIMEOUT, kv.watch_all()).await.ok().and_then(|r| r.ok()), ttl)
                     }
-                    _ => None,
+                    _ => (None, Duration::ZERO),
                 };
                 let changes = store.inner.changes.clone();
                 drop(store);
@@ -493,16 +493,18 @@ impl NatsStore {
                 };
                 backoff = Duration::from_millis(100);
                 // (Re)watching: changes may have been missed; every watcher re-reads.
-                let _ = changes.send(Arc::from(""));
+                let _ = changes.send(tenure::Change { election: Arc::from(""), record: None });
                 loop {
                     let m = tokio::time::timeout(Duration::from_secs(5), watch.next()).await;
-                    if weak.strong_count() == 0 {
-                        return;
-                    }
+                    let Some(inner) = weak.upgrade() else { return };
+                    let this = NatsStore { inner };
                     match m {
+                        // Each entry is the key as it now stands: followers need no read
+                        // while the leader renews.
                         Ok(Some(Ok(entry))) => {
                             if let Some(name) = election_of(&entry.key) {
-                                let _ = changes.send(Arc::from(name.as_str()));
+                                let record = this.record(&entry, ttl).ok();
+                                let _ = changes.send(tenure::Change { election: Arc::from(name.as_str()), record });
                             }
                         }
                         Ok(_) => break,
@@ -669,7 +671,7 @@ impl LeaseStore for NatsStore {
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
         self.ensure_listener();
-        Some(tenure::watch_by_name(Arc::new(self.clone()), self.inner.changes.subscribe(), election))
+        Some(tenure::watch_changes(Arc::new(self.clone()), self.inner.changes.subscribe(), election))
     }
 
     fn describe(&self) -> String {

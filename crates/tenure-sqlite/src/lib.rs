@@ -182,6 +182,28 @@ impl SqliteStore {
     }
 }
 
+/// Renews `held` inside `tx` if it is still the same live, unevicted grant.
+fn renew_in(
+    tx: &rusqlite::Transaction<'_>,
+    held: &LeaseRecord,
+    ttl: Duration,
+    now: Now<'_>,
+) -> rusqlite::Result<Renew> {
+    let e = held.election.as_str();
+    let cur = select_row(tx, e)?.and_then(|r| r.live(now));
+    match cur {
+        Some(c) if c.holder == held.holder && c.token == held.token && !c.evicted => {
+            tx.execute(
+                "UPDATE tenure_leases SET revision = revision + 1, ttl_ms = ?2, expires_ns = ?3, renewed_ms = ?4
+                 WHERE election = ?1",
+                params![e, ttl.as_millis() as i64, now.ns.saturating_add(ttl_ns(ttl)), wall_ms()],
+            )?;
+            Ok(Renew::Renewed(reread(tx, e, now)?))
+        }
+        other => Ok(Renew::Lost(other)),
+    }
+}
+
 /// The store clock as read inside a transaction.
 #[derive(Clone, Copy)]
 struct Now<'a> {
@@ -313,22 +335,25 @@ impl LeaseStore for SqliteStore {
     async fn renew(&self, held: &LeaseRecord, ttl: Duration) -> Result<Renew, StoreError> {
         check_ttl(ttl)?;
         let held = held.clone();
-        self.transact("renew", move |tx, now| {
-            let e = held.election.as_str();
-            let cur = select_row(tx, e)?.and_then(|r| r.live(now));
-            match cur {
-                Some(c) if c.holder == held.holder && c.token == held.token && !c.evicted => {
-                    tx.execute(
-                        "UPDATE tenure_leases SET revision = revision + 1, ttl_ms = ?2, expires_ns = ?3, renewed_ms = ?4
-                         WHERE election = ?1",
-                        params![e, ttl.as_millis() as i64, now.ns.saturating_add(ttl_ns(ttl)), wall_ms()],
-                    )?;
-                    Ok(Renew::Renewed(reread(tx, e, now)?))
-                }
-                other => Ok(Renew::Lost(other)),
-            }
-        })
-        .await
+        self.transact("renew", move |tx, now| renew_in(tx, &held, ttl, now)).await
+    }
+
+    /// Every renewal in one transaction: one write to the disk for all of them.
+    async fn renew_many(&self, held: &[LeaseRecord], ttl: Duration) -> Vec<Result<Renew, StoreError>> {
+        if let Err(e) = check_ttl(ttl) {
+            return held.iter().map(|_| Err(e.duplicate())).collect();
+        }
+        let held = held.to_vec();
+        let n = held.len();
+        match self
+            .transact("renew", move |tx, now| {
+                held.iter().map(|h| renew_in(tx, h, ttl, now)).collect::<rusqlite::Result<Vec<_>>>()
+            })
+            .await
+        {
+            Ok(v) => v.into_iter().map(Ok).collect::<Vec<_>>(),
+            Err(e) => (0..n).map(|_| Err(e.duplicate())).collect(),
+        }
     }
 
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {

@@ -80,6 +80,7 @@ cases!(
     held_by_another,
     same_holder_reacquire_renews,
     renew_keeps_token_and_moves_revision,
+    renew_many_answers_each_lease_in_order,
     expiry_then_takeover,
     renew_after_expiry_fails,
     renew_after_takeover_fails,
@@ -214,6 +215,35 @@ async fn renew_keeps_token_and_moves_revision(h: Arc<dyn Harness>) {
     assert!(r.revision > l.revision);
     // Renewing from the older copy still works: the compare is on holder and token.
     assert!(matches!(s.renew(&l, h.long_ttl()).await.unwrap(), Renew::Renewed(_)));
+}
+
+async fn renew_many_answers_each_lease_in_order(h: Arc<dyn Harness>) {
+    let (s1, s2) = (h.open().await, h.open().await);
+    let root = unique("many");
+    let a = holder("a");
+    let mut leases = Vec::new();
+    for i in 0..4 {
+        let e = ElectionName::new(format!("conformance/{root}/{i}")).unwrap();
+        leases.push(acquired(&*s1, &req(&e, &a, h.long_ttl())).await);
+    }
+    // The third is evicted and taken over by b.
+    s2.evict(&leases[2].election, Evict::Now).await.unwrap();
+    let b = holder("b");
+    let lb = acquired(&*s2, &req(&leases[2].election, &b, h.long_ttl())).await;
+    let answers = s1.renew_many(&leases, h.long_ttl()).await;
+    assert_eq!(answers.len(), leases.len(), "one answer per lease");
+    for (i, (l, ans)) in leases.iter().zip(answers).enumerate() {
+        match (i, ans.expect("renew_many failed")) {
+            (2, Renew::Lost(Some(cur))) => assert_eq!((cur.holder, cur.token), (b.clone(), lb.token)),
+            (2, other) => panic!("the taken-over lease must be Lost naming b, got {other:?}"),
+            (_, Renew::Renewed(r)) => {
+                assert_eq!((&r.election, r.token), (&l.election, l.token), "answers come in the order asked");
+                assert!(r.revision > l.revision);
+            }
+            (_, other) => panic!("lease {i} should have been renewed, got {other:?}"),
+        }
+    }
+    assert!(s1.renew_many(&[], h.long_ttl()).await.is_empty());
 }
 
 async fn expiry_then_takeover(h: Arc<dyn Harness>) {

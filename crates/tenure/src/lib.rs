@@ -33,6 +33,7 @@
 //! - [`observe`]: who leads, for programs that only watch.
 //! - [`Clock`]: all time is read through it, so tests run on paused time.
 
+mod batch;
 mod clock;
 mod config;
 mod elector;
@@ -44,6 +45,7 @@ mod store;
 pub mod url;
 mod watch;
 
+pub use batch::{Batched, DEFAULT_MAX_BATCH, DEFAULT_WINDOW};
 pub use clock::{Clock, Instant, TokioClock};
 pub use config::{Config, ConfigError, TermTimes};
 pub use elector::{BuildError, ElectError, Elector, ElectorBuilder, Event, Leadership, OustReason};
@@ -56,4 +58,4 @@ pub use record::{
 };
 pub use store::{BoxError, ErrorKind, LeaseStore, StoreError, WatchEvent, WatchStream};
 pub use tokio_util::sync::CancellationToken;
-pub use watch::{rereading_watch, watch_by_name};
+pub use watch::{Change, rereading_watch, watch_by_name, watch_changes};

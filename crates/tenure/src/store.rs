@@ -85,6 +85,16 @@ impl StoreError {
         Self::ambiguous(format!("{operation} got no answer within {after:?}; it may or may not have been applied"))
     }
 
+    /// The same kind and message, without the source: for answering one failure to
+    /// several callers (a batch that failed as a whole).
+    pub fn duplicate(&self) -> Self {
+        let mut message = self.message.clone();
+        if let Some(src) = &self.source {
+            message = format!("{message}: {src}");
+        }
+        Self { kind: self.kind, message, source: None }
+    }
+
     /// What kind of failure this is.
     pub fn kind(&self) -> ErrorKind {
         self.kind
@@ -148,7 +158,7 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// Extends `held` by `ttl` from now, if the record is still the same grant
     /// (same holder and token), not expired and not evicted.
-    async fn renew(&self, held: &LeaseRecord, ttl: std::time::Duration) -> Result<Renew, StoreError>;
+    async fn renew(&self, held: &LeaseRecord, ttl: Duration) -> Result<Renew, StoreError>;
 
     /// Clears the record if it is still exactly `held`: same holder, token **and
     /// revision**; otherwise does nothing. Idempotent. The token counter survives.
@@ -157,6 +167,18 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// keeps the token, so a release delayed in the network from its earlier term would
     /// otherwise clear the lease of its current term.
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError>;
+
+    /// Renews each of `held` exactly as [`LeaseStore::renew`] would, answering one result
+    /// per lease, in order. Stores that can renew many leases in one round trip (one
+    /// transaction, one pipeline) override it; the default renews one after another.
+    /// [`crate::Batched`] gathers the renewals of many electors into such calls.
+    async fn renew_many(&self, held: &[LeaseRecord], ttl: Duration) -> Vec<Result<Renew, StoreError>> {
+        let mut out = Vec::with_capacity(held.len());
+        for h in held {
+            out.push(self.renew(h, ttl).await);
+        }
+        out
+    }
 
     /// The current record of `election`, or `None` if nobody holds it (never an
     /// expired record).

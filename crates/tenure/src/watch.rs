@@ -90,3 +90,79 @@ pub fn watch_by_name(
     };
     rereading_watch(election.clone(), signals, read, Duration::from_millis(100))
 }
+
+/// What a store's change listener saw happen to one election: its name (empty: anything
+/// may have changed, e.g. after a reconnect) and, when the notification carried it, the
+/// record as it now stands (`Some(None)`: the election has no record). `record: None`
+/// means the notification said only *that* it changed, so watchers re-read.
+#[derive(Clone, Debug)]
+pub struct Change {
+    /// The election that changed, or empty for "any".
+    pub election: std::sync::Arc<str>,
+    /// The record carried by the notification, if it carried one.
+    pub record: Option<crate::store::WatchEvent>,
+}
+
+/// A [`WatchStream`] for `election` fed by a store's broadcast of [`Change`]s: a change
+/// that carries the record is reported without a read (so a follower costs the store
+/// nothing while the leader renews), one that does not, or a lag, makes it re-read
+/// through `store`. Reports only changes of holder, token, revision or eviction.
+pub fn watch_changes(
+    store: std::sync::Arc<dyn crate::LeaseStore>,
+    mut changes: tokio::sync::broadcast::Receiver<Change>,
+    election: &ElectionName,
+) -> WatchStream {
+    use tokio::sync::broadcast::error::RecvError;
+    let (tx, rx) = mpsc::channel(16);
+    let election = election.clone();
+    tokio::spawn(async move {
+        let key = |r: &Option<LeaseRecord>| r.as_ref().map(|r| (r.holder.clone(), r.token, r.revision, r.evicted));
+        let reread = async || loop {
+            match store.get(&election).await {
+                Err(e) if e.is_retryable() => tokio::select! {
+                    _ = tx.closed() => return None,
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                },
+                other => return Some(other),
+            }
+        };
+        let mut last = match reread().await {
+            None => return,
+            Some(Ok(r)) => key(&r),
+            Some(Err(e)) => {
+                let _ = tx.send(Err(e)).await;
+                return;
+            }
+        };
+        loop {
+            let change = tokio::select! {
+                biased;
+                _ = tx.closed() => return,
+                c = changes.recv() => c,
+            };
+            let now = match change {
+                Err(RecvError::Closed) => return,
+                Ok(Change { election: n, .. }) if !n.is_empty() && *n != *election.as_str() => continue,
+                Ok(Change { record: Some(rec), .. }) => Ok(rec),
+                Ok(_) | Err(RecvError::Lagged(_)) => match reread().await {
+                    None => return,
+                    Some(r) => r,
+                },
+            };
+            match now {
+                Ok(rec) if key(&rec) == last => {}
+                Ok(rec) => {
+                    last = key(&rec);
+                    if tx.send(Ok(rec)).await.is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            }
+        }
+    });
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}

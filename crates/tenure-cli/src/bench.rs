@@ -1,0 +1,575 @@
+//! `tenure bench`: speed and load of the runtime on one store, measured in one run, with
+//! the store's own round trip and a polling baseline as references.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+use tenure::{
+    Acquire, AcquireRequest, ElectionName, Elector, Event, Evict, HolderId, LeaseRecord, LeaseStore, Renew, StoreError,
+    WatchStream,
+};
+use tokio::sync::broadcast;
+
+/// What `tenure bench` measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub enum Scenario {
+    /// The store's raw round trip: a `get` of an election nobody holds
+    Rtt,
+    /// Uncontended acquire latency
+    Acquire,
+    /// A leader resigns; time until the other candidate leads
+    Handover,
+    /// A leader stops without releasing; time until the other candidate leads
+    Crash,
+    /// Store operations in steady state, with watches and with polling (the baseline)
+    Load,
+    /// Many elections held by one process: renewal latency, missed renewals, CPU, memory
+    Scale,
+}
+
+/// Settings of a run.
+pub struct Settings {
+    /// Which scenarios, in order.
+    pub scenarios: Vec<Scenario>,
+    /// Lease TTL of every candidate.
+    pub ttl: Duration,
+    /// Samples for the latency scenarios.
+    pub samples: usize,
+    /// Elections and candidates per election, and duration, of the load scenario.
+    pub elections: usize,
+    /// Candidates per election in the load scenario.
+    pub candidates: usize,
+    /// How long the load and scale scenarios run.
+    pub duration: Duration,
+    /// Elections held by one process in the scale scenario.
+    pub scale: usize,
+    /// Print JSON instead of a table.
+    pub json: bool,
+}
+
+/// A store wrapper that counts the calls made through it and can play dead.
+#[derive(Clone)]
+struct Probe {
+    inner: Arc<dyn LeaseStore>,
+    calls: Arc<AtomicU64>,
+    watch_events: Arc<AtomicU64>,
+    /// Renewal latencies in microseconds (scale scenario).
+    renewals: Option<Arc<std::sync::Mutex<Vec<u64>>>>,
+    /// Hide the store's watch: followers poll, as client-go-style electors do.
+    polling: bool,
+    /// Every call fails at once, as if the process were cut off.
+    dead: Arc<AtomicBool>,
+}
+
+impl Probe {
+    fn new(inner: Arc<dyn LeaseStore>, polling: bool) -> Self {
+        Self {
+            inner,
+            calls: Arc::default(),
+            watch_events: Arc::default(),
+            renewals: None,
+            polling,
+            dead: Arc::default(),
+        }
+    }
+
+    fn call(&self) -> Result<(), StoreError> {
+        if self.dead.load(Ordering::Relaxed) {
+            return Err(StoreError::unavailable("bench: this candidate is cut off"));
+        }
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn reset(&self) -> (u64, u64) {
+        (self.calls.swap(0, Ordering::Relaxed), self.watch_events.swap(0, Ordering::Relaxed))
+    }
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for Probe {
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
+        self.call()?;
+        self.inner.try_acquire(req).await
+    }
+    async fn renew(&self, held: &LeaseRecord, ttl: Duration) -> Result<Renew, StoreError> {
+        self.call()?;
+        let t0 = Instant::now();
+        let r = self.inner.renew(held, ttl).await;
+        if let Some(l) = &self.renewals {
+            l.lock().unwrap().push(t0.elapsed().as_micros() as u64);
+        }
+        r
+    }
+    async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
+        self.call()?;
+        self.inner.release(held).await
+    }
+    async fn get(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {
+        self.call()?;
+        self.inner.get(election).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        self.call()?;
+        self.inner.list(prefix).await
+    }
+    async fn evict(&self, election: &ElectionName, how: Evict) -> Result<Option<LeaseRecord>, StoreError> {
+        self.call()?;
+        self.inner.evict(election, how).await
+    }
+    fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
+        if self.polling {
+            return None;
+        }
+        use tokio_stream::StreamExt;
+        let events = self.watch_events.clone();
+        let dead = self.dead.clone();
+        let s = self.inner.watch(election)?;
+        // Each event is at least one read the watch made on its own; a dead candidate's
+        // watch is cut off too.
+        Some(Box::pin(s.take_while(move |_| !dead.load(Ordering::Relaxed)).map(move |ev| {
+            events.fetch_add(1, Ordering::Relaxed);
+            ev
+        })))
+    }
+    fn expiry(&self) -> tenure::ExpiryJudge {
+        self.inner.expiry()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+
+/// Latency figures of a sample, in seconds.
+fn stats(mut v: Vec<Duration>) -> Value {
+    v.sort();
+    let at = |q: f64| v.get(((v.len() as f64 - 1.0) * q).round() as usize).map_or(0.0, |d| d.as_secs_f64());
+    json!({"n": v.len(), "p50": at(0.5), "p99": at(0.99), "max": at(1.0)})
+}
+
+fn secs(v: &Value, k: &str) -> f64 {
+    v[k].as_f64().unwrap_or(0.0)
+}
+
+fn fmt_d(s: f64) -> String {
+    if s < 0.001 {
+        format!("{:.0} µs", s * 1e6)
+    } else if s < 1.0 {
+        format!("{:.2} ms", s * 1e3)
+    } else {
+        format!("{s:.2} s")
+    }
+}
+
+/// Runs the scenarios against `open()`'s store and prints the figures.
+pub async fn bench<F, Fut>(open: F, s: &Settings) -> Result<i32>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Arc<dyn LeaseStore>>>,
+{
+    if s.samples == 0 || s.candidates < 2 || s.elections == 0 {
+        bail!("--samples and --elections must be above 0 and --candidates at least 2");
+    }
+    let run = format!("{:x}", fastrand::u32(..));
+    let first = open().await?;
+    let mut out = serde_json::Map::new();
+    out.insert("store".into(), json!(first.describe()));
+    out.insert("ttl_s".into(), json!(s.ttl.as_secs_f64()));
+    let mut rtt_p50 = None;
+    let mut scenarios = s.scenarios.clone();
+    scenarios.sort();
+    scenarios.dedup();
+    for sc in scenarios {
+        if !s.json {
+            eprintln!("bench: {sc:?} …");
+        }
+        let v = match sc {
+            Scenario::Rtt => {
+                let v = rtt(&*first, s.samples, &run).await?;
+                rtt_p50 = Some(secs(&v, "p50"));
+                v
+            }
+            Scenario::Acquire => acquire(&*first, s, &run).await?,
+            Scenario::Handover => handover(&open, s, &run).await?,
+            Scenario::Crash => crash(&open, s, &run).await?,
+            Scenario::Load => {
+                let watching = load(&open, s, &run, false).await?;
+                let polling = load(&open, s, &run, true).await?;
+                json!({"watching": watching, "polling_baseline": polling})
+            }
+            Scenario::Scale => scale(&open, s, &run).await?,
+        };
+        out.insert(format!("{sc:?}").to_lowercase(), v);
+    }
+    if let Some(r) = rtt_p50.filter(|r| *r > 0.0) {
+        for k in ["acquire", "handover"] {
+            if let Some(Value::Object(m)) = out.get_mut(k) {
+                let p50 = m["p50"].as_f64().unwrap_or(0.0);
+                m.insert("p50_in_rtt".into(), json!(p50 / r));
+            }
+        }
+    }
+    let out = Value::Object(out);
+    if s.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        print_table(&out);
+    }
+    Ok(0)
+}
+
+fn name(s: &str) -> Result<ElectionName> {
+    ElectionName::new(s).context("bench election name")
+}
+
+async fn rtt(store: &dyn LeaseStore, samples: usize, run: &str) -> Result<Value> {
+    let e = name(&format!("bench/{run}/rtt"))?;
+    for _ in 0..5.min(samples) {
+        store.get(&e).await?;
+    }
+    let mut v = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let t0 = Instant::now();
+        store.get(&e).await?;
+        v.push(t0.elapsed());
+    }
+    Ok(stats(v))
+}
+
+async fn acquire(store: &dyn LeaseStore, s: &Settings, run: &str) -> Result<Value> {
+    let holder = HolderId::new(format!("bench-{run}"))?;
+    let mut v = Vec::with_capacity(s.samples);
+    for i in 0..s.samples {
+        let req = AcquireRequest::new(name(&format!("bench/{run}/acquire/{i}"))?, holder.clone(), s.ttl);
+        let t0 = Instant::now();
+        let got = store.try_acquire(&req).await?;
+        v.push(t0.elapsed());
+        match got {
+            Acquire::Acquired(l) => store.release(&l).await?,
+            Acquire::Held(r) => bail!("{} was held by {} in an uncontended acquire", req.election, r.holder),
+        }
+    }
+    Ok(stats(v))
+}
+
+/// Two electors on one election, each with its own store handle.
+async fn pair<F, Fut>(open: &F, s: &Settings, election: &str) -> Result<Vec<(Elector, Probe)>>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Arc<dyn LeaseStore>>>,
+{
+    let mut v = Vec::new();
+    for i in 0..2 {
+        let probe = Probe::new(open().await?, false);
+        let e = Elector::builder(Arc::new(probe.clone()), election)
+            .holder(format!("bench-{i}-{}", fastrand::u32(..)))
+            .ttl(s.ttl)
+            .build()?;
+        v.push((e, probe));
+    }
+    Ok(v)
+}
+
+/// Waits for an `Elected` event on any of `rx`, and says whose.
+async fn next_elected(rx: &mut [broadcast::Receiver<Event>], within: Duration) -> Result<usize> {
+    let wait = async {
+        loop {
+            let mut polls: Vec<_> = rx.iter_mut().map(|r| Box::pin(r.recv())).collect();
+            let (ev, i, _) = futures_select_all(&mut polls).await;
+            if let Ok(Event::Elected { .. }) = ev {
+                return i;
+            }
+        }
+    };
+    tokio::time::timeout(within, wait).await.context("no candidate was elected in time")
+}
+
+/// The first of several futures to finish, with its index.
+async fn futures_select_all<T, F: std::future::Future<Output = T> + Unpin>(futs: &mut [F]) -> (T, usize, ()) {
+    std::future::poll_fn(|cx| {
+        for (i, f) in futs.iter_mut().enumerate() {
+            if let std::task::Poll::Ready(v) = std::pin::Pin::new(f).poll(cx) {
+                return std::task::Poll::Ready((v, i, ()));
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
+}
+
+async fn handover<F, Fut>(open: &F, s: &Settings, run: &str) -> Result<Value>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Arc<dyn LeaseStore>>>,
+{
+    let cands = pair(open, s, &format!("bench/{run}/handover")).await?;
+    let mut rx: Vec<_> = cands.iter().map(|(e, _)| e.events()).collect();
+    cands.iter().for_each(|(e, _)| e.start());
+    let mut leader = next_elected(&mut rx, s.ttl * 4).await?;
+    let mut v = Vec::new();
+    for _ in 0..s.samples.min(50) {
+        let l = cands[leader].0.current().context("the leader has no leadership")?;
+        let t0 = Instant::now();
+        tokio::spawn(l.resign());
+        let next = next_elected(&mut rx, s.ttl * 4).await?;
+        v.push(t0.elapsed());
+        if next == leader {
+            bail!("the candidate that resigned was elected again before the other");
+        }
+        leader = next;
+        // Let the one that resigned finish its back-off and follow again.
+        tokio::time::sleep(cands[0].0.config().resign_backoff * 2).await;
+    }
+    for (e, _) in &cands {
+        e.shutdown().await;
+    }
+    Ok(stats(v))
+}
+
+async fn crash<F, Fut>(open: &F, s: &Settings, run: &str) -> Result<Value>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Arc<dyn LeaseStore>>>,
+{
+    let cands = pair(open, s, &format!("bench/{run}/crash")).await?;
+    let mut rx: Vec<_> = cands.iter().map(|(e, _)| e.events()).collect();
+    cands.iter().for_each(|(e, _)| e.start());
+    let mut leader = next_elected(&mut rx, s.ttl * 4).await?;
+    let mut v = Vec::new();
+    for _ in 0..s.samples.clamp(1, 5) {
+        // The leader is cut off from the store: it cannot renew or release.
+        cands[leader].1.dead.store(true, Ordering::Relaxed);
+        let t0 = Instant::now();
+        let next = loop {
+            let i = next_elected(&mut rx, s.ttl * 4).await?;
+            if i != leader {
+                break i;
+            }
+        };
+        v.push(t0.elapsed());
+        cands[leader].1.dead.store(false, Ordering::Relaxed);
+        leader = next;
+        tokio::time::sleep(s.ttl / 2).await;
+    }
+    for (e, _) in &cands {
+        e.shutdown().await;
+    }
+    let mut st = stats(v);
+    let p50 = secs(&st, "p50");
+    if let Value::Object(m) = &mut st {
+        m.insert("p50_in_ttl".into(), json!(p50 / s.ttl.as_secs_f64()));
+    }
+    Ok(st)
+}
+
+/// E elections × C candidates; store calls counted per elector for `duration` once every
+/// election has a leader.
+async fn load<F, Fut>(open: &F, s: &Settings, run: &str, polling: bool) -> Result<Value>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Arc<dyn LeaseStore>>>,
+{
+    let mode = if polling { "poll" } else { "watch" };
+    let mut electors = Vec::new();
+    for c in 0..s.candidates {
+        // One store handle per candidate process.
+        let handle = open().await?;
+        for e in 0..s.elections {
+            let probe = Probe::new(handle.clone(), polling);
+            let el = Elector::builder(Arc::new(probe.clone()), format!("bench/{run}/load-{mode}/{e}"))
+                .holder(format!("bench-{c}-{}", fastrand::u32(..)))
+                .ttl(s.ttl)
+                .build()?;
+            el.start();
+            electors.push((el, probe));
+        }
+    }
+    // Settle: every election has a leader, and the losers have followed for a while.
+    let t0 = Instant::now();
+    while electors.iter().filter(|(e, _)| e.current().is_some()).count() < s.elections {
+        if t0.elapsed() > s.ttl * 10 {
+            bail!("not every election got a leader");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(s.ttl).await;
+    electors.iter().for_each(|(_, p)| {
+        p.reset();
+    });
+    let leading_before: Vec<bool> = electors.iter().map(|(e, _)| e.current().is_some()).collect();
+    tokio::time::sleep(s.duration).await;
+    let d = s.duration.as_secs_f64();
+    let (mut lead, mut follow) = ((0u64, 0u64, 0usize), (0u64, 0u64, 0usize));
+    let mut changed = 0;
+    for ((e, p), was) in electors.iter().zip(&leading_before) {
+        let (calls, events) = p.reset();
+        let now = e.current().is_some();
+        if now != *was {
+            changed += 1;
+        }
+        let slot = if *was { &mut lead } else { &mut follow };
+        slot.0 += calls;
+        slot.1 += events;
+        slot.2 += 1;
+    }
+    for (e, _) in &electors {
+        e.shutdown().await;
+    }
+    let per = |(c, _, n): (u64, u64, usize)| if n == 0 { 0.0 } else { c as f64 / n as f64 / d };
+    let per_ev = |(_, ev, n): (u64, u64, usize)| if n == 0 { 0.0 } else { ev as f64 / n as f64 / d };
+    Ok(json!({
+        "elections": s.elections,
+        "candidates": s.candidates,
+        "seconds": d,
+        "calls_per_s": (lead.0 + follow.0) as f64 / d,
+        "calls_per_s_per_leader": per(lead),
+        "calls_per_s_per_follower": per(follow),
+        "watch_reads_per_s_per_follower": per_ev(follow),
+        "leadership_changes": changed,
+    }))
+}
+
+/// One process holds many elections.
+async fn scale<F, Fut>(open: &F, s: &Settings, run: &str) -> Result<Value>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Arc<dyn LeaseStore>>>,
+{
+    let handle = open().await?;
+    let latencies = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (cpu0, rss0) = (cpu_time(), rss_bytes());
+    let mut electors = Vec::with_capacity(s.scale);
+    let mut rx = Vec::with_capacity(s.scale);
+    for i in 0..s.scale {
+        let mut probe = Probe::new(handle.clone(), false);
+        probe.renewals = Some(latencies.clone());
+        let el = Elector::builder(Arc::new(probe), format!("bench/{run}/scale/{i}"))
+            .holder(format!("bench-scale-{}", fastrand::u32(..)))
+            .ttl(s.ttl)
+            .build()?;
+        rx.push(el.events());
+        el.start();
+        electors.push(el);
+    }
+    let t0 = Instant::now();
+    while electors.iter().filter(|e| e.current().is_some()).count() < s.scale {
+        if t0.elapsed() > s.ttl * 10 + Duration::from_secs(60) {
+            bail!("not every election was won within {:?}", t0.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let won_in = t0.elapsed();
+    latencies.lock().unwrap().clear();
+    let (cpu1, rss1) = (cpu_time(), rss_bytes());
+    tokio::time::sleep(s.duration).await;
+    let cpu2 = cpu_time();
+    // A renewal that missed its deadline ends the term: any Ousted is a miss.
+    let mut missed = 0;
+    for r in &mut rx {
+        while let Ok(ev) = r.try_recv() {
+            if matches!(ev, Event::Ousted { .. }) {
+                missed += 1;
+            }
+        }
+    }
+    let still = electors.iter().filter(|e| e.current().is_some()).count();
+    let lat: Vec<Duration> = latencies.lock().unwrap().iter().map(|us| Duration::from_micros(*us)).collect();
+    let renewals = lat.len();
+    for e in &electors {
+        e.shutdown().await;
+    }
+    let n = s.scale as f64;
+    Ok(json!({
+        "elections": s.scale,
+        "all_won_in_s": won_in.as_secs_f64(),
+        "seconds": s.duration.as_secs_f64(),
+        "renewals": renewals,
+        "renewal_latency": stats(lat),
+        "terms_lost": missed,
+        "still_leading": still,
+        "cpu_s_per_election_per_s": (cpu2 - cpu1) / n / s.duration.as_secs_f64(),
+        "cpu_s_to_win_all": cpu1 - cpu0,
+        "rss_bytes_per_election": (rss1.saturating_sub(rss0)) as f64 / n,
+    }))
+}
+
+/// CPU time (user + system) of this process so far, in seconds (0 where /proc is missing).
+fn cpu_time() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return 0.0 };
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    (ticks(11) + ticks(12)) / rustix::param::clock_ticks_per_second() as f64
+}
+
+/// Resident memory of this process, in bytes (0 where /proc is missing).
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn print_table(v: &Value) {
+    println!("store      {}", v["store"].as_str().unwrap_or(""));
+    println!("ttl        {}", fmt_d(secs(v, "ttl_s")));
+    let lat = |label: &str, k: &str, extra: &str| {
+        if let Some(x) = v.get(k) {
+            let ratio = x.get(extra).and_then(Value::as_f64).map_or(String::new(), |r| {
+                format!("   p50 = {r:.1} × {}", if extra == "p50_in_ttl" { "TTL" } else { "round trip" })
+            });
+            println!(
+                "{label:<22} p50 {:>10}  p99 {:>10}  max {:>10}  (n={}){ratio}",
+                fmt_d(secs(x, "p50")),
+                fmt_d(secs(x, "p99")),
+                fmt_d(secs(x, "max")),
+                x["n"]
+            );
+        }
+    };
+    lat("round trip (get)", "rtt", "");
+    lat("uncontended acquire", "acquire", "p50_in_rtt");
+    lat("graceful handover", "handover", "p50_in_rtt");
+    lat("crash takeover", "crash", "p50_in_ttl");
+    if let Some(l) = v.get("load") {
+        let w = &l["watching"];
+        println!(
+            "steady load            {} elections × {} candidates for {}",
+            w["elections"],
+            w["candidates"],
+            fmt_d(secs(w, "seconds"))
+        );
+        println!("  {:<28} {:>12} {:>12}", "", "watching", "polling");
+        let p = &l["polling_baseline"];
+        for (label, k) in [
+            ("store calls/s, all", "calls_per_s"),
+            ("calls/s per leader", "calls_per_s_per_leader"),
+            ("calls/s per follower", "calls_per_s_per_follower"),
+            ("watch reads/s per follower", "watch_reads_per_s_per_follower"),
+        ] {
+            println!("  {label:<28} {:>12.2} {:>12.2}", secs(w, k), secs(p, k));
+        }
+    }
+    if let Some(x) = v.get("scale") {
+        let r = &x["renewal_latency"];
+        println!(
+            "scale                  {} elections in one process: all won in {}; {} renewals in {}, p99 {}; \
+             terms lost {}; CPU {:.2} µs/s per election; RSS {:.0} bytes per election",
+            x["elections"],
+            fmt_d(secs(x, "all_won_in_s")),
+            x["renewals"],
+            fmt_d(secs(x, "seconds")),
+            fmt_d(secs(r, "p99")),
+            x["terms_lost"],
+            secs(x, "cpu_s_per_election_per_s") * 1e6,
+            secs(x, "rss_bytes_per_election")
+        );
+    }
+}

@@ -1,0 +1,110 @@
+//! Renewals gathered by `Batched`: many electors, few store calls, every answer to its
+//! own caller.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tenure::{
+    Acquire, AcquireRequest, Batched, ElectionName, Elector, Event, Evict, HolderId, LeaseRecord, LeaseStore,
+    MemoryStore, Renew, StoreError,
+};
+
+/// Counts `renew` and `renew_many` calls reaching the memory store.
+#[derive(Clone, Default)]
+struct Counting {
+    inner: MemoryStore,
+    renews: Arc<AtomicUsize>,
+    batches: Arc<AtomicUsize>,
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for Counting {
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
+        self.inner.try_acquire(req).await
+    }
+    async fn renew(&self, held: &LeaseRecord, ttl: Duration) -> Result<Renew, StoreError> {
+        self.renews.fetch_add(1, Ordering::Relaxed);
+        self.inner.renew(held, ttl).await
+    }
+    async fn renew_many(&self, held: &[LeaseRecord], ttl: Duration) -> Vec<Result<Renew, StoreError>> {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        let mut out = Vec::new();
+        for h in held {
+            out.push(self.inner.renew(h, ttl).await);
+        }
+        out
+    }
+    async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
+        self.inner.release(held).await
+    }
+    async fn get(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {
+        self.inner.get(election).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        self.inner.list(prefix).await
+    }
+    async fn evict(&self, election: &ElectionName, how: Evict) -> Result<Option<LeaseRecord>, StoreError> {
+        self.inner.evict(election, how).await
+    }
+    fn describe(&self) -> String {
+        "counting".into()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_thousand_elections_renew_in_a_few_calls_and_none_is_lost() {
+    let counting = Counting::default();
+    let store: Arc<dyn LeaseStore> = Arc::new(Batched::new(Arc::new(counting.clone())));
+    let ttl = Duration::from_secs(3);
+    let mut electors = Vec::new();
+    let mut events = Vec::new();
+    for i in 0..1000 {
+        let e = Elector::builder(store.clone(), format!("shard/{i}")).holder("p1").ttl(ttl).build().unwrap();
+        events.push(e.events());
+        e.start();
+        electors.push(e);
+    }
+    tokio::time::sleep(ttl * 10).await;
+    assert!(electors.iter().all(|e| e.current().is_some()), "every election is still led");
+    let (renews, batches) = (counting.renews.load(Ordering::Relaxed), counting.batches.load(Ordering::Relaxed));
+    assert_eq!(renews, 0, "no renewal went around the batcher");
+    // Ten TTLs at three renewals per TTL: about 30,000 renewals, in far fewer calls.
+    assert!(batches > 0 && batches <= 300, "{batches} renew_many calls for ~30,000 renewals");
+    for rx in &mut events {
+        while let Ok(ev) = rx.try_recv() {
+            assert!(!matches!(ev, Event::Ousted { .. }), "a term was lost: {ev:?}");
+        }
+    }
+    for e in &electors {
+        e.shutdown().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_caller_gets_its_own_answer() {
+    let memory = MemoryStore::new();
+    let batched = Batched::new(Arc::new(memory.clone()));
+    let ttl = Duration::from_secs(5);
+    let mut leases = Vec::new();
+    for i in 0..3 {
+        let req = AcquireRequest::new(
+            ElectionName::new(format!("b/{i}")).unwrap(),
+            HolderId::new(format!("h{i}")).unwrap(),
+            ttl,
+        );
+        match memory.try_acquire(&req).await.unwrap() {
+            Acquire::Acquired(l) => leases.push(l),
+            Acquire::Held(_) => unreachable!("fresh elections"),
+        }
+    }
+    // The middle one is taken over by someone else.
+    memory.evict(&leases[1].election, Evict::Now).await.unwrap();
+    let other = AcquireRequest::new(leases[1].election.clone(), HolderId::new("other").unwrap(), ttl);
+    memory.try_acquire(&other).await.unwrap();
+    let (a, b, c) =
+        tokio::join!(batched.renew(&leases[0], ttl), batched.renew(&leases[1], ttl), batched.renew(&leases[2], ttl));
+    assert!(matches!(a, Ok(Renew::Renewed(r)) if r.holder == leases[0].holder));
+    assert!(matches!(b, Ok(Renew::Lost(Some(r))) if r.holder.as_str() == "other"));
+    assert!(matches!(c, Ok(Renew::Renewed(r)) if r.holder == leases[2].holder));
+}
