@@ -104,6 +104,12 @@ impl LeaseStore for Probe {
         }
         r
     }
+    async fn renew_many(&self, held: &[LeaseRecord], ttl: Duration) -> Vec<Result<Renew, StoreError>> {
+        if let Err(e) = self.call() {
+            return held.iter().map(|_| Err(e.duplicate())).collect();
+        }
+        self.inner.renew_many(held, ttl).await
+    }
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
         self.call()?;
         self.inner.release(held).await
@@ -200,7 +206,11 @@ where
                 let polling = load(&open, s, &run, true).await?;
                 json!({"watching": watching, "polling_baseline": polling})
             }
-            Scenario::Scale => scale(&open, s, &run).await?,
+            Scenario::Scale => {
+                let batched = scale(&open, s, &run, true).await?;
+                let baseline = scale(&open, s, &run, false).await?;
+                json!({"batched": batched, "per_election_baseline": baseline})
+            }
         };
         out.insert(format!("{sc:?}").to_lowercase(), v);
     }
@@ -415,9 +425,7 @@ where
         slot.1 += events;
         slot.2 += 1;
     }
-    for (e, _) in &electors {
-        e.shutdown().await;
-    }
+    shutdown_all(electors.into_iter().map(|(e, _)| e).collect()).await;
     let per = |(c, _, n): (u64, u64, usize)| if n == 0 { 0.0 } else { c as f64 / n as f64 / d };
     let per_ev = |(_, ev, n): (u64, u64, usize)| if n == 0 { 0.0 } else { ev as f64 / n as f64 / d };
     Ok(json!({
@@ -432,13 +440,18 @@ where
     }))
 }
 
-/// One process holds many elections.
-async fn scale<F, Fut>(open: &F, s: &Settings, run: &str) -> Result<Value>
+/// One process holds many elections, its renewals gathered by [`tenure::Batched`] or,
+/// for the baseline, one store call per renewal.
+async fn scale<F, Fut>(open: &F, s: &Settings, run: &str, batched: bool) -> Result<Value>
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<Arc<dyn LeaseStore>>>,
 {
-    let handle = open().await?;
+    // Counts the calls that reach the store (a renew_many is one).
+    let counter = Probe::new(open().await?, false);
+    let handle: Arc<dyn LeaseStore> =
+        if batched { Arc::new(tenure::Batched::new(Arc::new(counter.clone()))) } else { Arc::new(counter.clone()) };
+    let mode = if batched { "batched" } else { "single" };
     let latencies = Arc::new(std::sync::Mutex::new(Vec::new()));
     let (cpu0, rss0) = (cpu_time(), rss_bytes());
     let mut electors = Vec::with_capacity(s.scale);
@@ -446,7 +459,7 @@ where
     for i in 0..s.scale {
         let mut probe = Probe::new(handle.clone(), false);
         probe.renewals = Some(latencies.clone());
-        let el = Elector::builder(Arc::new(probe), format!("bench/{run}/scale/{i}"))
+        let el = Elector::builder(Arc::new(probe), format!("bench/{run}/scale-{mode}/{i}"))
             .holder(format!("bench-scale-{}", fastrand::u32(..)))
             .ttl(s.ttl)
             .build()?;
@@ -463,9 +476,11 @@ where
     }
     let won_in = t0.elapsed();
     latencies.lock().unwrap().clear();
+    counter.reset();
     let (cpu1, rss1) = (cpu_time(), rss_bytes());
     tokio::time::sleep(s.duration).await;
     let cpu2 = cpu_time();
+    let (store_calls, _) = counter.reset();
     // A renewal that missed its deadline ends the term: any Ousted is a miss.
     let mut missed = 0;
     for r in &mut rx {
@@ -478,15 +493,17 @@ where
     let still = electors.iter().filter(|e| e.current().is_some()).count();
     let lat: Vec<Duration> = latencies.lock().unwrap().iter().map(|us| Duration::from_micros(*us)).collect();
     let renewals = lat.len();
-    for e in &electors {
-        e.shutdown().await;
-    }
+    let t_stop = Instant::now();
+    shutdown_all(electors).await;
+    let stop_s = t_stop.elapsed().as_secs_f64();
     let n = s.scale as f64;
     Ok(json!({
         "elections": s.scale,
         "all_won_in_s": won_in.as_secs_f64(),
+        "all_released_in_s": stop_s,
         "seconds": s.duration.as_secs_f64(),
         "renewals": renewals,
+        "store_calls_per_s": store_calls as f64 / s.duration.as_secs_f64(),
         "renewal_latency": stats(lat),
         "terms_lost": missed,
         "still_leading": still,
@@ -494,6 +511,15 @@ where
         "cpu_s_to_win_all": cpu1 - cpu0,
         "rss_bytes_per_election": (rss1.saturating_sub(rss0)) as f64 / n,
     }))
+}
+
+/// Stops every elector at once (each releases its lease).
+async fn shutdown_all(electors: Vec<Elector>) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for e in electors {
+        tasks.spawn(async move { e.shutdown().await });
+    }
+    while tasks.join_next().await.is_some() {}
 }
 
 /// CPU time (user + system) of this process so far, in seconds (0 where /proc is missing).
@@ -557,19 +583,21 @@ fn print_table(v: &Value) {
             println!("  {label:<28} {:>12.2} {:>12.2}", secs(w, k), secs(p, k));
         }
     }
-    if let Some(x) = v.get("scale") {
-        let r = &x["renewal_latency"];
+    if let Some(sc) = v.get("scale") {
         println!(
-            "scale                  {} elections in one process: all won in {}; {} renewals in {}, p99 {}; \
-             terms lost {}; CPU {:.2} µs/s per election; RSS {:.0} bytes per election",
-            x["elections"],
-            fmt_d(secs(x, "all_won_in_s")),
-            x["renewals"],
-            fmt_d(secs(x, "seconds")),
-            fmt_d(secs(r, "p99")),
-            x["terms_lost"],
-            secs(x, "cpu_s_per_election_per_s") * 1e6,
-            secs(x, "rss_bytes_per_election")
+            "scale                  {} elections in one process for {}",
+            sc["batched"]["elections"],
+            fmt_d(secs(&sc["batched"], "seconds"))
         );
+        println!("  {:<28} {:>12} {:>12}", "", "batched", "per election");
+        let (b, p) = (&sc["batched"], &sc["per_election_baseline"]);
+        let row = |label: &str, f: &dyn Fn(&Value) -> String| println!("  {label:<28} {:>12} {:>12}", f(b), f(p));
+        row("all won in", &|x| fmt_d(secs(x, "all_won_in_s")));
+        row("renewals", &|x| x["renewals"].to_string());
+        row("store calls/s", &|x| format!("{:.1}", secs(x, "store_calls_per_s")));
+        row("renewal p99", &|x| fmt_d(secs(&x["renewal_latency"], "p99")));
+        row("terms lost", &|x| x["terms_lost"].to_string());
+        row("CPU µs/s per election", &|x| format!("{:.2}", secs(x, "cpu_s_per_election_per_s") * 1e6));
+        row("RSS bytes per election", &|x| format!("{:.0}", secs(x, "rss_bytes_per_election")));
     }
 }

@@ -588,6 +588,26 @@ impl EtcdStore {
         )))
     }
 
+    /// The renewal of `held` as one transaction: if the key is still that grant (create
+    /// revision and value), rewrite it on `lease` (moving its revision), and read it.
+    fn renew_txn(&self, held: &LeaseRecord, ttl: Duration, lease: i64) -> Txn {
+        let key = self.key(held.election.as_str());
+        let put = if ttl == held.ttl {
+            // Same value: only the revision moves (and the lease, should it have changed).
+            TxnOp::put(key.clone(), Vec::new(), Some(PutOptions::new().with_ignore_value().with_lease(lease)))
+        } else {
+            let v = Value { ttl, ..Value::of(held) };
+            TxnOp::put(key.clone(), v.encode(), Some(PutOptions::new().with_lease(lease)))
+        };
+        Txn::new()
+            .when([
+                Compare::create_revision(key.clone(), CompareOp::Equal, held.token.0 as i64),
+                Compare::value(key.clone(), CompareOp::Equal, Value::of(held).encode()),
+            ])
+            .and_then([put, TxnOp::get(key.clone(), None)])
+            .or_else([TxnOp::get(key, None)])
+    }
+
     async fn get_key(&self, election: &str) -> Result<Option<LeaseRecord>, StoreError> {
         let mut c = self.client().await?;
         let resp = timed("get", c.get(self.key(election), None)).await?;
@@ -611,32 +631,62 @@ impl LeaseStore for EtcdStore {
 
     async fn renew(&self, held: &LeaseRecord, ttl: Duration) -> Result<Renew, StoreError> {
         check_ttl(ttl)?;
-        let key = self.key(held.election.as_str());
         if held.evicted {
             return Ok(Renew::Lost(self.get_key(held.election.as_str()).await?));
         }
         let since = Instant::now();
         let lease = self.lease(ttl, since).await?;
-        let put = if ttl == held.ttl {
-            // Same value: only the revision moves (and the lease, should it have changed).
-            TxnOp::put(key.clone(), Vec::new(), Some(PutOptions::new().with_ignore_value().with_lease(lease)))
-        } else {
-            let v = Value { ttl, ..Value::of(held) };
-            TxnOp::put(key.clone(), v.encode(), Some(PutOptions::new().with_lease(lease)))
-        };
-        let txn = Txn::new()
-            .when([
-                Compare::create_revision(key.clone(), CompareOp::Equal, held.token.0 as i64),
-                Compare::value(key.clone(), CompareOp::Equal, Value::of(held).encode()),
-            ])
-            .and_then([put, TxnOp::get(key.clone(), None)])
-            .or_else([TxnOp::get(key.clone(), None)]);
-        let resp = self.txn("renew", txn).await?;
+        let resp = self.txn("renew", self.renew_txn(held, ttl, lease)).await?;
         let current = self.txn_record(&resp)?;
         Ok(match (resp.succeeded(), current) {
             (true, Some(rec)) => Renew::Renewed(rec),
             (_, cur) => Renew::Lost(cur),
         })
+    }
+
+    /// One keep-alive of the shared lease, then one transaction holding each lease's
+    /// renewal as a nested transaction (in chunks under etcd's limit of operations).
+    async fn renew_many(&self, held: &[LeaseRecord], ttl: Duration) -> Vec<Result<Renew, StoreError>> {
+        let mut out: Vec<Option<Result<Renew, StoreError>>> = (0..held.len()).map(|_| None).collect();
+        let since = Instant::now();
+        let lease = match check_ttl(ttl) {
+            Ok(()) => self.lease(ttl, since).await,
+            Err(e) => Err(e),
+        };
+        let lease = match lease {
+            Ok(l) => l,
+            Err(e) => return held.iter().map(|_| Err(e.duplicate())).collect(),
+        };
+        // Evicted copies and repeated elections take the one-by-one path.
+        let mut seen = std::collections::HashSet::new();
+        let batchable: Vec<usize> =
+            (0..held.len()).filter(|&i| !held[i].evicted && seen.insert(held[i].election.clone())).collect();
+        for chunk in batchable.chunks(100) {
+            let ops: Vec<TxnOp> = chunk.iter().map(|&i| TxnOp::txn(self.renew_txn(&held[i], ttl, lease))).collect();
+            match self.txn("renew", Txn::new().and_then(ops)).await {
+                Ok(resp) => {
+                    let inner = resp.op_responses();
+                    for (&i, r) in chunk.iter().zip(inner) {
+                        out[i] = Some(match r {
+                            TxnOpResponse::Txn(t) => self.txn_record(&t).map(|cur| match (t.succeeded(), cur) {
+                                (true, Some(rec)) => Renew::Renewed(rec),
+                                (_, cur) => Renew::Lost(cur),
+                            }),
+                            _ => Err(StoreError::ambiguous("etcd answered a nested transaction with something else")),
+                        });
+                    }
+                }
+                Err(e) => chunk.iter().for_each(|&i| out[i] = Some(Err(e.duplicate()))),
+            }
+        }
+        let mut answers = Vec::with_capacity(held.len());
+        for (i, slot) in out.into_iter().enumerate() {
+            answers.push(match slot {
+                Some(a) => a,
+                None => self.renew(&held[i], ttl).await,
+            });
+        }
+        answers
     }
 
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {

@@ -600,6 +600,25 @@ impl LeaseStore for NatsStore {
         Err(StoreError::unavailable("NATS: the record kept changing during the renewal; retrying"))
     }
 
+    /// The renewals go out together on the one connection (pipelined publishes), each
+    /// with its own compare-and-set.
+    async fn renew_many(&self, held: &[LeaseRecord], ttl: Duration) -> Vec<Result<Renew, StoreError>> {
+        let mut tasks = tokio::task::JoinSet::new();
+        for (i, h) in held.iter().enumerate() {
+            let (store, h) = (self.clone(), h.clone());
+            tasks.spawn(async move { (i, store.renew(&h, ttl).await) });
+        }
+        let mut out: Vec<Option<Result<Renew, StoreError>>> = (0..held.len()).map(|_| None).collect();
+        while let Some(done) = tasks.join_next().await {
+            if let Ok((i, r)) = done {
+                out[i] = Some(r);
+            }
+        }
+        out.into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(StoreError::ambiguous("NATS: a renewal task failed"))))
+            .collect()
+    }
+
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
         let Some((kv, ttl)) = self.bucket(None).await? else { return Ok(()) };
         match self.read(&kv, ttl, &held.election).await? {

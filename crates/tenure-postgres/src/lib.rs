@@ -53,6 +53,7 @@ struct Inner {
 struct Sql {
     acquire: String,
     renew: String,
+    renew_many: String,
     release: String,
     get: String,
     list: String,
@@ -89,6 +90,13 @@ impl Sql {
                 "UPDATE {t} SET revision = revision + 1, ttl_ms = $4,
                    expires_at = now() + $4 * interval '1 millisecond', renewed_at = now()
                  WHERE election = $1 AND holder = $2 AND token = $3 AND NOT evicted AND expires_at > now()
+                 RETURNING {COLUMNS}"
+            ),
+            renew_many: format!(
+                "UPDATE {t} AS l SET revision = l.revision + 1, ttl_ms = $4,
+                   expires_at = now() + $4 * interval '1 millisecond', renewed_at = now()
+                 FROM unnest($1::text[], $2::text[], $3::bigint[]) AS x(e, h, k)
+                 WHERE l.election = x.e AND l.holder = x.h AND l.token = x.k AND NOT l.evicted AND l.expires_at > now()
                  RETURNING {COLUMNS}"
             ),
             release: format!(
@@ -414,6 +422,35 @@ impl LeaseStore for PostgresStore {
             Some(l) => Ok(Renew::Renewed(l)),
             None => Ok(Renew::Lost(self.get(&held.election).await?)),
         }
+    }
+
+    /// One statement renews them all; only the leases it did not renew are read again,
+    /// to say who holds them now.
+    async fn renew_many(&self, held: &[LeaseRecord], ttl: Duration) -> Vec<Result<Renew, StoreError>> {
+        let renewed = async {
+            check_ttl(ttl)?;
+            self.ensure_schema().await?;
+            let q = sqlx::query(audited(&self.inner.sql.renew_many))
+                .bind(held.iter().map(|l| l.election.to_string()).collect::<Vec<_>>())
+                .bind(held.iter().map(|l| l.holder.to_string()).collect::<Vec<_>>())
+                .bind(held.iter().map(|l| l.token.0 as i64).collect::<Vec<_>>())
+                .bind(ttl.as_millis() as i64);
+            let rows = q.fetch_all(&self.inner.pool).await;
+            let rows = self.check("renew", rows).await?;
+            rows.iter().map(record).collect::<Result<Vec<_>, _>>()
+        };
+        let renewed = match renewed.await {
+            Ok(r) => r,
+            Err(e) => return held.iter().map(|_| Err(e.duplicate())).collect(),
+        };
+        let mut out = Vec::with_capacity(held.len());
+        for l in held {
+            match renewed.iter().find(|r| r.election == l.election && r.holder == l.holder && r.token == l.token) {
+                Some(r) => out.push(Ok(Renew::Renewed(r.clone()))),
+                None => out.push(self.get(&l.election).await.map(Renew::Lost)),
+            }
+        }
+        out
     }
 
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {

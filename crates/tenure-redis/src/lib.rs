@@ -252,6 +252,59 @@ impl RedisStore {
         Reply::parse(election, v)
     }
 
+    async fn renew_pipeline(
+        &self,
+        held: &[LeaseRecord],
+        ttl: Duration,
+    ) -> Result<Vec<Result<Renew, StoreError>>, StoreError> {
+        check_ttl(ttl)?;
+        if held.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.conn().await?;
+        let (ttl, chan) = (ttl.as_millis().to_string(), self.channel());
+        let script = &self.inner.scripts.renew;
+        let mut invocations = Vec::with_capacity(held.len());
+        for l in held {
+            let (lease, meta) = self.keys(l.election.as_str());
+            let mut inv = script.key(lease);
+            inv.key(meta)
+                .arg(l.holder.as_str())
+                .arg(l.token.0.to_string())
+                .arg(&ttl)
+                .arg(&chan)
+                .arg(l.election.as_str());
+            invocations.push(inv);
+        }
+        let mut pipe = redis::pipe();
+        for inv in &invocations {
+            pipe.invoke_script(inv);
+        }
+        let values: Vec<Value> = match pipe.query_async(&mut conn).await {
+            Ok(v) => v,
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                // The server forgot the script (a restart, SCRIPT FLUSH): load it, once.
+                script.prepare_invoke().load_async(&mut conn).await.map_err(|e| redis_error("renew", e))?;
+                pipe.query_async(&mut conn).await.map_err(|e| redis_error("renew", e))?
+            }
+            Err(e) => return Err(redis_error("renew", e)),
+        };
+        if values.len() != held.len() {
+            return Err(StoreError::ambiguous("Redis answered a renewal pipeline with the wrong number of replies"));
+        }
+        Ok(held
+            .iter()
+            .zip(values)
+            .map(|(l, v)| {
+                let r = Reply::parse(l.election.as_str(), v)?;
+                Ok(match (r.status.as_str(), r.record) {
+                    ("ok", Some(rec)) => Renew::Renewed(rec),
+                    (_, cur) => Renew::Lost(cur),
+                })
+            })
+            .collect())
+    }
+
     fn ensure_listener(&self) {
         use std::sync::atomic::Ordering;
         if self.inner.listening.swap(true, Ordering::SeqCst) {
@@ -426,6 +479,14 @@ impl LeaseStore for RedisStore {
             ("ok", Some(rec)) => Renew::Renewed(rec),
             (_, cur) => Renew::Lost(cur),
         })
+    }
+
+    /// One pipeline of renewal scripts: one round trip for them all.
+    async fn renew_many(&self, held: &[LeaseRecord], ttl: Duration) -> Vec<Result<Renew, StoreError>> {
+        match self.renew_pipeline(held, ttl).await {
+            Ok(v) => v,
+            Err(e) => held.iter().map(|_| Err(e.duplicate())).collect(),
+        }
     }
 
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
