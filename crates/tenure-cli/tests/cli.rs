@@ -421,3 +421,44 @@ fn tenure_run_on_nats() {
     let Some(server) = tenure_testkit::servers::launch(tenure_testkit::servers::Kind::Nats) else { return };
     crash_takeover_on(format!("{}/cli", server.url()));
 }
+
+/// Every benchmark scenario runs, small, and reports what it measured (the figures
+/// themselves are not asserted: they depend on the machine).
+#[test]
+fn bench_runs_every_scenario_and_reports_json() {
+    let env = Env::new();
+    let out = env.tenure(&[
+        "bench",
+        "--scenario",
+        "rtt,acquire,handover,crash,load,scale",
+        "--samples",
+        "5",
+        "--elections",
+        "2",
+        "--candidates",
+        "2",
+        "--duration",
+        "1s",
+        "--scale",
+        "50",
+        "--ttl",
+        "1s",
+        "--json",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for (k, n) in [("rtt", 5), ("acquire", 5), ("handover", 5), ("crash", 5)] {
+        assert_eq!(v[k]["n"], n, "{k}: {text}");
+        assert!(v[k]["p50"].as_f64().unwrap() > 0.0, "{k}: {text}");
+    }
+    assert!(v["acquire"]["p50_in_rtt"].as_f64().is_some() && v["crash"]["p50_in_ttl"].as_f64().is_some());
+    let (w, p) = (&v["load"]["watching"], &v["load"]["polling_baseline"]);
+    if w["leadership_changes"] == 0 {
+        assert_eq!(w["calls_per_s_per_follower"], 0.0, "watching followers call the store: {text}");
+    }
+    assert!(p["calls_per_s_per_follower"].as_f64().unwrap() > 0.0, "polling followers poll: {text}");
+    let (b, s) = (&v["scale"]["batched"], &v["scale"]["per_election_baseline"]);
+    assert_eq!((b["elections"].as_u64(), s["elections"].as_u64()), (Some(50), Some(50)));
+    assert!(b["renewals"].as_u64().unwrap() > 0 && b["store_calls_per_s"].as_f64().is_some());
+}
