@@ -459,6 +459,9 @@ where
     let (cpu0, rss0) = (cpu_time(), rss_bytes());
     let mut electors = Vec::with_capacity(s.scale);
     let mut rx = Vec::with_capacity(s.scale);
+    // Started in waves of 250, as a service would bring its shards up, so that the first
+    // acquires do not all queue for the store at once.
+    let t0 = Instant::now();
     for i in 0..s.scale {
         let mut probe = Probe::new(handle.clone(), false);
         probe.renewals = Some(latencies.clone());
@@ -469,13 +472,19 @@ where
         rx.push(el.events());
         el.start();
         electors.push(el);
-    }
-    let t0 = Instant::now();
-    while electors.iter().filter(|e| e.current().is_some()).count() < s.scale {
-        if t0.elapsed() > s.ttl * 10 + Duration::from_secs(60) {
-            bail!("not every election was won within {:?}", t0.elapsed());
+        if electors.len() % 250 == 0 || electors.len() == s.scale {
+            while electors.iter().filter(|e| e.current().is_some()).count() < electors.len() {
+                if t0.elapsed() > s.ttl * 10 + Duration::from_secs(120) {
+                    bail!(
+                        "only {} of {} elections were won within {:?}",
+                        electors.iter().filter(|e| e.current().is_some()).count(),
+                        electors.len(),
+                        t0.elapsed()
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let won_in = t0.elapsed();
     latencies.lock().unwrap().clear();

@@ -1,0 +1,33 @@
+//! Starts a throwaway server from the installed binary on a free loopback port, prints
+//! its store URL, and stops it when stdin closes or on SIGINT/SIGTERM: for benchmarks
+//! and manual runs against a server that nothing else uses.
+//!
+//! `tenure-serve postgres|mariadb|redis|etcd|nats`
+
+use std::io::Read;
+
+use tenure_testkit::servers::{self, Kind};
+
+fn main() -> std::process::ExitCode {
+    let kind = match std::env::args().nth(1).as_deref() {
+        Some("postgres") => Kind::Postgres,
+        Some("mariadb") => Kind::MariaDb,
+        Some("redis") => Kind::Redis,
+        Some("etcd") => Kind::Etcd,
+        Some("nats") => Kind::Nats,
+        _ => {
+            eprintln!("usage: tenure-serve postgres|mariadb|redis|etcd|nats");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let Some(server) = servers::launch(kind) else {
+        eprintln!("tenure-serve: the server binary is not installed");
+        return std::process::ExitCode::from(1);
+    };
+    println!("{}", server.url());
+    // Until stdin closes (or a signal ends the process; the server is in its own process
+    // group and is stopped by the launcher's drop only on a normal exit).
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    drop(server);
+    std::process::ExitCode::SUCCESS
+}

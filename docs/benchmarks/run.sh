@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Runs `tenure bench` on SQLite and on a throwaway server of every kind, one store after
+# another, and writes one JSON report per store next to this script.
+#   cargo build --release -p tenure-cli -p tenure-testkit --bins && docs/benchmarks/run.sh [STORE…]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+bin="${CARGO_TARGET_DIR:-target}/release"
+out=docs/benchmarks
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+scenarios=rtt,acquire,handover,crash,load
+latency=(--ttl 2s --samples 200 --elections 10 --candidates 3 --duration 10s)
+scale=(--ttl 10s --scenario scale --scale 10000 --duration 20s)
+
+bench() { # STORE-URL NAME [extra scenario]
+  local url=$1 name=$2 extra=${3:-}
+  echo "== $name" >&2
+  "$bin/tenure" --store "$url" bench --json "${latency[@]}" --scenario "$scenarios${extra:+,$extra}" > "$tmp/latency.json"
+  "$bin/tenure" --store "$url" bench --json "${scale[@]}" > "$tmp/scale.json"
+  python3 -c 'import json,sys; a=json.load(open(sys.argv[1])); a.update(scale=json.load(open(sys.argv[2]))["scale"]); json.dump(a, open(sys.argv[3],"w"), indent=1)' \
+    "$tmp/latency.json" "$tmp/scale.json" "$out/$name.json"
+}
+
+stores=("$@")
+[ $# -eq 0 ] && stores=(sqlite postgres mariadb redis etcd nats)
+for kind in "${stores[@]}"; do
+  if [ "$kind" = sqlite ]; then
+    bench "sqlite:$tmp/bench.db" sqlite || echo "bench on sqlite failed" >&2
+    continue
+  fi
+  coproc SERVE { "$bin/tenure-serve" "$kind"; }
+  read -r url <&"${SERVE[0]}"
+  case $kind in
+    nats) url="$url/bench"; extra= ;;
+    etcd) extra=etcdctl ;;
+    *) extra= ;;
+  esac
+  # A NATS bucket serves one TTL: the scale run (10 s) gets a bucket of its own.
+  if [ "$kind" = nats ]; then
+    echo "== nats" >&2
+    "$bin/tenure" --store "$url" bench --json "${latency[@]}" --scenario "$scenarios" > "$tmp/latency.json"
+    "$bin/tenure" --store "${url}10" bench --json "${scale[@]}" > "$tmp/scale.json"
+    python3 -c 'import json,sys; a=json.load(open(sys.argv[1])); a.update(scale=json.load(open(sys.argv[2]))["scale"]); json.dump(a, open(sys.argv[3],"w"), indent=1)' \
+      "$tmp/latency.json" "$tmp/scale.json" "$out/nats.json"
+  else
+    bench "$url" "$kind" "$extra" || echo "bench on $kind failed" >&2
+  fi
+  eval "exec ${SERVE[1]}>&-"
+  wait "$SERVE_PID" 2>/dev/null || true
+done
+python3 "$out/chart.py"
