@@ -58,19 +58,24 @@ for s, r in runs.items():
     print(f"| {s} | {ms(rt['p50'])} | {ms(a['p50'])} ({a.get('p50_in_rtt', 0):.1f}) | {ms(h['p50'])} / {ms(h['p99'])} ({h.get('p50_in_rtt', 0):.0f}) "
           f"| {ms(c['p50'])} / {ms(c['p99'])} ({c['p50'] / r['ttl_s']:.2f} / {c['p99'] / r['ttl_s']:.2f}) |")
 print()
-print("| store | calls/s all (watch / poll) | per leader (watch / poll) | per follower (watch / poll) | watch reads/s per follower |")
+print("| store | calls/s all (watch / poll) | per leader (watch / poll) | per follower (watch / poll) | watch events/s per follower |")
 print("|---|---|---|---|---|")
 for s, r in runs.items():
     w, p = r["load"]["watching"], r["load"]["polling_baseline"]
     print(f"| {s} | {w['calls_per_s']:.1f} / {p['calls_per_s']:.1f} | {w['calls_per_s_per_leader']:.2f} / {p['calls_per_s_per_leader']:.2f} "
           f"| {w['calls_per_s_per_follower']:.2f} / {p['calls_per_s_per_follower']:.2f} | {w['watch_reads_per_s_per_follower']:.2f} |")
 print()
-print("| store | mode | all won in | store calls/s | renewal p99 | terms lost | CPU µs/s per election | RSS per election |")
+print("| store | mode | elections won (time) | store calls/s | renewal p99 | terms lost while measuring (why) | CPU µs/s per election | RSS per election |")
 print("|---|---|---|---|---|---|---|---|")
 for s, r in runs.items():
+    if not r.get("scale"):
+        continue
     for mode, key in (("batched", "batched"), ("one call per renewal", "per_election_baseline")):
         x = r["scale"][key]
+        won = (f"all {x['elections']} ({ms(x['all_won_in_s'])})" if x.get("all_won", True)
+               else f"gave up: {x['leading_when_measured']} leading of {x['started']} started after {ms(x['all_won_in_s'])}")
         # The second run reuses memory the first one freed: only the first run's growth counts.
         rss = f"{x['rss_bytes_per_election'] / 1024:.1f} KiB" if key == "batched" else "(not comparable)"
-        print(f"| {s} | {mode} | {ms(x['all_won_in_s'])} | {x['store_calls_per_s']:.1f} | {ms(x['renewal_latency']['p99'])} "
-              f"| {x['terms_lost']} | {x['cpu_s_per_election_per_s'] * 1e6:.1f} | {rss} |")
+        why = ", ".join(f"{k} {v}" for k, v in x.get("terms_lost_by_reason", {}).items())
+        print(f"| {s} | {mode} | {won} | {x['store_calls_per_s']:.1f} | {ms(x['renewal_latency']['p99'])} "
+              f"| {x['terms_lost']}{f' ({why})' if why else ''} | {x['cpu_s_per_election_per_s'] * 1e6:.1f} | {rss} |")

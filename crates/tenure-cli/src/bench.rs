@@ -323,14 +323,17 @@ where
     cands.iter().for_each(|(e, _)| e.start());
     let mut leader = next_elected(&mut rx, s.ttl * 4).await?;
     let mut v = Vec::new();
+    let mut regained = 0;
     for _ in 0..s.samples.min(50) {
         let l = cands[leader].0.current().context("the leader has no leadership")?;
         let t0 = Instant::now();
         tokio::spawn(l.resign());
         let next = next_elected(&mut rx, s.ttl * 4).await?;
-        v.push(t0.elapsed());
         if next == leader {
-            bail!("the candidate that resigned was elected again before the other");
+            // The other candidate did not take over within the resigner's back-off.
+            regained += 1;
+        } else {
+            v.push(t0.elapsed());
         }
         leader = next;
         // Let the one that resigned finish its back-off and follow again.
@@ -339,7 +342,11 @@ where
     for (e, _) in &cands {
         e.shutdown().await;
     }
-    Ok(stats(v))
+    let mut st = stats(v);
+    if let Value::Object(m) = &mut st {
+        m.insert("resigner_won_again".into(), json!(regained));
+    }
+    Ok(st)
 }
 
 async fn crash<F, Fut>(open: &F, s: &Settings, run: &str) -> Result<Value>
@@ -462,6 +469,8 @@ where
     // Started in waves of 250, as a service would bring its shards up, so that the first
     // acquires do not all queue for the store at once.
     let t0 = Instant::now();
+    let give_up = s.ttl * 6 + Duration::from_secs(30);
+    let mut gave_up = false;
     for i in 0..s.scale {
         let mut probe = Probe::new(handle.clone(), false);
         probe.renewals = Some(latencies.clone());
@@ -474,31 +483,44 @@ where
         electors.push(el);
         if electors.len() % 250 == 0 || electors.len() == s.scale {
             while electors.iter().filter(|e| e.current().is_some()).count() < electors.len() {
-                if t0.elapsed() > s.ttl * 10 + Duration::from_secs(120) {
-                    bail!(
-                        "only {} of {} elections were won within {:?}",
-                        electors.iter().filter(|e| e.current().is_some()).count(),
-                        electors.len(),
-                        t0.elapsed()
-                    );
+                if t0.elapsed() > give_up {
+                    gave_up = true;
+                    break;
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
+        if gave_up {
+            // The store cannot keep up: measure what the process holds now.
+            break;
+        }
     }
     let won_in = t0.elapsed();
+    let started = electors.len();
+    let won = electors.iter().filter(|e| e.current().is_some()).count();
     latencies.lock().unwrap().clear();
     counter.reset();
+    // Terms lost while the process was still starting elections are counted apart.
+    let mut lost_starting = 0;
+    for r in &mut rx {
+        while let Ok(ev) = r.try_recv() {
+            lost_starting += usize::from(matches!(ev, Event::Ousted { .. }));
+        }
+    }
     let (cpu1, rss1) = (cpu_time(), rss_bytes());
     tokio::time::sleep(s.duration).await;
     let cpu2 = cpu_time();
     let (store_calls, _) = counter.reset();
-    // A renewal that missed its deadline ends the term: any Ousted is a miss.
+    // A renewal that missed its deadline ends the term: any Ousted is a miss. By reason.
     let mut missed = 0;
+    let mut reasons: std::collections::BTreeMap<String, usize> = Default::default();
     for r in &mut rx {
         while let Ok(ev) = r.try_recv() {
-            if matches!(ev, Event::Ousted { .. }) {
+            if let Event::Ousted { reason } = ev {
                 missed += 1;
+                let name = format!("{reason:?}");
+                let name = name.split([' ', '{', '(']).next().unwrap_or("").to_string();
+                *reasons.entry(name).or_default() += 1;
             }
         }
     }
@@ -511,6 +533,9 @@ where
     let n = s.scale as f64;
     Ok(json!({
         "elections": s.scale,
+        "started": started,
+        "leading_when_measured": won,
+        "all_won": !gave_up,
         "all_won_in_s": won_in.as_secs_f64(),
         "all_released_in_s": stop_s,
         "seconds": s.duration.as_secs_f64(),
@@ -518,6 +543,8 @@ where
         "store_calls_per_s": store_calls as f64 / s.duration.as_secs_f64(),
         "renewal_latency": stats(lat),
         "terms_lost": missed,
+        "terms_lost_by_reason": reasons,
+        "terms_lost_while_starting": lost_starting,
         "still_leading": still,
         "cpu_s_per_election_per_s": (cpu2 - cpu1) / n / s.duration.as_secs_f64(),
         "cpu_s_to_win_all": cpu1 - cpu0,
@@ -642,7 +669,7 @@ fn print_table(v: &Value) {
             ("store calls/s, all", "calls_per_s"),
             ("calls/s per leader", "calls_per_s_per_leader"),
             ("calls/s per follower", "calls_per_s_per_follower"),
-            ("watch reads/s per follower", "watch_reads_per_s_per_follower"),
+            ("watch events/s per follower", "watch_reads_per_s_per_follower"),
         ] {
             println!("  {label:<28} {:>12.2} {:>12.2}", secs(w, k), secs(p, k));
         }

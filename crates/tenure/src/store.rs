@@ -170,14 +170,10 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// Renews each of `held` exactly as [`LeaseStore::renew`] would, answering one result
     /// per lease, in order. Stores that can renew many leases in one round trip (one
-    /// transaction, one pipeline) override it; the default renews one after another.
+    /// transaction, one pipeline) override it; the default runs the renewals concurrently.
     /// [`crate::Batched`] gathers the renewals of many electors into such calls.
     async fn renew_many(&self, held: &[LeaseRecord], ttl: Duration) -> Vec<Result<Renew, StoreError>> {
-        let mut out = Vec::with_capacity(held.len());
-        for h in held {
-            out.push(self.renew(h, ttl).await);
-        }
-        out
+        join_all(held.iter().map(|h| self.renew(h, ttl)).collect()).await
     }
 
     /// The current record of `election`, or `None` if nobody holds it (never an
@@ -207,4 +203,23 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// A short description for logs, e.g. `sqlite:/var/lib/app/tenure.db`, never
     /// containing credentials.
     fn describe(&self) -> String;
+}
+
+/// Polls every future until all are done; answers their outputs in order.
+async fn join_all<T>(mut futs: Vec<Pin<Box<dyn std::future::Future<Output = T> + Send + '_>>>) -> Vec<T> {
+    let mut out: Vec<Option<T>> = futs.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, slot) in futs.iter_mut().zip(out.iter_mut()) {
+            if slot.is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *slot = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending { std::task::Poll::Pending } else { std::task::Poll::Ready(()) }
+    })
+    .await;
+    out.into_iter().map(|v| v.expect("every future finished")).collect()
 }
