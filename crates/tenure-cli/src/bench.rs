@@ -40,7 +40,7 @@ pub struct Settings {
     pub ttl: Duration,
     /// Samples for the latency scenarios.
     pub samples: usize,
-    /// Elections and candidates per election, and duration, of the load scenario.
+    /// Elections in the load scenario.
     pub elections: usize,
     /// Candidates per election in the load scenario.
     pub candidates: usize,
@@ -178,8 +178,8 @@ where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<Arc<dyn LeaseStore>>>,
 {
-    if s.samples == 0 || s.candidates < 2 || s.elections == 0 {
-        bail!("--samples and --elections must be above 0 and --candidates at least 2");
+    if s.samples == 0 || s.candidates < 2 || s.elections == 0 || s.scale == 0 || s.duration.is_zero() {
+        bail!("--samples, --elections, --scale and --duration must be above 0 and --candidates at least 2");
     }
     let run = format!("{:x}", fastrand::u32(..));
     let first = open().await?;
@@ -291,7 +291,7 @@ async fn next_elected(rx: &mut [broadcast::Receiver<Event>], within: Duration) -
     let wait = async {
         loop {
             let mut polls: Vec<_> = rx.iter_mut().map(|r| Box::pin(r.recv())).collect();
-            let (ev, i, _) = futures_select_all(&mut polls).await;
+            let (ev, i) = first_ready(&mut polls).await;
             if let Ok(Event::Elected { .. }) = ev {
                 return i;
             }
@@ -301,11 +301,11 @@ async fn next_elected(rx: &mut [broadcast::Receiver<Event>], within: Duration) -
 }
 
 /// The first of several futures to finish, with its index.
-async fn futures_select_all<T, F: std::future::Future<Output = T> + Unpin>(futs: &mut [F]) -> (T, usize, ()) {
+async fn first_ready<T, F: std::future::Future<Output = T> + Unpin>(futs: &mut [F]) -> (T, usize) {
     std::future::poll_fn(|cx| {
         for (i, f) in futs.iter_mut().enumerate() {
             if let std::task::Poll::Ready(v) = std::pin::Pin::new(f).poll(cx) {
-                return std::task::Poll::Ready((v, i, ()));
+                return std::task::Poll::Ready((v, i));
             }
         }
         std::task::Poll::Pending

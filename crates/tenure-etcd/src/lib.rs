@@ -258,7 +258,7 @@ fn lease_gone(e: &StoreError) -> bool {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(x) = cur {
         let m = x.to_string();
-        if m.contains("lease not found") || m.contains("lease ran out") {
+        if m.contains("lease not found") {
             return true;
         }
         cur = x.source();

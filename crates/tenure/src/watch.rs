@@ -1,5 +1,6 @@
-//! A building block for stores whose change notifications say only *that* something
-//! may have changed: re-read the election on each signal and report real changes.
+//! Building blocks for store watches: turn a store's change notifications (which may say
+//! only *that* something changed, or carry the record) into a [`WatchStream`] that reports
+//! real changes, re-reading the election where the notification did not carry it.
 
 use std::future::Future;
 use std::time::Duration;
@@ -9,7 +10,7 @@ use tokio_stream::{Stream, StreamExt};
 
 use crate::name::ElectionName;
 use crate::record::LeaseRecord;
-use crate::store::{StoreError, WatchStream};
+use crate::store::{StoreError, WatchEvent, WatchStream};
 
 /// A [`WatchStream`] for `election` that re-reads the record (with `read`) whenever
 /// `signals` yields, and reports it when its holder, token, revision or eviction differs
@@ -21,6 +22,20 @@ use crate::store::{StoreError, WatchStream};
 pub fn rereading_watch<S, R, F>(election: ElectionName, signals: S, read: R, retry: Duration) -> WatchStream
 where
     S: Stream<Item = ()> + Send + 'static,
+    R: Fn(ElectionName) -> F + Send + Sync + 'static,
+    F: Future<Output = Result<Option<LeaseRecord>, StoreError>> + Send + 'static,
+{
+    watch_loop(election, signals.map(|()| None), read, retry)
+}
+
+/// The loop behind every watch helper: `events` yields `Some(record)` when a notification
+/// carried the record as it now stands, `None` when the election must be re-read with
+/// `read`. Reports a record when its holder, token, revision or eviction differs from the
+/// last report; retryable read errors are retried every `retry`, other errors end the
+/// stream after being reported; the stream also ends with `events`.
+fn watch_loop<S, R, F>(election: ElectionName, events: S, read: R, retry: Duration) -> WatchStream
+where
+    S: Stream<Item = Option<WatchEvent>> + Send + 'static,
     R: Fn(ElectionName) -> F + Send + Sync + 'static,
     F: Future<Output = Result<Option<LeaseRecord>, StoreError>> + Send + 'static,
 {
@@ -37,7 +52,7 @@ where
                 other => return Some(other),
             }
         };
-        let mut signals = Box::pin(signals);
+        let mut events = Box::pin(events);
         let mut last = match reread().await {
             None => return,
             Some(Ok(r)) => key(&r),
@@ -47,21 +62,30 @@ where
             }
         };
         loop {
-            tokio::select! {
+            let event = tokio::select! {
                 biased;
                 _ = tx.closed() => return,
-                s = signals.next() => if s.is_none() { return },
-            }
-            match reread().await {
-                None => return,
-                Some(Ok(rec)) if key(&rec) == last => {}
-                Some(Ok(rec)) => {
+                ev = events.next() => match ev {
+                    None => return,
+                    Some(ev) => ev,
+                },
+            };
+            let now = match event {
+                Some(carried) => Ok(carried),
+                None => match reread().await {
+                    None => return,
+                    Some(r) => r,
+                },
+            };
+            match now {
+                Ok(rec) if key(&rec) == last => {}
+                Ok(rec) => {
                     last = key(&rec);
                     if tx.send(Ok(rec)).await.is_err() {
                         return;
                     }
                 }
-                Some(Err(e)) => {
+                Err(e) => {
                     let _ = tx.send(Err(e)).await;
                     return;
                 }
@@ -109,60 +133,19 @@ pub struct Change {
 /// through `store`. Reports only changes of holder, token, revision or eviction.
 pub fn watch_changes(
     store: std::sync::Arc<dyn crate::LeaseStore>,
-    mut changes: tokio::sync::broadcast::Receiver<Change>,
+    changes: tokio::sync::broadcast::Receiver<Change>,
     election: &ElectionName,
 ) -> WatchStream {
-    use tokio::sync::broadcast::error::RecvError;
-    let (tx, rx) = mpsc::channel(16);
-    let election = election.clone();
-    tokio::spawn(async move {
-        let key = |r: &Option<LeaseRecord>| r.as_ref().map(|r| (r.holder.clone(), r.token, r.revision, r.evicted));
-        let reread = async || loop {
-            match store.get(&election).await {
-                Err(e) if e.is_retryable() => tokio::select! {
-                    _ = tx.closed() => return None,
-                    _ = tokio::time::sleep(Duration::from_millis(100)) => {}
-                },
-                other => return Some(other),
-            }
-        };
-        let mut last = match reread().await {
-            None => return,
-            Some(Ok(r)) => key(&r),
-            Some(Err(e)) => {
-                let _ = tx.send(Err(e)).await;
-                return;
-            }
-        };
-        loop {
-            let change = tokio::select! {
-                biased;
-                _ = tx.closed() => return,
-                c = changes.recv() => c,
-            };
-            let now = match change {
-                Err(RecvError::Closed) => return,
-                Ok(Change { election: n, .. }) if !n.is_empty() && *n != *election.as_str() => continue,
-                Ok(Change { record: Some(rec), .. }) => Ok(rec),
-                Ok(_) | Err(RecvError::Lagged(_)) => match reread().await {
-                    None => return,
-                    Some(r) => r,
-                },
-            };
-            match now {
-                Ok(rec) if key(&rec) == last => {}
-                Ok(rec) => {
-                    last = key(&rec);
-                    if tx.send(Ok(rec)).await.is_err() {
-                        return;
-                    }
-                }
-                Err(e) => {
-                    let _ = tx.send(Err(e)).await;
-                    return;
-                }
-            }
-        }
+    let name: std::sync::Arc<str> = std::sync::Arc::from(election.as_str());
+    // A change of another election is skipped; a lag, like an unnamed change, re-reads.
+    let events = tokio_stream::wrappers::BroadcastStream::new(changes).filter_map(move |m| match m {
+        Ok(Change { election: n, .. }) if !n.is_empty() && n != name => None,
+        Ok(Change { record, .. }) => Some(record),
+        Err(_) => Some(None),
     });
-    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+    let read = move |e: ElectionName| {
+        let store = store.clone();
+        async move { store.get(&e).await }
+    };
+    watch_loop(election.clone(), events, read, Duration::from_millis(100))
 }

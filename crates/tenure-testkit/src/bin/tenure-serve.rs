@@ -1,6 +1,7 @@
 //! Starts a throwaway server from the installed binary on a free loopback port, prints
-//! its store URL, and stops it when stdin closes or on SIGINT/SIGTERM: for benchmarks
-//! and manual runs against a server that nothing else uses.
+//! its store URL, and stops it when stdin closes: for benchmarks and manual runs against
+//! a server that nothing else uses. Close stdin to stop it; a signal that kills this
+//! process leaves the server running in its own process group.
 //!
 //! `tenure-serve postgres|mariadb|redis|etcd|nats`
 
@@ -25,8 +26,7 @@ fn main() -> std::process::ExitCode {
         return std::process::ExitCode::from(1);
     };
     println!("{}", server.url());
-    // Until stdin closes (or a signal ends the process; the server is in its own process
-    // group and is stopped by the launcher's drop only on a normal exit).
+    // Until stdin closes; the launcher's drop stops the server.
     let _ = std::io::stdin().read_to_end(&mut Vec::new());
     drop(server);
     std::process::ExitCode::SUCCESS
