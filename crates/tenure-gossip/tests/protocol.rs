@@ -1,0 +1,339 @@
+//! The protocol on an in-process hub, under paused time.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tenure_gossip::{Client, Config, Event, GossipError, Handler, Handlers, Job, MemoryHub, Transport, Worker};
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// Records every job it is asked to start.
+#[derive(Clone, Default)]
+struct Recorder(Arc<Mutex<Vec<Job>>>);
+
+#[async_trait]
+impl Handler for Recorder {
+    async fn start(&self, job: &Job) -> Result<Option<JoinHandle<()>>, String> {
+        self.0.lock().unwrap().push(job.clone());
+        Ok(None)
+    }
+}
+
+impl Recorder {
+    fn runs(&self) -> BTreeMap<String, Vec<String>> {
+        let mut by_id: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for j in self.0.lock().unwrap().iter() {
+            by_id.entry(j.election.clone()).or_default().push(j.worker.clone());
+        }
+        by_id
+    }
+}
+
+fn config(id: &str) -> Config {
+    Config { id: id.into(), ..Config::default() }
+}
+
+async fn worker(hub: &MemoryHub, id: &str, recorder: &Recorder) -> Worker {
+    let mut handlers = Handlers::new();
+    handlers.insert("job", recorder.clone()).unwrap();
+    Worker::start(Arc::new(hub.clone()), config(id), handlers, None).await.unwrap()
+}
+
+/// The winner each worker decided, per election, from its events so far.
+fn decisions(events: &mut broadcast::Receiver<Event>) -> BTreeMap<String, Option<String>> {
+    let mut out = BTreeMap::new();
+    while let Ok(e) = events.try_recv() {
+        if let Event::Decided(d) = e {
+            assert!(out.insert(d.election.clone(), d.winner).is_none(), "{} decided twice", d.election);
+        }
+    }
+    out
+}
+
+const WAIT: Duration = Duration::from_secs(30);
+
+#[tokio::test(start_paused = true)]
+async fn a_lone_worker_elects_itself() {
+    let hub = MemoryHub::new();
+    let rec = Recorder::default();
+    let w = worker(&hub, "solo.1", &rec).await;
+    let client = Client::connect(&hub).await.unwrap();
+    let t0 = Instant::now();
+    let outcome = client.elect("nightly", "job", "go", WAIT).await.unwrap();
+    assert_eq!(outcome.winner.as_deref(), Some("solo.1"));
+    assert!(outcome.started && outcome.error.is_none(), "{outcome:?}");
+    assert!(t0.elapsed() < Duration::from_millis(10), "a lone worker waits for nobody: {:?}", t0.elapsed());
+    assert_eq!(rec.runs()["nightly"], ["solo.1"]);
+    w.shutdown().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn five_workers_agree_and_each_election_runs_once() {
+    let hub = MemoryHub::new();
+    let rec = Recorder::default();
+    let mut workers = Vec::new();
+    let mut events = Vec::new();
+    for i in 1..=5 {
+        let mut w = worker(&hub, &format!("host-{i}.{}", 100 + i), &rec).await;
+        events.push(w.events());
+        workers.push(w);
+    }
+    assert_eq!(workers[0].members().await.unwrap().len(), 5);
+    let client = Client::connect(&hub).await.unwrap();
+    let mut winners = BTreeMap::new();
+    for n in 0..60 {
+        let id = format!("job-{n}");
+        let outcome = client.elect(&id, "job", "go", WAIT).await.unwrap();
+        assert!(outcome.started, "{outcome:?}");
+        winners.insert(id, outcome.winner);
+    }
+    // Every worker decided every election, and all the same way.
+    for ev in &mut events {
+        assert_eq!(decisions(ev), winners);
+    }
+    let runs = rec.runs();
+    assert_eq!(runs.len(), 60);
+    for (id, ran_on) in &runs {
+        assert_eq!(ran_on.len(), 1, "{id} ran on {ran_on:?}");
+        assert_eq!(Some(&ran_on[0]), winners[id].as_ref());
+    }
+    // The work is spread: more than one worker won something.
+    let distinct: std::collections::BTreeSet<_> = winners.values().collect();
+    assert!(distinct.len() > 1, "one worker won everything: {distinct:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dead_worker_is_waited_for_until_lost_then_left_out() {
+    let hub = MemoryHub::new();
+    let rec = Recorder::default();
+    let mut a = worker(&hub, "a.1", &rec).await;
+    let b = worker(&hub, "b.2", &rec).await;
+    let c = worker(&hub, "c.3", &rec).await;
+    let mut events = a.events();
+    drop(c); // dies without a word
+    let client = Client::connect(&hub).await.unwrap();
+    let t0 = Instant::now();
+    let outcome = client.elect("after-crash", "job", "go", WAIT).await.unwrap();
+    let took = t0.elapsed();
+    let cfg = Config::default();
+    assert!(outcome.started, "{outcome:?}");
+    assert_ne!(outcome.winner.as_deref(), Some("c.3"));
+    // Not before the timeout, and not much after the dead worker was lost.
+    assert!(took >= cfg.election_timeout, "{took:?}");
+    assert!(took <= cfg.lost_after + cfg.heartbeat, "{took:?}");
+    let mut lost = false;
+    let mut without = None;
+    while let Ok(e) = events.try_recv() {
+        match e {
+            Event::MemberLost(m) if m == "c.3" => lost = true,
+            Event::Decided(d) => without = Some(d.without),
+            _ => {}
+        }
+    }
+    assert!(lost);
+    assert_eq!(without, Some(vec!["c.3".to_string()]));
+    // Later elections no longer wait.
+    let t0 = Instant::now();
+    client.elect("later", "job", "go", WAIT).await.unwrap();
+    assert!(t0.elapsed() < Duration::from_millis(10));
+    assert_eq!(rec.runs().values().map(Vec::len).sum::<usize>(), 2);
+    drop(b);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_leaves_is_not_waited_for() {
+    let hub = MemoryHub::new();
+    let rec = Recorder::default();
+    let mut a = worker(&hub, "a.1", &rec).await;
+    let b = worker(&hub, "b.2", &rec).await;
+    let mut events = a.events();
+    b.shutdown().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert!(std::iter::from_fn(|| events.try_recv().ok()).any(|e| e == Event::MemberLeft("b.2".into())));
+    assert_eq!(a.members().await.unwrap(), ["a.1"]);
+    let client = Client::connect(&hub).await.unwrap();
+    let t0 = Instant::now();
+    let outcome = client.elect("x", "job", "go", WAIT).await.unwrap();
+    assert_eq!(outcome.winner.as_deref(), Some("a.1"));
+    assert!(t0.elapsed() < Duration::from_millis(10));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unknown_topic_is_a_clear_error_at_the_initiator() {
+    let hub = MemoryHub::new();
+    let rec = Recorder::default();
+    let _a = worker(&hub, "a.1", &rec).await;
+    let _b = worker(&hub, "b.2", &rec).await;
+    let client = Client::connect(&hub).await.unwrap();
+    let outcome = client.elect("x", "no-such-topic", "go", WAIT).await.unwrap();
+    assert_eq!(outcome.winner, None);
+    assert!(!outcome.started);
+    let error = outcome.error.unwrap();
+    assert!(error.contains("no live worker has a handler for topic \"no-such-topic\""), "{error}");
+    assert!(rec.runs().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_workers_with_the_handler_can_win() {
+    let hub = MemoryHub::new();
+    let rec = Recorder::default();
+    // "a.1" would win every tie, but it has no handler for "job".
+    let _a = Worker::start(Arc::new(hub.clone()), config("a.1"), Handlers::new(), None).await.unwrap();
+    let _b = worker(&hub, "b.2", &rec).await;
+    let client = Client::connect(&hub).await.unwrap();
+    for n in 0..10 {
+        let outcome = client.elect(&format!("e{n}"), "job", "go", WAIT).await.unwrap();
+        assert_eq!(outcome.winner.as_deref(), Some("b.2"));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_repeated_id_answers_the_first_outcome_and_runs_nothing() {
+    let hub = MemoryHub::new();
+    let rec = Recorder::default();
+    let _a = worker(&hub, "a.1", &rec).await;
+    let _b = worker(&hub, "b.2", &rec).await;
+    let client = Client::connect(&hub).await.unwrap();
+    let first = client.elect("once", "job", "go", WAIT).await.unwrap();
+    assert!(!first.repeat);
+    let again = client.elect("once", "job", "go", WAIT).await.unwrap();
+    assert!(again.repeat, "{again:?}");
+    assert_eq!(again.winner, first.winner);
+    assert_eq!(rec.runs()["once"].len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn decided_ids_are_forgotten_after_the_retention() {
+    let hub = MemoryHub::new();
+    let rec = Recorder::default();
+    let cfg = Config { retention: Duration::from_secs(60), ..config("a.1") };
+    let mut handlers = Handlers::new();
+    handlers.insert("job", rec.clone()).unwrap();
+    let _a = Worker::start(Arc::new(hub.clone()), cfg, handlers, None).await.unwrap();
+    let client = Client::connect(&hub).await.unwrap();
+    client.elect("daily", "job", "go", WAIT).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert!(client.elect("daily", "job", "go", WAIT).await.unwrap().repeat);
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    assert!(!client.elect("daily", "job", "go", WAIT).await.unwrap().repeat);
+    assert_eq!(rec.runs()["daily"].len(), 2);
+}
+
+/// Publishes raw messages as a fake member.
+async fn raw(hub: &MemoryHub, body: serde_json::Value) {
+    let link = hub.open().await.unwrap();
+    link.publisher.publish(serde_json::to_vec(&body).unwrap()).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_election_a_live_member_never_answers_is_given_up_and_forgotten() {
+    let hub = MemoryHub::new();
+    let rec = Recorder::default();
+    let mut a = worker(&hub, "a.1", &rec).await;
+    let mut events = a.events();
+    // "mute.9" heartbeats but never answers elections (its messages are lost).
+    let beats = {
+        let hub = hub.clone();
+        tokio::spawn(async move {
+            for clock in 1.. {
+                raw(&hub, serde_json::json!({"v":1,"from":"mute.9","incarnation":1,"clock":clock,"type":"heartbeat"}))
+                    .await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(a.members().await.unwrap(), ["a.1", "mute.9"]);
+    let client = Client::connect(&hub).await.unwrap();
+    let t0 = Instant::now();
+    let err = client.elect("stuck", "job", "go", Duration::from_secs(60)).await.unwrap_err();
+    assert!(matches!(&err, GossipError::NoOutcome { answered, .. } if answered == &["a.1"]), "{err}");
+    let abandoned = std::iter::from_fn(|| events.try_recv().ok())
+        .any(|e| e == Event::Abandoned { election: "stuck".into(), waiting: vec!["mute.9".into()] });
+    assert!(abandoned);
+    assert!(t0.elapsed() >= Config::default().give_up_after());
+    assert!(rec.runs().is_empty(), "a given-up election runs nothing");
+    beats.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn duplicate_and_late_messages_change_nothing() {
+    let hub = MemoryHub::new();
+    let rec = Recorder::default();
+    let mut a = worker(&hub, "a.1", &rec).await;
+    let mut b = worker(&hub, "b.2", &rec).await;
+    let (mut ea, mut eb) = (a.events(), b.events());
+    // Record every message of one election, then play them all again, twice.
+    let mut tap = hub.open().await.unwrap();
+    let client = Client::connect(&hub).await.unwrap();
+    let first = client.elect("dup", "job", "go", WAIT).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let mut seen = Vec::new();
+    while let Ok(m) = tap.messages.try_recv() {
+        seen.push(m);
+    }
+    assert!(seen.len() >= 4, "{} messages", seen.len());
+    for _ in 0..2 {
+        for m in &seen {
+            tap.publisher.publish(m.clone()).await.unwrap();
+        }
+    }
+    // A candidate for the election from a worker that was never in it, arriving late.
+    raw(
+        &hub,
+        serde_json::json!({"v":1,"from":"late.0","incarnation":1,"clock":0,"type":"candidate",
+            "request":{"id":"dup","topic":"job","action":"go"},"handles":true}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(rec.runs()["dup"].len(), 1);
+    assert_eq!(decisions(&mut ea), BTreeMap::from([("dup".to_string(), first.winner.clone())]));
+    assert_eq!(decisions(&mut eb), BTreeMap::from([("dup".to_string(), first.winner)]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_joining_worker_moves_its_clock_past_the_members() {
+    let hub = MemoryHub::new();
+    let rec = Recorder::default();
+    let mut a = worker(&hub, "a.1", &rec).await;
+    let events = a.events();
+    let client = Client::connect(&hub).await.unwrap();
+    for n in 0..30 {
+        client.elect(&format!("warm-{n}"), "job", "go", WAIT).await.unwrap();
+    }
+    let before = client.members(Duration::from_millis(100)).await.unwrap();
+    assert_eq!(before.len(), 1);
+    let a_clock = before[0].clock;
+    assert!(a_clock > 30);
+    let _b = worker(&hub, "b.2", &rec).await;
+    let mut events = events.resubscribe();
+    client.elect("first-with-b", "job", "go", WAIT).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let bids = std::iter::from_fn(|| events.try_recv().ok())
+        .find_map(|e| match e {
+            Event::Decided(d) if d.election == "first-with-b" => Some(d.bids),
+            _ => None,
+        })
+        .unwrap();
+    let b_bid = bids.iter().find(|b| b.worker == "b.2").expect("b stood").clock;
+    assert!(b_bid > a_clock, "b's bid {b_bid} is not past a's clock {a_clock} when b joined");
+}
+
+#[tokio::test(start_paused = true)]
+async fn bad_ids_and_settings_are_refused() {
+    let hub = MemoryHub::new();
+    let client = Client::connect(&hub).await.unwrap();
+    let e = client.elect("bad id!", "job", "", WAIT).await.unwrap_err().to_string();
+    assert!(e.contains("invalid election id"), "{e}");
+    let e = client.elect("ok", "", "", WAIT).await.unwrap_err().to_string();
+    assert!(e.contains("invalid topic"), "{e}");
+    let cfg = Config { lost_after: Duration::from_secs(1), heartbeat: Duration::from_secs(2), ..config("a.1") };
+    let e = Worker::start(Arc::new(hub.clone()), cfg, Handlers::new(), None).await.err().unwrap().to_string();
+    assert!(e.contains("lost-after"), "{e}");
+    // Nobody in the group: the initiator says so.
+    let e = client.elect("alone", "job", "", Duration::from_secs(3)).await.unwrap_err();
+    assert!(matches!(e, GossipError::NoWorkers { .. }), "{e}");
+}
