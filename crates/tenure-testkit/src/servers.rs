@@ -32,6 +32,8 @@ pub enum Kind {
     Nats,
     /// A one-member etcd cluster.
     Etcd,
+    /// A one-node RabbitMQ broker (AMQP 0-9-1), no plugins; user `guest`, password `guest`.
+    RabbitMq,
 }
 
 impl Kind {
@@ -42,6 +44,7 @@ impl Kind {
             Kind::Redis => "Redis",
             Kind::Nats => "NATS",
             Kind::Etcd => "etcd",
+            Kind::RabbitMq => "RabbitMQ",
         }
     }
 
@@ -52,6 +55,7 @@ impl Kind {
             Kind::Redis => "redis-server",
             Kind::Nats => "nats-server",
             Kind::Etcd => "etcd-server",
+            Kind::RabbitMq => "rabbitmq-server",
         }
     }
 
@@ -62,6 +66,7 @@ impl Kind {
             Kind::Redis => "redis-server",
             Kind::Nats => "nats-server",
             Kind::Etcd => "etcd",
+            Kind::RabbitMq => "rabbitmq-server",
         }
     }
 
@@ -132,7 +137,13 @@ pub fn launch(kind: Kind) -> Option<Server> {
 /// Like [`launch`], with a password for the server's default user (PostgreSQL: the
 /// `postgres` user with scram-sha-256; MariaDB: `root`; Redis: `requirepass`; NATS: user `tenure`).
 pub fn launch_with(kind: Kind, password: Option<&str>) -> Option<Server> {
-    let Some(program) = find_program(kind.program()) else {
+    // Debian's /usr/sbin/rabbitmq-server only switches to the rabbitmq user and runs this one.
+    let rabbit = Path::new("/usr/lib/rabbitmq/bin/rabbitmq-server");
+    let found = match kind {
+        Kind::RabbitMq if rabbit.is_file() => Some(rabbit.to_path_buf()),
+        _ => find_program(kind.program()),
+    };
+    let Some(program) = found else {
         let msg = format!(
             "{} is not installed ({} not found); install the Debian package {}",
             kind.name(),
@@ -201,6 +212,7 @@ impl Server {
                 None => format!("nats://127.0.0.1:{p}"),
             },
             Kind::Etcd => format!("etcd://127.0.0.1:{p}"),
+            Kind::RabbitMq => format!("amqp://guest:guest@127.0.0.1:{p}/%2f"),
         }
     }
 
@@ -232,9 +244,35 @@ impl Server {
             None => {
                 let mut c = Command::new(program);
                 c.args(args);
+                if self.kind == Kind::RabbitMq {
+                    self.rabbit_env(&mut c);
+                }
                 c
             }
         }
+    }
+
+    /// RabbitMQ takes its settings from the environment: its own node name, ports, data,
+    /// logs, cookie (in HOME) and no plugins, everything bound to 127.0.0.1.
+    fn rabbit_env(&self, c: &mut Command) {
+        let dir = self.dir.path();
+        let plugins = dir.join("enabled_plugins");
+        std::fs::write(&plugins, "[].\n").expect("the plugins file");
+        std::fs::write(dir.join("rabbitmq-env.conf"), "").expect("the env file");
+        std::fs::write(dir.join("rabbitmq.conf"), "").expect("the config file");
+        c.env("HOME", dir)
+            .env("RABBITMQ_CONF_ENV_FILE", dir.join("rabbitmq-env.conf"))
+            .env("RABBITMQ_CONFIG_FILE", dir.join("rabbitmq"))
+            .env("RABBITMQ_ENABLED_PLUGINS_FILE", plugins)
+            .env("RABBITMQ_NODENAME", format!("tenure-{}@localhost", self.port))
+            .env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
+            .env("RABBITMQ_NODE_PORT", self.port.to_string())
+            .env("RABBITMQ_DIST_PORT", self.peer_port.to_string())
+            .env("RABBITMQ_MNESIA_BASE", self.data())
+            .env("RABBITMQ_LOG_BASE", dir.join("log"))
+            .env("ERL_EPMD_ADDRESS", "127.0.0.1")
+            .env("RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS", "-kernel inet_dist_use_interface {127,0,0,1}")
+            .current_dir(dir);
     }
 
     fn init(&mut self) {
@@ -354,6 +392,7 @@ impl Server {
                     format!("default={peer}").into(),
                 ]
             }
+            Kind::RabbitMq => Vec::new(),
         }
     }
 
@@ -426,7 +465,12 @@ impl Server {
     pub fn stop(&mut self) {
         self.signal_group(Signal::CONT);
         // PostgreSQL's SIGTERM waits for every client to leave; SIGINT is its fast shutdown.
-        self.signal(if self.kind == Kind::Postgres { Signal::INT } else { Signal::TERM });
+        match self.kind {
+            Kind::Postgres => self.signal(Signal::INT),
+            // The start script does not pass signals on to the Erlang VM.
+            Kind::RabbitMq => self.signal_group(Signal::TERM),
+            _ => self.signal(Signal::TERM),
+        }
         if let Some(mut child) = self.child.take() {
             let t0 = Instant::now();
             while child.try_wait().ok().flatten().is_none() {

@@ -3,7 +3,7 @@
 //! a server that nothing else uses. Close stdin to stop it; a signal that kills this
 //! process leaves the server running in its own process group.
 //!
-//! `tenure-serve postgres|mariadb|redis|etcd|nats`
+//! `tenure-serve postgres|mariadb|redis|etcd|nats|rabbitmq` (RabbitMQ prints an amqp:// broker URL)
 
 use std::io::Read;
 
@@ -16,8 +16,9 @@ fn main() -> std::process::ExitCode {
         Some("redis") => Kind::Redis,
         Some("etcd") => Kind::Etcd,
         Some("nats") => Kind::Nats,
+        Some("rabbitmq") => Kind::RabbitMq,
         _ => {
-            eprintln!("usage: tenure-serve postgres|mariadb|redis|etcd|nats");
+            eprintln!("usage: tenure-serve postgres|mariadb|redis|etcd|nats|rabbitmq");
             return std::process::ExitCode::from(2);
         }
     };
