@@ -12,6 +12,7 @@ mod bench;
 mod child;
 mod cron;
 mod demo;
+mod gossip;
 mod inspect;
 mod run;
 mod store_url;
@@ -22,6 +23,7 @@ Exit codes:
   1    error (store unreachable, bad store URL, …); the whole error chain is printed
   2    usage error (bad flag, bad election name, evict without --yes off a terminal)
   N    run: the command's own exit code; 128+S when it died of signal S
+  3, 4 gossip elect: the action was not started (3); no outcome in time (4)
 
 Store: --store URL or TENURE_STORE. Supported: sqlite:PATH (default:
 $XDG_STATE_HOME/tenure/tenure.db, else ~/.local/state/tenure/tenure.db),
@@ -189,6 +191,24 @@ Examples:
         #[arg(long)]
         json: bool,
     },
+    /// Elect one worker over a message broker (Redis, RabbitMQ) to run an action once
+    #[command(after_help = "\
+Workers that share a broker form a group; an election picks exactly one live worker
+to run an action (lowest Lamport clock, then worker id) and tells the initiator.
+
+Examples:
+  tenure gossip worker --broker redis://127.0.0.1:6379
+  tenure gossip worker --broker amqp://guest:guest@127.0.0.1:5672/%2f --handler reindex=./reindex.sh
+  tenure gossip elect report-2026-11-21 --action './report.sh' --broker redis://127.0.0.1:6379
+  tenure gossip members --broker redis://127.0.0.1:6379
+
+Exit codes of elect: 0 the winner started the action (or had, for a repeated id);
+3 it did not (no worker handles the topic, the handler failed, the claim was taken);
+4 no outcome in time (no workers, or workers answered but none reported).")]
+    Gossip {
+        #[command(subcommand)]
+        command: GossipCommand,
+    },
     #[command(name = "__child", hide = true)]
     Child {
         parent: i32,
@@ -199,6 +219,89 @@ Examples:
     },
     #[command(name = "__demo-job", hide = true)]
     DemoJob { dir: PathBuf },
+}
+
+#[derive(Args)]
+struct BrokerArgs {
+    /// Broker URL: redis://[:PASSWORD@]HOST[:PORT] or amqp://USER:PASSWORD@HOST[:PORT]/VHOST
+    #[arg(long, env = "TENURE_BROKER", value_name = "URL", hide_env_values = true)]
+    broker: String,
+    /// The group: workers of one group elect among themselves
+    #[arg(long, default_value = "default")]
+    group: String,
+}
+
+#[derive(Subcommand)]
+enum GossipCommand {
+    /// Join the group and run the actions this worker wins, until SIGINT/SIGTERM
+    #[command(after_help = "\
+Prints `decided ID WINNER` for every election, and `started ID` when this worker
+started the action. The built-in topic `command` runs the action with `sh -c`;
+--handler TOPIC=CMD runs CMD for TOPIC with the action in TENURE_GOSSIP_ACTION.
+Anyone who can publish on the broker can make a worker run commands: give the
+workers a broker (or group and credentials) of their own, or --no-command.
+On SIGINT/SIGTERM the worker finishes the elections under way, waits for the
+actions it started, and leaves. With --claim, the winner first takes the election
+id as a lease on --store, so the action never runs twice even if the group splits.")]
+    Worker {
+        #[command(flatten)]
+        broker: BrokerArgs,
+        /// Worker id (default hostname.pid); unique in the group
+        #[arg(long)]
+        id: Option<String>,
+        /// Run CMD (with sh -c) for elections of TOPIC; repeatable
+        #[arg(long = "handler", value_name = "TOPIC=CMD")]
+        handlers: Vec<String>,
+        /// Do not handle the built-in `command` topic
+        #[arg(long)]
+        no_command: bool,
+        /// How often the worker says it is alive
+        #[arg(long, default_value = "2s", value_parser = duration)]
+        heartbeat: Duration,
+        /// Silence after which a worker is lost (default: 2.5 heartbeats)
+        #[arg(long, value_parser = duration)]
+        lost_after: Option<Duration>,
+        /// How long an election waits for a silent member before it waits only for live ones
+        #[arg(long, default_value = "2s", value_parser = duration)]
+        election_timeout: Duration,
+        /// Claim each won election id on --store before running it
+        #[arg(long)]
+        claim: bool,
+        /// How long a claim keeps an id from running again
+        #[arg(long, default_value = "24h", value_parser = duration)]
+        claim_ttl: Duration,
+    },
+    /// Ask the group to elect one worker to run an action; print the winner
+    Elect {
+        /// The election id: at most one run per id (e.g. report-2026-11-21)
+        #[arg(value_parser = election)]
+        id: ElectionName,
+        #[command(flatten)]
+        broker: BrokerArgs,
+        /// The topic, which picks the workers' handler
+        #[arg(long, default_value = "command")]
+        topic: String,
+        /// The action: for the `command` topic, the shell command to run
+        #[arg(long, default_value = "")]
+        action: String,
+        /// How long to wait for the outcome
+        #[arg(long, default_value = "10s", value_parser = duration)]
+        wait: Duration,
+        /// Print the outcome as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the live workers of the group
+    Members {
+        #[command(flatten)]
+        broker: BrokerArgs,
+        /// How long to collect answers
+        #[arg(long, default_value = "1s", value_parser = duration)]
+        wait: Duration,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Args)]
@@ -272,8 +375,8 @@ fn init_logging(verbose: u8, quiet: bool) {
     use tracing_subscriber::EnvFilter;
     let default = match (quiet, verbose) {
         (true, _) => "warn",
-        (false, 0) => "warn,tenure=info,tenure_cli=info,tenure_sqlite=info",
-        (false, 1) => "info,tenure=debug,tenure_cli=debug,tenure_sqlite=debug",
+        (false, 0) => "warn,tenure=info,tenure_cli=info,tenure_sqlite=info,tenure_gossip=info",
+        (false, 1) => "info,tenure=debug,tenure_cli=debug,tenure_sqlite=debug,tenure_gossip=debug",
         _ => "trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
@@ -314,6 +417,40 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 bench::Settings { scenarios: scenario, ttl, samples, elections, candidates, duration, scale, json };
             bench::bench(|| store_url::open(store), &settings).await
         }
+        Command::Gossip { command } => match command {
+            GossipCommand::Worker {
+                broker,
+                id,
+                handlers,
+                no_command,
+                heartbeat,
+                lost_after,
+                election_timeout,
+                claim,
+                claim_ttl,
+            } => {
+                let claim = if claim { Some(store_url::open(store).await?) } else { None };
+                let settings = gossip::WorkerSettings {
+                    broker: broker.broker,
+                    group: broker.group,
+                    id,
+                    handlers,
+                    no_command,
+                    heartbeat,
+                    lost_after,
+                    election_timeout,
+                    claim,
+                    claim_ttl,
+                };
+                gossip::worker(settings).await
+            }
+            GossipCommand::Elect { id, broker, topic, action, wait, json } => {
+                gossip::elect(&broker.broker, &broker.group, id.as_str(), &topic, &action, wait, json).await
+            }
+            GossipCommand::Members { broker, wait, json } => {
+                gossip::members(&broker.broker, &broker.group, wait, json).await
+            }
+        },
         Command::Status { election, json } => {
             inspect::status(store_url::open(store).await?, &election, json).await.map(|()| 0)
         }

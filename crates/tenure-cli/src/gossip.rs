@@ -1,0 +1,124 @@
+//! `tenure gossip`: elections over a message broker, one action on exactly one live worker.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use tenure_gossip::{Claim, Client, CommandHandler, Config, Event, GossipError, Handlers, Worker};
+
+/// Exit code of `elect` when the winner did not start the action.
+pub const EXIT_NOT_STARTED: i32 = 3;
+/// Exit code of `elect` when no outcome came in time.
+pub const EXIT_NO_OUTCOME: i32 = 4;
+
+/// The settings of `tenure gossip worker`.
+pub struct WorkerSettings {
+    pub broker: String,
+    pub group: String,
+    pub id: Option<String>,
+    pub handlers: Vec<String>,
+    pub no_command: bool,
+    pub heartbeat: Duration,
+    pub lost_after: Option<Duration>,
+    pub election_timeout: Duration,
+    pub claim: Option<std::sync::Arc<dyn tenure::LeaseStore>>,
+    pub claim_ttl: Duration,
+}
+
+/// `tenure gossip worker`: joins the group and runs won actions until SIGINT/SIGTERM,
+/// then leaves cleanly. Prints one line per decision on stdout.
+pub async fn worker(s: WorkerSettings) -> Result<i32> {
+    let mut handlers = if s.no_command { Handlers::new() } else { Handlers::with_command() };
+    for h in &s.handlers {
+        let Some((topic, cmd)) = h.split_once('=') else {
+            bail!("--handler {h:?}: write TOPIC=COMMAND, e.g. --handler reindex=./reindex.sh");
+        };
+        if cmd.trim().is_empty() {
+            bail!("--handler {h:?}: the command is empty");
+        }
+        handlers.insert(topic, CommandHandler::fixed(cmd)).with_context(|| format!("--handler {h:?}"))?;
+    }
+    let mut config = Config { heartbeat: s.heartbeat, election_timeout: s.election_timeout, ..Config::default() };
+    config.lost_after = s.lost_after.unwrap_or(s.heartbeat * 5 / 2);
+    if let Some(id) = s.id {
+        config.id = id;
+    }
+    let claim = s.claim.map(|store| Claim { ttl: s.claim_ttl, ..Claim::new(store) });
+    let transport = tenure_gossip::connect(&s.broker, &s.group)?;
+    let stop = crate::run::stop_on_signals()?;
+    let topics = handlers.topics();
+    let mut worker = Worker::start(transport.clone(), config, handlers, claim)
+        .await
+        .with_context(|| format!("cannot join group {:?} on {}", s.group, transport.describe()))?;
+    let mut events = worker.events();
+    println!("joined {} as {} (topics: {})", s.group, worker.id(), topics.join(", "));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            e = events.recv() => match e {
+                Ok(Event::Decided(d)) => println!("decided {} {}", d.election, d.winner.as_deref().unwrap_or("-")),
+                Ok(Event::Started { election }) => println!("started {election}"),
+                Ok(Event::NotStarted { election, error }) => println!("not-started {election}: {error}"),
+                Ok(_) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    tracing::warn!(missed = n, "events came faster than they could be printed")
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                    return worker.wait().await.map(|()| 0).context("the worker stopped");
+                }
+            },
+        }
+    }
+    worker.shutdown().await.context("leaving the group")?;
+    Ok(0)
+}
+
+/// `tenure gossip elect`: asks the group to elect a worker for `id` and prints the winner.
+pub async fn elect(
+    broker: &str,
+    group: &str,
+    id: &str,
+    topic: &str,
+    action: &str,
+    wait: Duration,
+    json: bool,
+) -> Result<i32> {
+    let transport = tenure_gossip::connect(broker, group)?;
+    let client = Client::connect(transport.as_ref()).await?;
+    let outcome = match client.elect(id, topic, action, wait).await {
+        Ok(o) => o,
+        Err(e @ (GossipError::NoWorkers { .. } | GossipError::NoOutcome { .. })) => {
+            eprintln!("tenure: error: {e}");
+            return Ok(EXIT_NO_OUTCOME);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if json {
+        println!("{}", serde_json::to_string(&outcome)?);
+    } else {
+        let winner = outcome.winner.as_deref().unwrap_or("-");
+        let repeat = if outcome.repeat { " (decided before; not run again)" } else { "" };
+        match (&outcome.error, outcome.started) {
+            (None, true) => println!("{winner} started {id}{repeat}"),
+            (Some(e), _) => println!("{winner} did not start {id}{repeat}: {e}"),
+            (None, false) => println!("{winner} did not start {id}{repeat}"),
+        }
+    }
+    Ok(if outcome.started { 0 } else { EXIT_NOT_STARTED })
+}
+
+/// `tenure gossip members`: lists the live workers of the group.
+pub async fn members(broker: &str, group: &str, wait: Duration, json: bool) -> Result<i32> {
+    let transport = tenure_gossip::connect(broker, group)?;
+    let client = Client::connect(transport.as_ref()).await?;
+    let members = client.members(wait).await?;
+    if json {
+        println!("{}", serde_json::to_string(&members)?);
+    } else if members.is_empty() {
+        println!("no live workers in group {group}");
+    } else {
+        for m in &members {
+            println!("{}\tclock {}", m.id, m.clock);
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,232 @@
+//! `tenure gossip` as users run it: five worker processes on a real, throwaway Redis and
+//! RabbitMQ, 200 elections, a worker killed in the middle.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tenure_testkit::servers::{self, Kind};
+
+const TENURE: &str = env!("CARGO_BIN_EXE_tenure");
+
+/// A worker process, killed when dropped so a failed test leaves nothing running.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn tenure(broker: &str) -> Command {
+    let mut c = Command::new(TENURE);
+    c.env("TENURE_BROKER", broker).env("RUST_LOG", "warn").stdin(Stdio::null());
+    c
+}
+
+fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !ok() {
+        assert!(t0.elapsed() < limit, "waited {limit:?} for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// `decided ID WINNER` lines of a worker's output.
+fn decided(out: &str) -> BTreeMap<String, String> {
+    let mut m = BTreeMap::new();
+    for line in out.lines() {
+        if let Some(rest) = line.strip_prefix("decided ") {
+            let (id, winner) = rest.split_once(' ').unwrap();
+            assert!(m.insert(id.to_string(), winner.to_string()).is_none(), "{id} decided twice");
+        }
+    }
+    m
+}
+
+fn start_worker(broker: &str, dir: &Path, n: usize) -> Proc {
+    let out = std::fs::File::create(dir.join(format!("w{n}.out"))).unwrap();
+    let err = std::fs::File::create(dir.join(format!("w{n}.err"))).unwrap();
+    let child = tenure(broker)
+        .args(["gossip", "worker", "--group", "t", "--heartbeat", "200ms", "--election-timeout", "500ms"])
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .unwrap();
+    Proc(child)
+}
+
+/// Runs elections `range` four at a time; returns each one's printed winner.
+fn elect_all(broker: &str, dir: &Path, range: std::ops::Range<usize>) -> BTreeMap<String, String> {
+    let ran = dir.join("ran.log");
+    let ids: Vec<usize> = range.collect();
+    let mut winners = BTreeMap::new();
+    for chunk in ids.chunks(4) {
+        let children: Vec<(String, Child)> = chunk
+            .iter()
+            .map(|n| {
+                let id = format!("job-{n}");
+                let action = format!("echo \"$TENURE_GOSSIP_ELECTION $TENURE_GOSSIP_WORKER\" >> {}", ran.display());
+                let child = tenure(broker)
+                    .args(["gossip", "elect", &id, "--group", "t", "--action", &action])
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                (id, child)
+            })
+            .collect();
+        for (id, child) in children {
+            let out = child.wait_with_output().unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "elect {id}: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+            let (winner, rest) = stdout.trim().split_once(' ').unwrap();
+            assert_eq!(rest, format!("started {id}"), "{stdout}");
+            winners.insert(id, winner.to_string());
+        }
+    }
+    winners
+}
+
+fn five_workers_two_hundred_elections(kind: Kind) {
+    let Some(server) = servers::launch(kind) else { return };
+    let broker = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let mut workers: Vec<Option<Proc>> = (0..5).map(|n| Some(start_worker(&broker, dir.path(), n))).collect();
+    wait_for("five workers to join", Duration::from_secs(30), || {
+        (0..5).all(|n| read(&dir.path().join(format!("w{n}.out"))).starts_with("joined t as "))
+    });
+    let members = tenure(&broker).args(["gossip", "members", "--group", "t", "--json"]).output().unwrap();
+    let members: Vec<serde_json::Value> = serde_json::from_slice(&members.stdout).unwrap();
+    assert_eq!(members.len(), 5, "{members:?}");
+
+    let mut winners = elect_all(&broker, dir.path(), 0..100);
+    // Let the last actions finish, then kill one worker without a word.
+    std::thread::sleep(Duration::from_millis(300));
+    let killed = workers[2].take().unwrap();
+    drop(killed);
+    winners.extend(elect_all(&broker, dir.path(), 100..200));
+    std::thread::sleep(Duration::from_millis(500));
+
+    // Every action ran exactly once, on the winner the initiator was told of.
+    let mut runs: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for line in read(&dir.path().join("ran.log")).lines() {
+        let (id, worker) = line.split_once(' ').unwrap();
+        runs.entry(id.to_string()).or_default().push(worker.to_string());
+    }
+    assert_eq!(runs.len(), 200);
+    for (id, ran_on) in &runs {
+        assert_eq!(ran_on, &vec![winners[id].clone()], "{id}");
+    }
+
+    // The survivors stop cleanly, and every worker printed the same winner for every
+    // election it decided: all 200 for the survivors, the first 100 for the killed one.
+    for (n, w) in workers.iter_mut().enumerate() {
+        if let Some(Proc(child)) = w {
+            rustix::process::kill_process(
+                rustix::process::Pid::from_raw(child.id() as i32).unwrap(),
+                rustix::process::Signal::TERM,
+            )
+            .unwrap();
+            let status = child.wait().unwrap();
+            assert!(status.success(), "worker {n}: {status}\n{}", read(&dir.path().join(format!("w{n}.err"))));
+        }
+    }
+    for n in 0..5 {
+        let d = decided(&read(&dir.path().join(format!("w{n}.out"))));
+        let expect = if n == 2 { 100 } else { 200 };
+        assert!(d.len() >= expect, "worker {n} decided {} elections", d.len());
+        for (id, winner) in &d {
+            assert_eq!(winner, &winners[id], "worker {n} on {id}");
+        }
+    }
+    let killed_id = read(&dir.path().join("w2.out")).split_whitespace().nth(3).unwrap().to_string();
+    assert!((100..200).all(|n| winners[&format!("job-{n}")] != killed_id), "the killed worker won after it was killed");
+}
+
+#[test]
+fn redis_five_workers_two_hundred_elections() {
+    five_workers_two_hundred_elections(Kind::Redis);
+}
+
+#[test]
+fn rabbitmq_five_workers_two_hundred_elections() {
+    five_workers_two_hundred_elections(Kind::RabbitMq);
+}
+
+#[test]
+fn a_lone_worker_process_elects_itself_and_unknown_topics_fail_at_the_initiator() {
+    let Some(server) = servers::launch(Kind::Redis) else { return };
+    let broker = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let _w = start_worker(&broker, dir.path(), 0);
+    wait_for("the worker to join", Duration::from_secs(30), || read(&dir.path().join("w0.out")).starts_with("joined"));
+    let me = read(&dir.path().join("w0.out")).split_whitespace().nth(3).unwrap().to_string();
+    let out = tenure(&broker).args(["gossip", "elect", "solo", "--group", "t", "--action", "true"]).output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("{me} started solo"));
+
+    let out =
+        tenure(&broker).args(["gossip", "elect", "x", "--group", "t", "--topic", "nope", "--json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let o: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(o["started"], false);
+    assert!(o["error"].as_str().unwrap().contains("no live worker has a handler for topic \"nope\""), "{o}");
+
+    // A group nobody is in: no outcome, exit 4, and it says why.
+    let out = tenure(&broker).args(["gossip", "elect", "y", "--group", "empty", "--wait", "1s"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(4));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no worker answered election y"));
+
+    // Bad input: a usage error (2) or a clear error (1), never a panic.
+    let out = tenure(&broker).args(["gossip", "elect", "bad id", "--group", "t"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = tenure("http://nowhere").args(["gossip", "members"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected redis://, rediss:// or amqp://"));
+    let out = tenure(&broker).args(["gossip", "worker", "--handler", "no-equals-sign"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("write TOPIC=COMMAND"));
+}
+
+#[test]
+fn store_backed_mode_never_runs_an_id_twice() {
+    let Some(server) = servers::launch(Kind::Redis) else { return };
+    let broker = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("claims.db").display());
+    // Two separate groups stand for the two sides of a network split: each elects its own
+    // winner for the same id; the store lets only one of them run it.
+    let mut workers = Vec::new();
+    for (n, group) in ["left", "right"].iter().enumerate() {
+        let out = std::fs::File::create(dir.path().join(format!("w{n}.out"))).unwrap();
+        let child = tenure(&broker)
+            .args(["--store", &store, "gossip", "worker", "--group", group, "--claim"])
+            .stdout(out)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        workers.push(Proc(child));
+    }
+    wait_for("both workers to join", Duration::from_secs(30), || {
+        (0..2).all(|n| read(&dir.path().join(format!("w{n}.out"))).starts_with("joined"))
+    });
+    let ran = dir.path().join("ran.log");
+    let action = format!("echo ran >> {}", ran.display());
+    let left =
+        tenure(&broker).args(["gossip", "elect", "split", "--group", "left", "--action", &action]).output().unwrap();
+    assert!(left.status.success(), "{}", String::from_utf8_lossy(&left.stdout));
+    let right =
+        tenure(&broker).args(["gossip", "elect", "split", "--group", "right", "--action", &action]).output().unwrap();
+    assert_eq!(right.status.code(), Some(3), "{}", String::from_utf8_lossy(&right.stdout));
+    let said = String::from_utf8_lossy(&right.stdout);
+    assert!(said.contains("already claimed"), "{said}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(read(&ran), "ran\n");
+}
