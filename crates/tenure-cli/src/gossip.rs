@@ -42,6 +42,9 @@ pub async fn worker(s: WorkerSettings) -> Result<i32> {
     if let Some(id) = s.id {
         config.id = id;
     }
+    if s.claim.is_some() && !(tenure::MIN_TTL..=tenure::MAX_TTL).contains(&s.claim_ttl) {
+        bail!("--claim-ttl {:?} must lie between {:?} and {:?}", s.claim_ttl, tenure::MIN_TTL, tenure::MAX_TTL);
+    }
     let claim = s.claim.map(|store| Claim { ttl: s.claim_ttl, ..Claim::new(store) });
     let transport = tenure_gossip::connect(&s.broker, &s.group)?;
     let stop = crate::run::stop_on_signals()?;

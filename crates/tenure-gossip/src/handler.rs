@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tenure::{Acquire, AcquireRequest, ElectionName, HolderId, LeaseStore};
+use tenure::{Acquire, AcquireRequest, ElectionName, HolderId, LeaseStore, MAX_METADATA};
 use tokio::task::JoinHandle;
 
 use crate::GossipError;
@@ -174,7 +174,13 @@ impl Claim {
             .take(200)
             .collect();
         let holder = HolderId::new(holder).map_err(|e| e.to_string())?;
-        let req = AcquireRequest::new(name.clone(), holder, self.ttl).with_metadata(job.action.as_bytes().to_vec());
+        // The action, for whoever inspects the claim, cut to what a lease can carry.
+        let mut end = job.action.len().min(MAX_METADATA);
+        while !job.action.is_char_boundary(end) {
+            end -= 1;
+        }
+        let req =
+            AcquireRequest::new(name.clone(), holder, self.ttl).with_metadata(job.action[..end].as_bytes().to_vec());
         match self.store.try_acquire(&req).await {
             Ok(Acquire::Acquired(rec)) => Ok(rec.token.0),
             Ok(Acquire::Held(rec)) => Err(format!(

@@ -307,7 +307,16 @@ impl Transport for AmqpTransport {
         let open = async {
             let mut args = OpenConnectionArguments::new(&self.host, self.port, &self.user, &self.password);
             args.virtual_host(&self.vhost).heartbeat(10);
-            let conn = Connection::open(&args).await.map_err(|e| fail("connecting", e))?;
+            let conn = Connection::open(&args).await.map_err(|e| {
+                // RabbitMQ answers a wrong user, password or virtual host by closing the socket.
+                let reset = e.to_string().contains("reset by peer");
+                let what = if reset {
+                    "connecting (the broker closed the connection: a wrong user, password or virtual host?)"
+                } else {
+                    "connecting"
+                };
+                fail(what, e)
+            })?;
             let sub = conn.open_channel(None).await.map_err(|e| fail("opening a channel", e))?;
             sub.exchange_declare(ExchangeDeclareArguments::new(&self.exchange, "fanout"))
                 .await
