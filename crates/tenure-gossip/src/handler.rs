@@ -180,7 +180,7 @@ impl Claim {
             end -= 1;
         }
         let req =
-            AcquireRequest::new(name.clone(), holder, self.ttl).with_metadata(job.action[..end].as_bytes().to_vec());
+            AcquireRequest::new(name.clone(), holder, self.ttl).with_metadata(job.action.as_bytes()[..end].to_vec());
         match self.store.try_acquire(&req).await {
             Ok(Acquire::Acquired(rec)) => Ok(rec.token.0),
             Ok(Acquire::Held(rec)) => Err(format!(
