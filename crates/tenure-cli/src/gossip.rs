@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
+use crate::{duration, store_url};
 use anyhow::{Context, Result, bail};
+use clap::Args;
 use tenure_gossip::{Claim, Client, CommandHandler, Config, Event, GossipError, Handlers, Worker};
 
 /// Exit code of `elect` when the winner did not start the action.
@@ -10,23 +12,51 @@ pub const EXIT_NOT_STARTED: i32 = 3;
 /// Exit code of `elect` when no outcome came in time.
 pub const EXIT_NO_OUTCOME: i32 = 4;
 
-/// The settings of `tenure gossip worker`.
-pub struct WorkerSettings {
+/// Where the group is.
+#[derive(Args)]
+pub struct BrokerArgs {
+    /// Broker URL: redis://[:PASSWORD@]HOST[:PORT] or amqp://USER:PASSWORD@HOST[:PORT]/VHOST
+    #[arg(long, env = "TENURE_BROKER", value_name = "URL", hide_env_values = true)]
     pub broker: String,
+    /// The group: workers of one group elect among themselves
+    #[arg(long, default_value = "default")]
     pub group: String,
+}
+
+/// The settings of `tenure gossip worker`.
+#[derive(Args)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    pub broker: BrokerArgs,
+    /// Worker id (default hostname.pid); unique in the group
+    #[arg(long)]
     pub id: Option<String>,
+    /// Run CMD (with sh -c) for elections of TOPIC; repeatable
+    #[arg(long = "handler", value_name = "TOPIC=CMD")]
     pub handlers: Vec<String>,
+    /// Do not handle the built-in `command` topic
+    #[arg(long)]
     pub no_command: bool,
+    /// How often the worker says it is alive
+    #[arg(long, default_value = "2s", value_parser = duration)]
     pub heartbeat: Duration,
+    /// Silence after which a worker is lost (default: 2.5 heartbeats)
+    #[arg(long, value_parser = duration)]
     pub lost_after: Option<Duration>,
+    /// How long an election waits for a silent member before it waits only for live ones
+    #[arg(long, default_value = "2s", value_parser = duration)]
     pub election_timeout: Duration,
-    pub claim: Option<std::sync::Arc<dyn tenure::LeaseStore>>,
+    /// Claim each won election id on --store before running it
+    #[arg(long)]
+    pub claim: bool,
+    /// How long a claim keeps an id from running again
+    #[arg(long, default_value = "24h", value_parser = duration)]
     pub claim_ttl: Duration,
 }
 
 /// `tenure gossip worker`: joins the group and runs won actions until SIGINT/SIGTERM,
 /// then leaves cleanly. Prints one line per decision on stdout.
-pub async fn worker(s: WorkerSettings) -> Result<i32> {
+pub async fn worker(s: WorkerArgs, store: Option<&str>) -> Result<i32> {
     let mut handlers = if s.no_command { Handlers::new() } else { Handlers::with_command() };
     for h in &s.handlers {
         let Some((topic, cmd)) = h.split_once('=') else {
@@ -42,18 +72,23 @@ pub async fn worker(s: WorkerSettings) -> Result<i32> {
     if let Some(id) = s.id {
         config.id = id;
     }
-    if s.claim.is_some() && !(tenure::MIN_TTL..=tenure::MAX_TTL).contains(&s.claim_ttl) {
-        bail!("--claim-ttl {:?} must lie between {:?} and {:?}", s.claim_ttl, tenure::MIN_TTL, tenure::MAX_TTL);
-    }
-    let claim = s.claim.map(|store| Claim { ttl: s.claim_ttl, ..Claim::new(store) });
-    let transport = tenure_gossip::connect(&s.broker, &s.group)?;
+    let claim = if s.claim {
+        if !(tenure::MIN_TTL..=tenure::MAX_TTL).contains(&s.claim_ttl) {
+            bail!("--claim-ttl {:?} must lie between {:?} and {:?}", s.claim_ttl, tenure::MIN_TTL, tenure::MAX_TTL);
+        }
+        Some(Claim { ttl: s.claim_ttl, ..Claim::new(store_url::open(store).await?) })
+    } else {
+        None
+    };
+    let (broker, group) = (&s.broker.broker, &s.broker.group);
+    let transport = tenure_gossip::connect(broker, group)?;
     let stop = crate::run::stop_on_signals()?;
     let topics = handlers.topics();
     let mut worker = Worker::start(transport.clone(), config, handlers, claim)
         .await
-        .with_context(|| format!("cannot join group {:?} on {}", s.group, transport.describe()))?;
+        .with_context(|| format!("cannot join group {group:?} on {}", transport.describe()))?;
     let mut events = worker.events();
-    println!("joined {} as {} (topics: {})", s.group, worker.id(), topics.join(", "));
+    println!("joined {group} as {} (topics: {})", worker.id(), topics.join(", "));
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,

@@ -221,16 +221,6 @@ Exit codes of elect: 0 the winner started the action (or had, for a repeated id)
     DemoJob { dir: PathBuf },
 }
 
-#[derive(Args)]
-struct BrokerArgs {
-    /// Broker URL: redis://[:PASSWORD@]HOST[:PORT] or amqp://USER:PASSWORD@HOST[:PORT]/VHOST
-    #[arg(long, env = "TENURE_BROKER", value_name = "URL", hide_env_values = true)]
-    broker: String,
-    /// The group: workers of one group elect among themselves
-    #[arg(long, default_value = "default")]
-    group: String,
-}
-
 #[derive(Subcommand)]
 enum GossipCommand {
     /// Join the group and run the actions this worker wins, until SIGINT/SIGTERM
@@ -243,41 +233,14 @@ workers a broker (or group and credentials) of their own, or --no-command.
 On SIGINT/SIGTERM the worker finishes the elections under way, waits for the
 actions it started, and leaves. With --claim, the winner first takes the election
 id as a lease on --store, so the action never runs twice even if the group splits.")]
-    Worker {
-        #[command(flatten)]
-        broker: BrokerArgs,
-        /// Worker id (default hostname.pid); unique in the group
-        #[arg(long)]
-        id: Option<String>,
-        /// Run CMD (with sh -c) for elections of TOPIC; repeatable
-        #[arg(long = "handler", value_name = "TOPIC=CMD")]
-        handlers: Vec<String>,
-        /// Do not handle the built-in `command` topic
-        #[arg(long)]
-        no_command: bool,
-        /// How often the worker says it is alive
-        #[arg(long, default_value = "2s", value_parser = duration)]
-        heartbeat: Duration,
-        /// Silence after which a worker is lost (default: 2.5 heartbeats)
-        #[arg(long, value_parser = duration)]
-        lost_after: Option<Duration>,
-        /// How long an election waits for a silent member before it waits only for live ones
-        #[arg(long, default_value = "2s", value_parser = duration)]
-        election_timeout: Duration,
-        /// Claim each won election id on --store before running it
-        #[arg(long)]
-        claim: bool,
-        /// How long a claim keeps an id from running again
-        #[arg(long, default_value = "24h", value_parser = duration)]
-        claim_ttl: Duration,
-    },
+    Worker(gossip::WorkerArgs),
     /// Ask the group to elect one worker to run an action; print the winner
     Elect {
         /// The election id: at most one run per id (e.g. report-2026-11-21)
         #[arg(value_parser = election)]
         id: ElectionName,
         #[command(flatten)]
-        broker: BrokerArgs,
+        broker: gossip::BrokerArgs,
         /// The topic, which picks the workers' handler
         #[arg(long, default_value = "command")]
         topic: String,
@@ -294,7 +257,7 @@ id as a lease on --store, so the action never runs twice even if the group split
     /// List the live workers of the group
     Members {
         #[command(flatten)]
-        broker: BrokerArgs,
+        broker: gossip::BrokerArgs,
         /// How long to collect answers
         #[arg(long, default_value = "1s", value_parser = duration)]
         wait: Duration,
@@ -418,32 +381,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             bench::bench(|| store_url::open(store), &settings).await
         }
         Command::Gossip { command } => match command {
-            GossipCommand::Worker {
-                broker,
-                id,
-                handlers,
-                no_command,
-                heartbeat,
-                lost_after,
-                election_timeout,
-                claim,
-                claim_ttl,
-            } => {
-                let claim = if claim { Some(store_url::open(store).await?) } else { None };
-                let settings = gossip::WorkerSettings {
-                    broker: broker.broker,
-                    group: broker.group,
-                    id,
-                    handlers,
-                    no_command,
-                    heartbeat,
-                    lost_after,
-                    election_timeout,
-                    claim,
-                    claim_ttl,
-                };
-                gossip::worker(settings).await
-            }
+            GossipCommand::Worker(args) => gossip::worker(args, store).await,
             GossipCommand::Elect { id, broker, topic, action, wait, json } => {
                 gossip::elect(&broker.broker, &broker.group, id.as_str(), &topic, &action, wait, json).await
             }

@@ -3,33 +3,11 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-const TENURE: &str = env!("CARGO_BIN_EXE_tenure");
-
-/// A child process that is killed when dropped, so a failed test leaves nothing running.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl std::ops::Deref for Proc {
-    type Target = Child;
-    fn deref(&self) -> &Child {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for Proc {
-    fn deref_mut(&mut self) -> &mut Child {
-        &mut self.0
-    }
-}
+mod common;
+use common::{Proc, TENURE};
 
 struct Env {
     dir: tempfile::TempDir,

@@ -8,17 +8,8 @@ use std::time::{Duration, Instant};
 
 use tenure_testkit::servers::{self, Kind};
 
-const TENURE: &str = env!("CARGO_BIN_EXE_tenure");
-
-/// A worker process, killed when dropped so a failed test leaves nothing running.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+mod common;
+use common::{Proc, TENURE};
 
 fn tenure(broker: &str) -> Command {
     let mut c = Command::new(TENURE);
