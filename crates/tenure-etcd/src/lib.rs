@@ -44,7 +44,7 @@ use tenure::{
     Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, Renew,
     Revision, StoreError, WatchStream, check_ttl,
 };
-use tokio::sync::{OnceCell, broadcast};
+use tokio::sync::OnceCell;
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "tenure";
@@ -67,7 +67,7 @@ struct Inner {
     described: String,
     /// One etcd lease per TTL in whole seconds.
     leases: Mutex<HashMap<i64, Arc<tokio::sync::Mutex<LeaseSlot>>>>,
-    changes: broadcast::Sender<tenure::Change>,
+    changes: tenure::ChangeHub,
     listening: AtomicBool,
 }
 
@@ -316,7 +316,7 @@ impl EtcdStore {
                 keys: format!("{}/lease/", p.prefix),
                 described,
                 leases: Mutex::new(HashMap::new()),
-                changes: broadcast::channel(1024).0,
+                changes: tenure::ChangeHub::new(),
                 listening: AtomicBool::new(false),
             }),
         })
@@ -511,7 +511,7 @@ impl EtcdStore {
                 };
                 backoff = Duration::from_millis(100);
                 // (Re)watching: changes may have been missed; every watcher re-reads.
-                let _ = changes.send(tenure::Change { election: Arc::from(""), record: None });
+                changes.publish(tenure::Change { election: Arc::from(""), record: None });
                 loop {
                     let m = tokio::time::timeout(Duration::from_secs(5), watch.message()).await;
                     let Some(inner) = weak.upgrade() else { return };
@@ -531,7 +531,7 @@ impl EtcdStore {
                                     etcd_client::EventType::Delete => Some(None),
                                 };
                                 let election = Arc::from(String::from_utf8_lossy(name).as_ref());
-                                let _ = changes.send(tenure::Change { election, record });
+                                changes.publish(tenure::Change { election, record });
                             }
                         }
                         Ok(_) => break,
@@ -745,7 +745,7 @@ impl LeaseStore for EtcdStore {
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
         self.ensure_listener();
-        Some(tenure::watch_changes(Arc::new(self.clone()), self.inner.changes.subscribe(), election))
+        Some(tenure::watch_changes(Arc::new(self.clone()), &self.inner.changes, election))
     }
 
     fn describe(&self) -> String {

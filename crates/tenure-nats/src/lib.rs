@@ -39,7 +39,7 @@ use tenure::{
     Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, Renew,
     Revision, StoreError, WatchStream, check_ttl,
 };
-use tokio::sync::{OnceCell, broadcast};
+use tokio::sync::OnceCell;
 use tokio_stream::StreamExt;
 
 /// The bucket used when the URL names none.
@@ -60,7 +60,7 @@ struct Inner {
     /// The bucket and its max-age, once it exists.
     bucket: tokio::sync::Mutex<Option<(Store, Duration)>>,
     described: String,
-    changes: broadcast::Sender<tenure::Change>,
+    changes: tenure::ChangeHub,
     listening: AtomicBool,
     /// Per election, the last revision this store wrote or read, with its holder and
     /// token: a renewal of exactly that record needs no read first.
@@ -252,7 +252,7 @@ impl NatsStore {
                 client: OnceCell::new(),
                 bucket: tokio::sync::Mutex::new(None),
                 described,
-                changes: broadcast::channel(1024).0,
+                changes: tenure::ChangeHub::new(),
                 listening: AtomicBool::new(false),
                 known: std::sync::Mutex::new(HashMap::new()),
             }),
@@ -493,7 +493,7 @@ impl NatsStore {
                 };
                 backoff = Duration::from_millis(100);
                 // (Re)watching: changes may have been missed; every watcher re-reads.
-                let _ = changes.send(tenure::Change { election: Arc::from(""), record: None });
+                changes.publish(tenure::Change { election: Arc::from(""), record: None });
                 loop {
                     let m = tokio::time::timeout(Duration::from_secs(5), watch.next()).await;
                     let Some(inner) = weak.upgrade() else { return };
@@ -504,7 +504,7 @@ impl NatsStore {
                         Ok(Some(Ok(entry))) => {
                             if let Some(name) = election_of(&entry.key) {
                                 let record = this.record(&entry, ttl).ok();
-                                let _ = changes.send(tenure::Change { election: Arc::from(name.as_str()), record });
+                                changes.publish(tenure::Change { election: Arc::from(name.as_str()), record });
                             }
                         }
                         Ok(_) => break,
@@ -690,7 +690,7 @@ impl LeaseStore for NatsStore {
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
         self.ensure_listener();
-        Some(tenure::watch_changes(Arc::new(self.clone()), self.inner.changes.subscribe(), election))
+        Some(tenure::watch_changes(Arc::new(self.clone()), &self.inner.changes, election))
     }
 
     fn describe(&self) -> String {

@@ -26,7 +26,7 @@ use tenure::{
     Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, Renew,
     Revision, StoreError, WatchStream, check_ttl,
 };
-use tokio::sync::{OnceCell, broadcast};
+use tokio::sync::OnceCell;
 
 /// The default lease table.
 pub const DEFAULT_TABLE: &str = "tenure_leases";
@@ -45,7 +45,7 @@ struct Inner {
     sql: Sql,
     schema: OnceCell<()>,
     /// Names of elections that changed, from the shared LISTEN connection.
-    changes: broadcast::Sender<Arc<str>>,
+    changes: tenure::ChangeHub,
     listening: std::sync::atomic::AtomicBool,
 }
 
@@ -159,7 +159,7 @@ impl PostgresStore {
                 table,
                 described,
                 schema: OnceCell::new(),
-                changes: broadcast::channel(1024).0,
+                changes: tenure::ChangeHub::new(),
                 listening: std::sync::atomic::AtomicBool::new(false),
             }),
         })
@@ -277,7 +277,7 @@ impl PostgresStore {
                 // Changes may have been missed while disconnected: wake every watcher.
                 match inner.upgrade() {
                     Some(i) => {
-                        let _ = i.changes.send(Arc::from(""));
+                        i.changes.publish(tenure::Change { election: Arc::from(""), record: None });
                     }
                     None => return,
                 }
@@ -286,7 +286,7 @@ impl PostgresStore {
                     let Some(i) = inner.upgrade() else { return };
                     match n {
                         Ok(Ok(Some(n))) => {
-                            let _ = i.changes.send(Arc::from(n.payload()));
+                            i.changes.publish(tenure::Change { election: Arc::from(n.payload()), record: None });
                         }
                         // Disconnected (None) or failed: reconnect and resynchronise.
                         Ok(Ok(None)) | Ok(Err(_)) => break,
@@ -483,7 +483,7 @@ impl LeaseStore for PostgresStore {
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
         self.ensure_listener();
-        Some(tenure::watch_by_name(Arc::new(self.clone()), self.inner.changes.subscribe(), election))
+        Some(tenure::watch_changes(Arc::new(self.clone()), &self.inner.changes, election))
     }
 
     fn describe(&self) -> String {

@@ -34,7 +34,7 @@ use tenure::{
     Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, Renew,
     Revision, StoreError, WatchStream, check_ttl,
 };
-use tokio::sync::{OnceCell, broadcast};
+use tokio::sync::OnceCell;
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "tenure";
@@ -143,7 +143,7 @@ struct Inner {
     scripts: Scripts,
     /// Grant nothing for one TTL to an election with no history (see the crate docs).
     guard: bool,
-    changes: broadcast::Sender<Arc<str>>,
+    changes: tenure::ChangeHub,
     listening: std::sync::atomic::AtomicBool,
 }
 
@@ -208,7 +208,7 @@ impl RedisStore {
                 described,
                 scripts: Scripts::new(),
                 guard,
-                changes: broadcast::channel(1024).0,
+                changes: tenure::ChangeHub::new(),
                 listening: std::sync::atomic::AtomicBool::new(false),
             }),
         })
@@ -336,7 +336,7 @@ impl RedisStore {
                 match inner.upgrade() {
                     // (Re)subscribed: changes may have been missed; every watcher re-reads.
                     Some(i) => {
-                        let _ = i.changes.send(Arc::from(""));
+                        i.changes.publish(tenure::Change { election: Arc::from(""), record: None });
                     }
                     None => return,
                 }
@@ -347,7 +347,7 @@ impl RedisStore {
                     match m {
                         Ok(Some(msg)) => {
                             let name: String = msg.get_payload().unwrap_or_default();
-                            let _ = i.changes.send(Arc::from(name.as_str()));
+                            i.changes.publish(tenure::Change { election: Arc::from(name.as_str()), record: None });
                         }
                         Ok(None) => break, // disconnected: resubscribe
                         Err(_) => {}
@@ -557,7 +557,7 @@ impl LeaseStore for RedisStore {
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
         self.ensure_listener();
-        Some(tenure::watch_by_name(Arc::new(self.clone()), self.inner.changes.subscribe(), election))
+        Some(tenure::watch_changes(Arc::new(self.clone()), &self.inner.changes, election))
     }
 
     fn describe(&self) -> String {

@@ -58,4 +58,4 @@ pub use record::{
 };
 pub use store::{BoxError, ErrorKind, LeaseStore, StoreError, WatchEvent, WatchStream};
 pub use tokio_util::sync::CancellationToken;
-pub use watch::{Change, rereading_watch, watch_by_name, watch_changes};
+pub use watch::{Change, ChangeHub, rereading_watch, watch_changes};

@@ -2,10 +2,12 @@
 //! only *that* something changed, or carry the record) into a [`WatchStream`] that reports
 //! real changes, re-reading the election where the notification did not carry it.
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::{Stream, StreamExt};
 
 use crate::name::ElectionName;
@@ -95,26 +97,6 @@ where
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
-/// A [`WatchStream`] for stores that broadcast the names of elections that changed (an
-/// empty name meaning "anything may have changed", e.g. after a reconnect): re-reads
-/// `election` through `store` whenever its name, an empty name, or a lag comes by.
-pub fn watch_by_name(
-    store: std::sync::Arc<dyn crate::LeaseStore>,
-    changes: tokio::sync::broadcast::Receiver<std::sync::Arc<str>>,
-    election: &ElectionName,
-) -> WatchStream {
-    let name: std::sync::Arc<str> = std::sync::Arc::from(election.as_str());
-    let signals = tokio_stream::wrappers::BroadcastStream::new(changes).filter_map(move |m| match m {
-        Ok(n) if !n.is_empty() && n != name => None,
-        _ => Some(()),
-    });
-    let read = move |e: ElectionName| {
-        let store = store.clone();
-        async move { store.get(&e).await }
-    };
-    rereading_watch(election.clone(), signals, read, Duration::from_millis(100))
-}
-
 /// What a store's change listener saw happen to one election: its name (empty: anything
 /// may have changed, e.g. after a reconnect) and, when the notification carried it, the
 /// record as it now stands (`Some(None)`: the election has no record). `record: None`
@@ -122,30 +104,156 @@ pub fn watch_by_name(
 #[derive(Clone, Debug)]
 pub struct Change {
     /// The election that changed, or empty for "any".
-    pub election: std::sync::Arc<str>,
+    pub election: Arc<str>,
     /// The record carried by the notification, if it carried one.
     pub record: Option<crate::store::WatchEvent>,
 }
 
-/// A [`WatchStream`] for `election` fed by a store's broadcast of [`Change`]s: a change
-/// that carries the record is reported without a read (so a follower costs the store
-/// nothing while the leader renews), one that does not, or a lag, makes it re-read
-/// through `store`. Reports only changes of holder, token, revision or eviction.
-pub fn watch_changes(
-    store: std::sync::Arc<dyn crate::LeaseStore>,
-    changes: tokio::sync::broadcast::Receiver<Change>,
-    election: &ElectionName,
-) -> WatchStream {
-    let name: std::sync::Arc<str> = std::sync::Arc::from(election.as_str());
-    // A change of another election is skipped; a lag, like an unnamed change, re-reads.
-    let events = tokio_stream::wrappers::BroadcastStream::new(changes).filter_map(move |m| match m {
-        Ok(Change { election: n, .. }) if !n.is_empty() && n != name => None,
-        Ok(Change { record, .. }) => Some(record),
-        Err(_) => Some(None),
-    });
+/// Routes a store's change notifications to the watchers of the election each concerns.
+///
+/// A store with one listener for all elections (a prefix watch, a `LISTEN` channel, a
+/// pub/sub subscription) publishes every [`Change`] here; [`watch_changes`] subscribes one
+/// watcher. A change wakes only the watchers of its election, so a process that leads
+/// 10,000 elections, each watched for eviction, pays one wake-up per change rather than
+/// 10,000. Each watcher keeps only the latest notification: one that falls behind skips
+/// to the newest state instead of queueing stale ones (a watch reports the record as it
+/// now stands, so nothing is lost).
+#[derive(Clone, Default)]
+pub struct ChangeHub {
+    routes: Arc<Mutex<HashMap<Arc<str>, Vec<watch::Sender<Option<WatchEvent>>>>>>,
+}
+
+impl std::fmt::Debug for ChangeHub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChangeHub").field("elections", &self.lock().len()).finish()
+    }
+}
+
+impl ChangeHub {
+    /// A hub with no watchers.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Vec<watch::Sender<Option<WatchEvent>>>>> {
+        self.routes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Tells the watchers of `change.election`, or every watcher when the name is empty.
+    /// Watchers that have gone are dropped on the way.
+    pub fn publish(&self, change: Change) {
+        let mut routes = self.lock();
+        let tell = |senders: &mut Vec<watch::Sender<Option<WatchEvent>>>, what: &Option<WatchEvent>| {
+            senders.retain(|s| !s.is_closed());
+            for s in senders.iter() {
+                s.send_replace(what.clone());
+            }
+            !senders.is_empty()
+        };
+        if change.election.is_empty() {
+            routes.retain(|_, senders| tell(senders, &None));
+        } else if let Some(senders) = routes.get_mut(&change.election)
+            && !tell(senders, &change.record)
+        {
+            routes.remove(&change.election);
+        }
+    }
+
+    /// How many elections have a watcher (some may have gone since the last change).
+    pub fn watched(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn subscribe(&self, election: &ElectionName) -> watch::Receiver<Option<WatchEvent>> {
+        let (tx, rx) = watch::channel(None);
+        let mut routes = self.lock();
+        let senders = routes.entry(Arc::from(election.as_str())).or_default();
+        senders.retain(|s| !s.is_closed());
+        senders.push(tx);
+        rx
+    }
+}
+
+/// A [`WatchStream`] for `election` fed by a store's [`ChangeHub`]: a change that carries
+/// the record is reported without a read (so a follower costs the store nothing while the
+/// leader renews); one that does not makes it re-read through `store`. Reports only
+/// changes of holder, token, revision or eviction.
+pub fn watch_changes(store: Arc<dyn crate::LeaseStore>, hub: &ChangeHub, election: &ElectionName) -> WatchStream {
+    let events = tokio_stream::wrappers::WatchStream::from_changes(hub.subscribe(election));
     let read = move |e: ElectionName| {
         let store = store.clone();
         async move { store.get(&e).await }
     };
     watch_loop(election.clone(), events, read, Duration::from_millis(100))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{FencingToken, LeaseRecord, Revision};
+    use crate::{HolderId, MemoryStore};
+    use tokio_stream::StreamExt;
+
+    fn record(election: &str, revision: u64) -> LeaseRecord {
+        LeaseRecord {
+            election: ElectionName::new(election).unwrap(),
+            holder: HolderId::new("h").unwrap(),
+            token: FencingToken(1),
+            revision: Revision(revision),
+            ttl: Duration::from_secs(10),
+            acquired_at: None,
+            renewed_at: None,
+            remaining: Some(Duration::from_secs(10)),
+            evicted: false,
+            metadata: Vec::new(),
+        }
+    }
+
+    fn change(election: &str, revision: u64) -> Change {
+        Change { election: Arc::from(election), record: Some(Some(record(election, revision))) }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_reaches_only_the_watchers_of_its_election() {
+        let store: Arc<dyn crate::LeaseStore> = Arc::new(MemoryStore::new());
+        let hub = ChangeHub::new();
+        let a = ElectionName::new("a").unwrap();
+        let b = ElectionName::new("b").unwrap();
+        let mut wa = watch_changes(store.clone(), &hub, &a);
+        let mut wb = watch_changes(store.clone(), &hub, &b);
+        assert_eq!(hub.watched(), 2);
+        // Let both read the (empty) election first.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        hub.publish(change("a", 1));
+        let got = tokio::time::timeout(Duration::from_secs(1), wa.next()).await.unwrap().unwrap().unwrap();
+        assert_eq!(got.unwrap().revision, Revision(1));
+        assert!(tokio::time::timeout(Duration::from_secs(1), wb.next()).await.is_err(), "b heard a's change");
+        // Many changes before a watcher looks: it reports the newest, once.
+        for r in 2..50 {
+            hub.publish(change("a", r));
+        }
+        let got = tokio::time::timeout(Duration::from_secs(1), wa.next()).await.unwrap().unwrap().unwrap();
+        assert_eq!(got.unwrap().revision, Revision(49));
+        assert!(tokio::time::timeout(Duration::from_secs(1), wa.next()).await.is_err());
+        // A dropped watcher is forgotten at the next change of its election.
+        drop(wb);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        hub.publish(change("b", 1));
+        assert_eq!(hub.watched(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unnamed_change_makes_every_watcher_re_read() {
+        let store = Arc::new(MemoryStore::new());
+        let hub = ChangeHub::new();
+        let a = ElectionName::new("a").unwrap();
+        let mut wa = watch_changes(store.clone(), &hub, &a);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        // The store changes without a notification; a reconnect says "anything may have".
+        let req = crate::AcquireRequest::new(a.clone(), HolderId::new("x").unwrap(), Duration::from_secs(5));
+        crate::LeaseStore::try_acquire(store.as_ref(), &req).await.unwrap();
+        hub.publish(Change { election: Arc::from(""), record: None });
+        let got = tokio::time::timeout(Duration::from_secs(1), wa.next()).await.unwrap().unwrap().unwrap();
+        assert_eq!(got.unwrap().holder.as_str(), "x");
+    }
 }
