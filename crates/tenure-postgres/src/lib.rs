@@ -193,7 +193,15 @@ impl PostgresStore {
                         metadata    bytea NOT NULL DEFAULT '\\x'
                     );
                     CREATE OR REPLACE FUNCTION {t}_notify() RETURNS trigger LANGUAGE plpgsql AS $f$
-                    BEGIN PERFORM pg_notify('{t}', NEW.election); RETURN NEW; END $f$;
+                    BEGIN PERFORM pg_notify('{t}', CASE
+                      WHEN NEW.holder IS NULL OR NEW.expires_at <= clock_timestamp() THEN NEW.election || E'\\t'
+                      WHEN octet_length(NEW.metadata) > 3000 THEN NEW.election
+                      ELSE concat_ws(E'\\t', NEW.election, NEW.holder, NEW.token, NEW.revision, NEW.ttl_ms,
+                        GREATEST(0, (EXTRACT(EPOCH FROM (NEW.expires_at - clock_timestamp())) * 1000000)::bigint),
+                        NEW.evicted::int, coalesce((EXTRACT(EPOCH FROM NEW.acquired_at) * 1000)::bigint::text, ''),
+                        coalesce((EXTRACT(EPOCH FROM NEW.renewed_at) * 1000)::bigint::text, ''),
+                        encode(NEW.metadata, 'hex'))
+                    END); RETURN NEW; END $f$;
                     DO $d$ BEGIN
                       IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = '{t}_notify' AND tgrelid = '{t}'::regclass) THEN
                         CREATE TRIGGER {t}_notify AFTER INSERT OR UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION {t}_notify();
@@ -286,7 +294,7 @@ impl PostgresStore {
                     let Some(i) = inner.upgrade() else { return };
                     match n {
                         Ok(Ok(Some(n))) => {
-                            i.changes.publish(tenure::Change { election: Arc::from(n.payload()), record: None });
+                            i.changes.publish(notified(n.payload()));
                         }
                         // Disconnected (None) or failed: reconnect and resynchronise.
                         Ok(Ok(None)) | Ok(Err(_)) => break,
@@ -338,6 +346,41 @@ impl Binds<'_> {
                 .bind(l.revision.0 as i64),
         }
     }
+}
+
+/// A change from a notification's payload: `ELECTION` alone (the name only: watchers
+/// re-read), `ELECTION<TAB>` (no live lease), or the record as the trigger wrote it, tab
+/// separated: election, holder, token, revision, ttl_ms, remaining_us, evicted (0/1),
+/// acquired_ms, renewed_ms, metadata in hex. Anything unreadable falls back to a re-read.
+fn notified(payload: &str) -> tenure::Change {
+    let fields: Vec<&str> = payload.split('\t').collect();
+    let name = |e: &str| Arc::from(e);
+    let record = match fields.as_slice() {
+        [_] => None,
+        [_, ""] => Some(None),
+        [election, holder, token, revision, ttl_ms, remaining_us, evicted, acquired, renewed, metadata] => (|| {
+            let ms = |v: &str| -> Option<Option<std::time::SystemTime>> {
+                if v.is_empty() { Some(None) } else { Some(Some(UNIX_EPOCH + Duration::from_millis(v.parse().ok()?))) }
+            };
+            let hex = |h: &str| -> Option<Vec<u8>> {
+                (0..h.len()).step_by(2).map(|i| u8::from_str_radix(h.get(i..i + 2)?, 16).ok()).collect()
+            };
+            Some(Some(LeaseRecord {
+                election: ElectionName::new(election).ok()?,
+                holder: HolderId::new(holder).ok()?,
+                token: FencingToken(token.parse().ok()?),
+                revision: Revision(revision.parse().ok()?),
+                ttl: Duration::from_millis(ttl_ms.parse().ok()?),
+                acquired_at: ms(acquired)?,
+                renewed_at: ms(renewed)?,
+                remaining: Some(Duration::from_micros(remaining_us.parse().ok()?)),
+                evicted: *evicted == "1",
+                metadata: hex(metadata)?,
+            }))
+        })(),
+        _ => None,
+    };
+    tenure::Change { election: name(fields[0]), record }
 }
 
 fn record(r: &PgRow) -> Result<LeaseRecord, StoreError> {
@@ -494,6 +537,23 @@ impl LeaseStore for PostgresStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn notifications_carry_the_record_or_ask_for_a_read() {
+        let c = notified("billing/nightly\tweb-1.42.ab\t7\t31\t10000\t9998000\t0\t1700000000000\t1700000005000\t6869");
+        assert_eq!(&*c.election, "billing/nightly");
+        let r = c.record.unwrap().unwrap();
+        assert_eq!((r.holder.as_str(), r.token, r.revision), ("web-1.42.ab", FencingToken(7), Revision(31)));
+        assert_eq!((r.ttl, r.remaining), (Duration::from_secs(10), Some(Duration::from_micros(9_998_000))));
+        assert_eq!(r.metadata, b"hi");
+        assert_eq!(r.acquired_at, Some(UNIX_EPOCH + Duration::from_millis(1_700_000_000_000)));
+        assert!(!r.evicted);
+        // No live lease; the name only (an older trigger); something unreadable.
+        assert_eq!(notified("a\t").record, Some(None));
+        assert!(notified("a").record.is_none());
+        assert!(notified("a\tb\tnot-a-number\t1\t1\t1\t0\t\t\t").record.is_none());
+        assert_eq!(&*notified("a\tb\tnot-a-number\t1\t1\t1\t0\t\t\t").election, "a");
+    }
 
     #[test]
     fn the_table_parameter_is_ours_and_checked() {
