@@ -120,8 +120,11 @@ pub struct Change {
 /// now stands, so nothing is lost).
 #[derive(Clone, Default)]
 pub struct ChangeHub {
-    routes: Arc<Mutex<HashMap<Arc<str>, Vec<watch::Sender<Option<WatchEvent>>>>>>,
+    routes: Arc<Mutex<Routes>>,
 }
+
+/// The watchers of each election, by name; each holds the newest notification.
+type Routes = HashMap<Arc<str>, Vec<watch::Sender<Option<WatchEvent>>>>;
 
 impl std::fmt::Debug for ChangeHub {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -135,7 +138,7 @@ impl ChangeHub {
         Self::default()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Vec<watch::Sender<Option<WatchEvent>>>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Routes> {
         self.routes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
