@@ -68,11 +68,17 @@ pub async fn worker(s: WorkerArgs, store: Option<&str>) -> Result<i32> {
         handlers.insert(topic, CommandHandler::fixed(cmd)).with_context(|| format!("--handler {h:?}"))?;
     }
     let mut config = Config { heartbeat: s.heartbeat, election_timeout: s.election_timeout, ..Config::default() };
-    config.lost_after = s.lost_after.unwrap_or(s.heartbeat * 5 / 2);
+    config.lost_after = s.lost_after.unwrap_or(s.heartbeat.saturating_mul(5) / 2);
     if let Some(id) = s.id {
         config.id = id;
     }
     let claim = if s.claim {
+        if store.is_none() {
+            bail!(
+                "--claim needs --store URL (or TENURE_STORE) naming a store every worker shares; \
+                 a SQLite file of each machine's own would not stop a split from running an action twice"
+            );
+        }
         if !(tenure::MIN_TTL..=tenure::MAX_TTL).contains(&s.claim_ttl) {
             bail!("--claim-ttl {:?} must lie between {:?} and {:?}", s.claim_ttl, tenure::MIN_TTL, tenure::MAX_TTL);
         }
@@ -106,7 +112,15 @@ pub async fn worker(s: WorkerArgs, store: Option<&str>) -> Result<i32> {
             },
         }
     }
-    worker.shutdown().await.context("leaving the group")?;
+    // A second signal stops at once, without waiting for elections or actions.
+    let again = crate::run::stop_on_signals()?;
+    tokio::select! {
+        r = worker.shutdown() => r.context("leaving the group")?,
+        _ = again.cancelled() => {
+            eprintln!("tenure: second signal: stopping without waiting for elections or running actions");
+            return Ok(1);
+        }
+    }
     Ok(0)
 }
 
@@ -120,6 +134,9 @@ pub async fn elect(
     wait: Duration,
     json: bool,
 ) -> Result<i32> {
+    if topic == tenure_gossip::COMMAND_TOPIC && action.trim().is_empty() {
+        bail!("the {topic:?} topic needs --action: the command for the winner to run");
+    }
     let transport = tenure_gossip::connect(broker, group)?;
     let client = Client::connect(transport.as_ref()).await?;
     let outcome = match client.elect(id, topic, action, wait).await {

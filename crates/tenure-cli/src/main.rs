@@ -231,8 +231,10 @@ started the action. The built-in topic `command` runs the action with `sh -c`;
 Anyone who can publish on the broker can make a worker run commands: give the
 workers a broker (or group and credentials) of their own, or --no-command.
 On SIGINT/SIGTERM the worker finishes the elections under way, waits for the
-actions it started, and leaves. With --claim, the winner first takes the election
-id as a lease on --store, so the action never runs twice even if the group splits.")]
+actions it started (their output goes to stderr), and leaves; a second signal stops
+it at once (exit 1). With --claim, the winner first takes the election
+id as a lease on --store (required: a store all workers share), so the action never
+runs twice even if the group splits.")]
     Worker(gossip::WorkerArgs),
     /// Ask the group to elect one worker to run an action; print the winner
     Elect {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use tenure::LeaseStore;
+use tenure::url::redact;
 
 /// The schemes this build supports, for error messages and help.
 pub const SCHEMES: &str = "sqlite:PATH, postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME], \
@@ -26,24 +27,6 @@ pub fn default_sqlite_path() -> Result<PathBuf> {
         }
     };
     Ok(base.join("tenure").join("tenure.db"))
-}
-
-/// A URL with any password (and user info) replaced, safe to print.
-pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let (authority, tail) = match rest.find(['/', '?', '#']) {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{scheme}://{user}:***@{host}{tail}")
-        }
-        None => url.to_string(),
-    }
 }
 
 /// Opens the store `url` names, or the default SQLite database when `url` is `None`.

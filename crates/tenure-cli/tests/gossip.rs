@@ -45,7 +45,8 @@ fn start_worker(broker: &str, dir: &Path, n: usize) -> Proc {
     let out = std::fs::File::create(dir.join(format!("w{n}.out"))).unwrap();
     let err = std::fs::File::create(dir.join(format!("w{n}.err"))).unwrap();
     let child = tenure(broker)
-        .args(["gossip", "worker", "--group", "t", "--heartbeat", "200ms", "--election-timeout", "500ms"])
+        .args(["gossip", "worker", "--group", "t", "--heartbeat", "200ms", "--lost-after", "1500ms"])
+        .args(["--election-timeout", "500ms"])
         .stdout(out)
         .stderr(err)
         .spawn()
@@ -98,12 +99,22 @@ fn five_workers_two_hundred_elections(kind: Kind) {
     assert_eq!(members.len(), 5, "{members:?}");
 
     let mut winners = elect_all(&broker, dir.path(), 0..100);
-    // Let the last actions finish, then kill one worker without a word.
-    std::thread::sleep(Duration::from_millis(300));
+    // Kill one worker without a word (an action it started runs on: it is its own process).
     let killed = workers[2].take().unwrap();
     drop(killed);
     winners.extend(elect_all(&broker, dir.path(), 100..200));
-    std::thread::sleep(Duration::from_millis(500));
+    // The survivors stop cleanly (waiting for the actions they started).
+    for (n, w) in workers.iter_mut().enumerate() {
+        if let Some(Proc(child)) = w {
+            rustix::process::kill_process(
+                rustix::process::Pid::from_raw(child.id() as i32).unwrap(),
+                rustix::process::Signal::TERM,
+            )
+            .unwrap();
+            let status = child.wait().unwrap();
+            assert!(status.success(), "worker {n}: {status}\n{}", read(&dir.path().join(format!("w{n}.err"))));
+        }
+    }
 
     // Every action ran exactly once, on the winner the initiator was told of.
     let mut runs: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -116,19 +127,8 @@ fn five_workers_two_hundred_elections(kind: Kind) {
         assert_eq!(ran_on, &vec![winners[id].clone()], "{id}");
     }
 
-    // The survivors stop cleanly, and every worker printed the same winner for every
-    // election it decided: all 200 for the survivors, the first 100 for the killed one.
-    for (n, w) in workers.iter_mut().enumerate() {
-        if let Some(Proc(child)) = w {
-            rustix::process::kill_process(
-                rustix::process::Pid::from_raw(child.id() as i32).unwrap(),
-                rustix::process::Signal::TERM,
-            )
-            .unwrap();
-            let status = child.wait().unwrap();
-            assert!(status.success(), "worker {n}: {status}\n{}", read(&dir.path().join(format!("w{n}.err"))));
-        }
-    }
+    // Every worker printed the same winner for every election it decided: all 200 for the
+    // survivors, the first 100 for the killed one.
     for n in 0..5 {
         let d = decided(&read(&dir.path().join(format!("w{n}.out"))));
         let expect = if n == 2 { 100 } else { 200 };
@@ -171,7 +171,10 @@ fn a_lone_worker_process_elects_itself_and_unknown_topics_fail_at_the_initiator(
     assert!(o["error"].as_str().unwrap().contains("no live worker has a handler for topic \"nope\""), "{o}");
 
     // A group nobody is in: no outcome, exit 4, and it says why.
-    let out = tenure(&broker).args(["gossip", "elect", "y", "--group", "empty", "--wait", "1s"]).output().unwrap();
+    let out = tenure(&broker)
+        .args(["gossip", "elect", "y", "--group", "empty", "--action", "true", "--wait", "1s"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(4));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no worker answered election y"));
 
@@ -218,6 +221,8 @@ fn store_backed_mode_never_runs_an_id_twice() {
     assert_eq!(right.status.code(), Some(3), "{}", String::from_utf8_lossy(&right.stdout));
     let said = String::from_utf8_lossy(&right.stdout);
     assert!(said.contains("already claimed"), "{said}");
-    std::thread::sleep(Duration::from_millis(300));
+    // The second side was refused (exit 3 above), so once the first run is written nothing
+    // more can come.
+    wait_for("the action to run", Duration::from_secs(10), || !read(&ran).is_empty());
     assert_eq!(read(&ran), "ran\n");
 }

@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 use crate::GossipError;
 use crate::message::{Body, Envelope, Outcome, VERSION};
 use crate::transport::{Publisher, Transport};
-use crate::worker::{checked_request, default_worker_id, random_u64};
+use crate::worker::{checked_request, default_worker_id};
 
 /// A member as a probe found it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -28,7 +28,8 @@ pub struct Client {
     incarnation: u64,
     clock: Arc<AtomicU64>,
     publisher: Arc<dyn Publisher>,
-    heard: broadcast::Sender<Envelope>,
+    /// Only the reading task sends, so a lost link closes the channel.
+    heard: broadcast::Receiver<Envelope>,
     task: JoinHandle<()>,
 }
 
@@ -42,9 +43,9 @@ impl Client {
     /// Opens a link to the group.
     pub async fn connect(transport: &dyn Transport) -> Result<Self, GossipError> {
         let mut link = transport.open().await?;
-        let (heard, _) = broadcast::channel(4096);
+        let (tx, heard) = broadcast::channel(4096);
         let clock = Arc::new(AtomicU64::new(0));
-        let (tx, c) = (heard.clone(), clock.clone());
+        let c = clock.clone();
         let task = tokio::spawn(async move {
             while let Some(bytes) = link.messages.recv().await {
                 if let Some(env) = Envelope::decode(&bytes) {
@@ -55,7 +56,7 @@ impl Client {
         });
         Ok(Self {
             id: format!("client.{}", default_worker_id()),
-            incarnation: random_u64(),
+            incarnation: fastrand::u64(..),
             clock,
             publisher: link.publisher,
             heard,
@@ -64,7 +65,7 @@ impl Client {
     }
 
     async fn send(&self, body: Body) -> Result<(), GossipError> {
-        let clock = self.clock.fetch_add(1, Ordering::Relaxed) + 1;
+        let clock = self.clock.fetch_add(1, Ordering::Relaxed).saturating_add(1);
         let env = Envelope { v: VERSION, from: self.id.clone(), incarnation: self.incarnation, clock, body };
         self.publisher.publish(env.encode()).await
     }
@@ -75,10 +76,10 @@ impl Client {
     /// [`Outcome::repeat`].
     pub async fn elect(&self, id: &str, topic: &str, action: &str, wait: Duration) -> Result<Outcome, GossipError> {
         let request = checked_request(id, topic, action)?;
-        let mut heard = self.heard.subscribe();
+        let mut heard = self.heard.resubscribe();
         self.send(Body::Elect(request)).await?;
         let mut answered = BTreeSet::new();
-        let deadline = tokio::time::Instant::now() + wait;
+        let deadline = deadline_after(wait)?;
         loop {
             let env = match tokio::time::timeout_at(deadline, heard.recv()).await {
                 Ok(Ok(env)) => env,
@@ -107,10 +108,10 @@ impl Client {
 
     /// Asks every member for a heartbeat and lists those that answer within `wait`.
     pub async fn members(&self, wait: Duration) -> Result<Vec<MemberInfo>, GossipError> {
-        let mut heard = self.heard.subscribe();
+        let mut heard = self.heard.resubscribe();
         self.send(Body::Probe).await?;
         let mut found = BTreeMap::new();
-        let deadline = tokio::time::Instant::now() + wait;
+        let deadline = deadline_after(wait)?;
         loop {
             match tokio::time::timeout_at(deadline, heard.recv()).await {
                 Ok(Ok(env)) => {
@@ -127,4 +128,10 @@ impl Client {
         }
         Ok(found.into_iter().map(|(id, clock)| MemberInfo { id, clock }).collect())
     }
+}
+
+fn deadline_after(wait: Duration) -> Result<tokio::time::Instant, GossipError> {
+    tokio::time::Instant::now()
+        .checked_add(wait)
+        .ok_or_else(|| GossipError::Invalid(format!("a wait of {wait:?} is too long")))
 }

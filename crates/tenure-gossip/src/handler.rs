@@ -37,7 +37,8 @@ pub trait Handler: Send + Sync + 'static {
     async fn start(&self, job: &Job) -> Result<Option<JoinHandle<()>>, String>;
 }
 
-/// Runs a shell command (`sh -c`) with the job in its environment:
+/// Runs a shell command (`sh -c`), its output on the worker's stderr, with the job in its
+/// environment:
 /// `TENURE_GOSSIP_ELECTION`, `TENURE_GOSSIP_TOPIC`, `TENURE_GOSSIP_ACTION`,
 /// `TENURE_GOSSIP_WORKER`, and `TENURE_TOKEN` in store-backed mode.
 #[derive(Clone, Debug)]
@@ -74,7 +75,9 @@ impl Handler for CommandHandler {
             .env("TENURE_GOSSIP_TOPIC", &job.topic)
             .env("TENURE_GOSSIP_ACTION", &job.action)
             .env("TENURE_GOSSIP_WORKER", &job.worker)
-            .stdin(std::process::Stdio::null());
+            .stdin(std::process::Stdio::null())
+            // Kept off stdout, where the worker prints its decisions.
+            .stdout(stderr_for_child()?);
         if let Some(token) = job.token {
             cmd.env("TENURE_TOKEN", token.to_string());
         }
@@ -90,18 +93,16 @@ impl Handler for CommandHandler {
     }
 }
 
+/// A handle on this process's stderr for a child's output.
+fn stderr_for_child() -> Result<std::process::Stdio, String> {
+    use std::os::fd::AsFd;
+    let fd = std::io::stderr().as_fd().try_clone_to_owned().map_err(|e| format!("cannot pass on stderr: {e}"))?;
+    Ok(std::process::Stdio::from(fd))
+}
+
 /// Checks a topic: 1 to 100 characters of A-Z a-z 0-9 . _ - /
 pub fn check_topic(topic: &str) -> Result<(), GossipError> {
-    let ok = !topic.is_empty()
-        && topic.len() <= 100
-        && topic.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/'));
-    if ok {
-        Ok(())
-    } else {
-        Err(GossipError::Invalid(format!(
-            "invalid topic {topic:?}: a topic is 1 to 100 characters of A-Z a-z 0-9 . _ - /"
-        )))
-    }
+    crate::check_label("topic", topic, "/")
 }
 
 /// The handlers a worker has, by topic.
@@ -168,12 +169,8 @@ impl Claim {
     /// Takes the election id for `job`: its fencing token, or why not.
     pub(crate) async fn take(&self, job: &Job, attempt: &str) -> Result<u64, String> {
         let name = ElectionName::new(format!("{}{}", self.prefix, job.election)).map_err(|e| e.to_string())?;
-        let holder: String = format!("{}:{attempt}", job.worker)
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':' | '@') { c } else { '-' })
-            .take(200)
-            .collect();
-        let holder = HolderId::new(holder).map_err(|e| e.to_string())?;
+        // The worker id follows the holder-id rule and leaves room for the attempt.
+        let holder = HolderId::new(format!("{}:{attempt}", job.worker)).map_err(|e| e.to_string())?;
         // The action, for whoever inspects the claim, cut to what a lease can carry.
         let mut end = job.action.len().min(MAX_METADATA);
         while !job.action.is_char_boundary(end) {

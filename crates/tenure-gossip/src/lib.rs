@@ -97,7 +97,7 @@ pub enum GossipError {
 
 impl GossipError {
     pub(crate) fn bad_url(url: &str, reason: impl Into<String>) -> Self {
-        GossipError::BadUrl { url: transport_redact(url), reason: reason.into() }
+        GossipError::BadUrl { url: tenure::url::redact(url), reason: reason.into() }
     }
 
     pub(crate) fn broker(message: impl Into<String>, source: impl Into<Option<BoxError>>) -> Self {
@@ -105,8 +105,19 @@ impl GossipError {
     }
 }
 
-fn transport_redact(url: &str) -> String {
-    transport::redact(url)
+/// Checks a group name or topic: 1 to 100 characters of A-Z a-z 0-9 . _ - and `extra`.
+pub(crate) fn check_label(what: &str, value: &str, extra: &str) -> Result<(), GossipError> {
+    let ok = !value.is_empty()
+        && value.len() <= 100
+        && value.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') || extra.contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(GossipError::Invalid(format!(
+            "invalid {what} {value:?}: a {what} is 1 to 100 characters of A-Z a-z 0-9 . _ -{}",
+            extra.chars().map(|c| format!(" {c}")).collect::<String>()
+        )))
+    }
 }
 
 /// An error and its sources, joined with ": ".

@@ -66,33 +66,7 @@ pub fn connect(url: &str, group: &str) -> Result<Arc<dyn Transport>, GossipError
 
 /// A group name: 1 to 100 characters of A-Z a-z 0-9 . _ -
 fn check_group(group: &str) -> Result<(), GossipError> {
-    let ok = !group.is_empty()
-        && group.len() <= 100
-        && group.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-    if ok {
-        Ok(())
-    } else {
-        Err(GossipError::Invalid(format!(
-            "invalid group {group:?}: a group is 1 to 100 characters of A-Z a-z 0-9 . _ -"
-        )))
-    }
-}
-
-/// Removes the password from a URL, for messages.
-pub(crate) fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
-    let (authority, tail) = rest.split_once('/').map_or((rest, None), |(a, t)| (a, Some(t)));
-    let shown = match authority.rsplit_once('@') {
-        Some((creds, host)) => match creds.split_once(':') {
-            Some((user, _)) => format!("{user}:***@{host}"),
-            None => format!("{creds}@{host}"),
-        },
-        None => authority.to_string(),
-    };
-    match tail {
-        Some(t) => format!("{scheme}://{shown}/{t}"),
-        None => format!("{scheme}://{shown}"),
-    }
+    crate::check_label("group", group, "")
 }
 
 /// An in-process group, for tests: every link opened from one hub hears every message
@@ -156,7 +130,7 @@ impl RedisTransport {
     pub fn new(url: &str, group: &str) -> Result<Self, GossipError> {
         check_group(group)?;
         let client = redis::Client::open(url).map_err(|e| GossipError::bad_url(url, e.to_string()))?;
-        Ok(Self { client, channel: format!("tenure:gossip:{group}"), shown: redact(url) })
+        Ok(Self { client, channel: format!("tenure:gossip:{group}"), shown: tenure::url::redact(url) })
     }
 
     fn unreachable(&self, e: redis::RedisError) -> GossipError {
@@ -271,7 +245,7 @@ impl AmqpTransport {
             password,
             vhost,
             exchange: format!("tenure.gossip.{group}"),
-            shown: redact(url),
+            shown: tenure::url::redact(url),
         })
     }
 }

@@ -1,6 +1,6 @@
 //! The worker: membership, elections, and running the won ones.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +17,10 @@ use crate::{GossipError, check_topic};
 
 /// How many decided election ids a worker remembers at most (besides [`Config::retention`]).
 const MAX_REMEMBERED: usize = 100_000;
+/// The longest worker id (a holder id is at most 200 characters; a claim adds an attempt).
+const MAX_ID: usize = 150;
+/// The longest time setting.
+const MAX_SETTING: Duration = Duration::from_secs(24 * 3600);
 
 /// A worker's settings.
 #[derive(Clone, Debug)]
@@ -63,11 +67,24 @@ impl Config {
 
     fn check(&self) -> Result<(), GossipError> {
         let bad = |m: String| Err(GossipError::Invalid(m));
-        if self.id.is_empty() || self.id.len() > 200 || self.id.chars().any(|c| c.is_control() || c.is_whitespace()) {
-            return bad(format!("invalid worker id {:?}: 1 to 200 characters, no spaces", self.id));
+        // The id names the worker's store claims too, so it follows the holder-id rule, with
+        // room left for the claim attempt.
+        if let Err(e) = tenure::HolderId::new(&self.id) {
+            return bad(format!("invalid worker id: {e}"));
         }
-        if self.heartbeat.is_zero() || self.join_wait.is_zero() || self.election_timeout.is_zero() {
-            return bad("heartbeat, join wait and election timeout must be more than zero".into());
+        if self.id.len() > MAX_ID {
+            return bad(format!("invalid worker id {:?}: at most {MAX_ID} characters", self.id));
+        }
+        for (what, d) in [
+            ("heartbeat", self.heartbeat),
+            ("lost-after", self.lost_after),
+            ("join wait", self.join_wait),
+            ("election timeout", self.election_timeout),
+            ("retention", self.retention),
+        ] {
+            if d.is_zero() || d > MAX_SETTING {
+                return bad(format!("{what} {d:?} must be more than zero and at most {MAX_SETTING:?}"));
+            }
         }
         if self.lost_after <= self.heartbeat {
             return bad(format!(
@@ -79,15 +96,9 @@ impl Config {
     }
 }
 
-/// `hostname.pid`.
+/// `hostname.pid` (the host name as [`tenure::host_name`] gives it).
 pub fn default_worker_id() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "localhost".into());
-    format!("{host}.{}", std::process::id())
+    format!("{}.{}", tenure::host_name(), std::process::id())
 }
 
 /// What one worker decided in one election.
@@ -156,7 +167,7 @@ pub enum Event {
 }
 
 enum Command {
-    Elect(Request, oneshot::Sender<()>),
+    Elect(Request, oneshot::Sender<Result<(), GossipError>>),
     Members(oneshot::Sender<Vec<String>>),
     Shutdown(oneshot::Sender<()>),
 }
@@ -166,7 +177,8 @@ enum Command {
 pub struct Worker {
     id: String,
     commands: mpsc::Sender<Command>,
-    events: broadcast::Sender<Event>,
+    /// Only the actor sends events, so receivers see the channel close when it stops.
+    events: broadcast::Receiver<Event>,
     first_events: Option<broadcast::Receiver<Event>>,
     task: JoinHandle<Result<(), GossipError>>,
 }
@@ -188,13 +200,13 @@ impl Worker {
         let (joined_tx, joined_rx) = oneshot::channel();
         let now = Instant::now();
         let actor = Actor {
-            incarnation: random_u64(),
+            incarnation: fastrand::u64(..),
             clock: 0,
             transport,
             publisher: link.publisher.clone(),
             handlers,
             claim,
-            events: events.clone(),
+            events,
             members: BTreeMap::new(),
             left: HashMap::new(),
             joined: false,
@@ -209,9 +221,11 @@ impl Worker {
             pending_runs: 0,
             attempts: 0,
             running: Vec::new(),
+            abstained: HashSet::new(),
             cfg: config.clone(),
         };
         let task = tokio::spawn(actor.run(link, rx, ran_rx));
+        let events = first_events.resubscribe();
         let mut worker = Worker { id: config.id, commands, events, first_events: Some(first_events), task };
         if joined_rx.await.is_err() {
             return Err(worker.stopped().await);
@@ -233,7 +247,7 @@ impl Worker {
 
     /// The worker's events; the first call also gets those since it started.
     pub fn events(&mut self) -> broadcast::Receiver<Event> {
-        self.first_events.take().unwrap_or_else(|| self.events.subscribe())
+        self.first_events.take().unwrap_or_else(|| self.events.resubscribe())
     }
 
     /// Starts an election from this worker: broadcasts it and stands in it. Returns once
@@ -242,7 +256,7 @@ impl Worker {
         let request = checked_request(id, topic, action)?;
         let (tx, rx) = oneshot::channel();
         self.commands.send(Command::Elect(request, tx)).await.map_err(|_| GossipError::Stopped)?;
-        rx.await.map_err(|_| GossipError::Stopped)
+        rx.await.map_err(|_| GossipError::Stopped)?
     }
 
     /// The live members this worker knows, itself included, by id.
@@ -290,14 +304,6 @@ pub(crate) fn checked_request(id: &str, topic: &str, action: &str) -> Result<Req
     Ok(Request { id: id.into(), topic: topic.into(), action: action.into() })
 }
 
-pub(crate) fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
-    h.write_u32(std::process::id());
-    h.finish()
-}
-
 struct Member {
     last_seen: Instant,
 }
@@ -313,6 +319,8 @@ struct Election {
     /// The live set when this worker first heard of the election, itself included.
     members: BTreeSet<String>,
     answers: BTreeMap<String, Answer>,
+    /// An outcome another worker reported before this one decided: checked at the decision.
+    reported: Option<(String, Outcome)>,
     deadline: Instant,
     give_up: Instant,
 }
@@ -353,6 +361,8 @@ struct Actor {
     pending_runs: usize,
     attempts: u64,
     running: Vec<JoinHandle<()>>,
+    /// Elections answered with an abstention while leaving (not tracked further).
+    abstained: HashSet<String>,
 }
 
 impl Actor {
@@ -372,33 +382,35 @@ impl Actor {
                     None => {
                         warn!(broker = %self.transport.describe(), "lost the broker connection; reconnecting");
                         self.emit(Event::LinkLost);
-                        match self.reconnect(&mut commands).await {
+                        match self.reconnect(&mut commands, &mut shutdown).await {
                             Some(l) => {
                                 link = l;
                                 self.begin_join().await;
                             }
-                            None => return Ok(()),
+                            None => {
+                                // Leaving without a broker: nothing more can be decided.
+                                if let Some(reply) = shutdown {
+                                    let _ = reply.send(());
+                                }
+                                return Ok(());
+                            }
                         }
                     }
                 },
-                c = commands.recv() => match c {
-                    Some(Command::Elect(request, done)) => {
+                Some(c) = commands.recv() => match c {
+                    Command::Elect(request, done) => {
                         self.send(Body::Elect(request.clone())).await;
                         self.on_request(request, None).await;
-                        let _ = done.send(());
+                        let _ = done.send(Ok(()));
                     }
-                    Some(Command::Members(reply)) => {
-                        let mut all: Vec<String> = self.members.keys().cloned().collect();
-                        all.push(self.cfg.id.clone());
-                        all.sort();
-                        let _ = reply.send(all);
+                    Command::Members(reply) => {
+                        let _ = reply.send(self.member_ids());
                     }
-                    Some(Command::Shutdown(reply)) => {
+                    Command::Shutdown(reply) => {
                         info!(worker = %self.cfg.id, elections = self.elections.len(), "leaving: finishing elections under way");
                         self.draining = true;
                         shutdown = Some(reply);
                     }
-                    None => self.draining = true,
                 },
                 Some(r) = ran.recv() => self.on_ran(r).await,
                 _ = tokio::time::sleep_until(wake) => {}
@@ -423,9 +435,17 @@ impl Actor {
         }
     }
 
-    async fn reconnect(&mut self, commands: &mut mpsc::Receiver<Command>) -> Option<Link> {
+    /// Reconnects with backoff; `None` when the worker is leaving (asked before or during).
+    async fn reconnect(
+        &mut self,
+        commands: &mut mpsc::Receiver<Command>,
+        shutdown: &mut Option<oneshot::Sender<()>>,
+    ) -> Option<Link> {
         let mut backoff = Duration::from_millis(100);
         loop {
+            if self.draining {
+                return None;
+            }
             match self.transport.open().await {
                 Ok(link) => {
                     info!(broker = %self.transport.describe(), "reconnected");
@@ -434,15 +454,38 @@ impl Actor {
                 }
                 Err(e) => warn!(error = %crate::chain(&e), retry_in = ?backoff, "cannot reconnect"),
             }
-            tokio::select! {
-                _ = tokio::time::sleep(backoff) => {}
-                Some(Command::Shutdown(reply)) = commands.recv() => {
-                    let _ = reply.send(());
-                    return None;
+            let until = tokio::time::Instant::now() + backoff;
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(until) => break,
+                    Some(c) = commands.recv() => match c {
+                        Command::Elect(_, done) => {
+                            let _ = done.send(Err(GossipError::broker(
+                                format!("not connected to {}; reconnecting, try again", self.transport.describe()),
+                                None,
+                            )));
+                        }
+                        Command::Members(reply) => {
+                            let _ = reply.send(self.member_ids());
+                        }
+                        Command::Shutdown(reply) => {
+                            self.draining = true;
+                            *shutdown = Some(reply);
+                            return None;
+                        }
+                    },
                 }
             }
             backoff = (backoff * 2).min(Duration::from_secs(5));
         }
+    }
+
+    /// The live members this worker knows, itself included, by id.
+    fn member_ids(&self) -> Vec<String> {
+        let mut all: Vec<String> = self.members.keys().cloned().collect();
+        all.push(self.cfg.id.clone());
+        all.sort();
+        all
     }
 
     fn emit(&self, event: Event) {
@@ -451,7 +494,7 @@ impl Actor {
 
     /// Publishes `body` stamped with the next clock value; returns that value.
     async fn send(&mut self, body: Body) -> u64 {
-        self.clock += 1;
+        self.clock = self.clock.saturating_add(1);
         let env =
             Envelope { v: VERSION, from: self.cfg.id.clone(), incarnation: self.incarnation, clock: self.clock, body };
         if let Err(e) = self.publisher.publish(env.encode()).await {
@@ -475,11 +518,11 @@ impl Actor {
         };
         if env.from == self.cfg.id {
             if env.incarnation != self.incarnation {
-                warn!(id = %env.from, "another process uses this worker id; give each worker its own id");
+                tracing::error!(id = %env.from, "another process uses this worker id; give each worker its own id");
             }
             return;
         }
-        self.clock = self.clock.max(env.clock) + 1;
+        self.clock = self.clock.max(env.clock).saturating_add(1);
         let from = env.from.clone();
         // Only members send these; elections and probes may come from clients.
         if matches!(
@@ -540,6 +583,13 @@ impl Actor {
             warn!(election = %request.id, "ignoring an election with an invalid id, topic or action");
             return;
         }
+        if self.draining && !self.elections.contains_key(&id) {
+            // Leaving: answer once so nobody waits for us, and follow it no further.
+            if self.abstained.insert(id) {
+                self.send(Body::Abstain { request }).await;
+            }
+            return;
+        }
         if !self.elections.contains_key(&id) {
             let now = Instant::now();
             let mut members: BTreeSet<String> = self.members.keys().cloned().collect();
@@ -560,6 +610,7 @@ impl Actor {
                 request,
                 members,
                 answers,
+                reported: None,
                 deadline: now + self.cfg.election_timeout,
                 give_up: now + self.cfg.give_up_after(),
             };
@@ -603,7 +654,9 @@ impl Actor {
         let e = self.elections.remove(id).expect("present");
         let mut bids = Vec::new();
         let mut all = Vec::new();
-        for (worker, a) in &e.answers {
+        // Only the answers of the members this worker started with: an answer from outside
+        // that set may reach some workers before they decide and others after.
+        for (worker, a) in e.answers.iter().filter(|(w, _)| e.members.contains(*w)) {
             if let Answer::Candidate { clock, handles } = *a {
                 let bid = Bid { clock, worker: worker.clone() };
                 if handles {
@@ -618,7 +671,7 @@ impl Actor {
         let reporter = winner
             .clone()
             .or_else(|| rule::winner(&all).map(|b| b.worker.clone()))
-            .or_else(|| e.answers.keys().next().cloned());
+            .or_else(|| e.answers.keys().find(|w| e.members.contains(*w)).cloned());
         let request = e.request;
         info!(
             election = %request.id,
@@ -635,6 +688,11 @@ impl Actor {
             bids,
             without,
         }));
+        if let Some((from, outcome)) = &e.reported
+            && outcome.winner != winner
+        {
+            self.disagree(from, outcome.clone(), winner.clone());
+        }
         let mine = reporter.as_deref() == Some(self.cfg.id.as_str());
         self.remember(id, Finished { winner: winner.clone(), outcome: None });
         if winner.as_deref() == Some(self.cfg.id.as_str()) {
@@ -707,22 +765,27 @@ impl Actor {
     }
 
     fn on_outcome(&mut self, from: &str, outcome: Outcome) {
+        if let Some(e) = self.elections.get_mut(&outcome.id) {
+            // Reported before this worker decided: compared when it does.
+            e.reported.get_or_insert((from.to_string(), outcome));
+            return;
+        }
         let Some(f) = self.finished.get(&outcome.id) else { return };
         if f.outcome.is_none() && f.winner != outcome.winner {
-            warn!(
-                election = %outcome.id,
-                ours = f.winner.as_deref().unwrap_or("-"),
-                theirs = outcome.winner.as_deref().unwrap_or("-"),
-                %from,
-                "another worker reports a different winner"
-            );
-            self.emit(Event::Disagreement {
-                election: outcome.id,
-                ours: f.winner.clone(),
-                theirs: outcome.winner,
-                from: from.into(),
-            });
+            let ours = f.winner.clone();
+            self.disagree(from, outcome, ours);
         }
+    }
+
+    fn disagree(&self, from: &str, outcome: Outcome, ours: Option<String>) {
+        warn!(
+            election = %outcome.id,
+            ours = ours.as_deref().unwrap_or("-"),
+            theirs = outcome.winner.as_deref().unwrap_or("-"),
+            %from,
+            "another worker reports a different winner"
+        );
+        self.emit(Event::Disagreement { election: outcome.id, ours, theirs: outcome.winner, from: from.into() });
     }
 
     fn remember(&mut self, id: &str, finished: Finished) {

@@ -52,14 +52,16 @@ async fn three_workers_agree(url: &str) {
         assert!(o.started, "{o:?}");
         winners.push((format!("e{n}"), o.winner.unwrap()));
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A handler is started before its outcome is sent, so every run is recorded by now.
     let mut ran = rec.0.lock().unwrap().clone();
     ran.sort();
     winners.sort();
     assert_eq!(ran, winners, "each election ran once, on its winner");
     for ev in &mut events {
+        // Each worker decides in its own time: wait for all 20 decisions.
         let mut decided = Vec::new();
-        while let Ok(e) = ev.try_recv() {
+        while decided.len() < winners.len() {
+            let e = tokio::time::timeout(Duration::from_secs(10), ev.recv()).await.expect("20 decisions").unwrap();
             if let Event::Decided(d) = e {
                 decided.push((d.election, d.winner.unwrap()));
             }

@@ -136,6 +136,8 @@ pub fn launch(kind: Kind) -> Option<Server> {
 
 /// Like [`launch`], with a password for the server's default user (PostgreSQL: the
 /// `postgres` user with scram-sha-256; MariaDB: `root`; Redis: `requirepass`; NATS: user `tenure`).
+/// RabbitMQ ignores it: its user is always `guest`/`guest` (a wrong password is tested by
+/// changing the URL).
 pub fn launch_with(kind: Kind, password: Option<&str>) -> Option<Server> {
     // Debian's /usr/sbin/rabbitmq-server only switches to the rabbitmq user and runs this one.
     let rabbit = Path::new("/usr/lib/rabbitmq/bin/rabbitmq-server");
@@ -256,14 +258,10 @@ impl Server {
     /// logs, cookie (in HOME) and no plugins, everything bound to 127.0.0.1.
     fn rabbit_env(&self, c: &mut Command) {
         let dir = self.dir.path();
-        let plugins = dir.join("enabled_plugins");
-        std::fs::write(&plugins, "[].\n").expect("the plugins file");
-        std::fs::write(dir.join("rabbitmq-env.conf"), "").expect("the env file");
-        std::fs::write(dir.join("rabbitmq.conf"), "").expect("the config file");
         c.env("HOME", dir)
             .env("RABBITMQ_CONF_ENV_FILE", dir.join("rabbitmq-env.conf"))
             .env("RABBITMQ_CONFIG_FILE", dir.join("rabbitmq"))
-            .env("RABBITMQ_ENABLED_PLUGINS_FILE", plugins)
+            .env("RABBITMQ_ENABLED_PLUGINS_FILE", dir.join("enabled_plugins"))
             .env("RABBITMQ_NODENAME", format!("tenure-{}@localhost", self.port))
             .env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
             .env("RABBITMQ_NODE_PORT", self.port.to_string())
@@ -318,6 +316,13 @@ impl Server {
                     args.push("--user=mysql".into());
                 }
                 self.run_setup(&install, &args);
+            }
+            Kind::RabbitMq => {
+                // No plugins, and none of the machine's own settings.
+                let dir = self.dir.path();
+                std::fs::write(dir.join("enabled_plugins"), "[].\n").expect("the plugins file");
+                std::fs::write(dir.join("rabbitmq-env.conf"), "").expect("the env file");
+                std::fs::write(dir.join("rabbitmq.conf"), "").expect("the config file");
             }
             _ => {}
         }

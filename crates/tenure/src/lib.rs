@@ -50,7 +50,7 @@ pub use clock::{Clock, Instant, TokioClock};
 pub use config::{Config, ConfigError, TermTimes};
 pub use elector::{BuildError, ElectError, Elector, ElectorBuilder, Event, Leadership, OustReason};
 pub use memory::MemoryStore;
-pub use name::{ELECTION_NAME_RULE, ElectionName, HOLDER_ID_RULE, HolderId, NameError};
+pub use name::{ELECTION_NAME_RULE, ElectionName, HOLDER_ID_RULE, HolderId, NameError, host_name};
 pub use observe::{Observer, observe, observe_with};
 pub use record::{
     Acquire, AcquireRequest, Evict, ExpiryJudge, FencingToken, Leader, LeaseRecord, MAX_METADATA, MAX_TTL, MIN_TTL,

@@ -90,12 +90,7 @@ impl HolderId {
 
     /// A fresh id for this process instance: `hostname.pid.<8 random characters>`.
     pub fn generate() -> Self {
-        let host: String = hostname()
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' })
-            .take(120)
-            .collect();
-        let host = if host.is_empty() { "host".to_string() } else { host };
+        let host = host_name();
         let random: String = (0..8).map(|_| fastrand::alphanumeric().to_ascii_lowercase()).collect();
         Self(format!("{host}.{}.{random}", std::process::id()).into())
     }
@@ -104,6 +99,17 @@ impl HolderId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+}
+
+/// This machine's host name as it may stand in a holder id: at most 120 characters of
+/// A-Z a-z 0-9 - _ (anything else becomes `-`), `host` when it cannot be read.
+pub fn host_name() -> String {
+    let host: String = hostname()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' })
+        .take(120)
+        .collect();
+    if host.is_empty() { "host".to_string() } else { host }
 }
 
 fn hostname() -> String {
