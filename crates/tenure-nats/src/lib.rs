@@ -394,6 +394,11 @@ impl NatsStore {
         }))
     }
 
+    /// Drops what this store knew it last wrote for `election` (released or lost).
+    fn forget(&self, election: &ElectionName) {
+        self.inner.known.lock().unwrap_or_else(|e| e.into_inner()).remove(election);
+    }
+
     /// The record as just written (its server time is not known: now, as a hint).
     fn written(&self, election: &ElectionName, v: &Value, revision: u64) -> LeaseRecord {
         let now = SystemTime::now();
@@ -589,7 +594,10 @@ impl LeaseStore for NatsStore {
                         base = Some(cur);
                         continue;
                     }
-                    other => return Ok(Renew::Lost(other)),
+                    other => {
+                        self.forget(&held.election);
+                        return Ok(Renew::Lost(other));
+                    }
                 }
             };
             let v = Value { ttl, evicted: false, ..Value::continuing(&b) };
@@ -600,30 +608,12 @@ impl LeaseStore for NatsStore {
         Err(StoreError::unavailable("NATS: the record kept changing during the renewal; retrying"))
     }
 
-    /// The renewals go out together on the one connection (pipelined publishes), each
-    /// with its own compare-and-set.
-    async fn renew_many(&self, held: &[LeaseRecord], ttl: Duration) -> Vec<Result<Renew, StoreError>> {
-        let mut tasks = tokio::task::JoinSet::new();
-        for (i, h) in held.iter().enumerate() {
-            let (store, h) = (self.clone(), h.clone());
-            tasks.spawn(async move { (i, store.renew(&h, ttl).await) });
-        }
-        let mut out: Vec<Option<Result<Renew, StoreError>>> = (0..held.len()).map(|_| None).collect();
-        while let Some(done) = tasks.join_next().await {
-            if let Ok((i, r)) = done {
-                out[i] = Some(r);
-            }
-        }
-        out.into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(StoreError::ambiguous("NATS: a renewal task failed"))))
-            .collect()
-    }
-
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
         let Some((kv, ttl)) = self.bucket(None).await? else { return Ok(()) };
         match self.read(&kv, ttl, &held.election).await? {
             Some(cur) if cur.holder == held.holder && cur.token == held.token && cur.revision == held.revision => {
                 self.delete(&kv, "release", &key_of(held.election.as_str()), held.revision.0).await?;
+                self.forget(&held.election);
                 Ok(())
             }
             _ => Ok(()),

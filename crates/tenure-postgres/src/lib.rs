@@ -538,6 +538,43 @@ impl LeaseStore for PostgresStore {
 mod tests {
     use super::*;
 
+    /// The trigger's real payload, parsed, is the record a read returns (but for the time
+    /// left, which the two measure at different moments).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_trigger_payload_is_the_stored_record() {
+        use tenure_testkit::servers::{self, Kind};
+        let Some(server) = servers::launch(Kind::Postgres) else { return };
+        let store = PostgresStore::connect(&server.url()).await.unwrap();
+        store.ensure_schema().await.unwrap();
+        let pool = sqlx::postgres::PgPool::connect(&server.url()).await.unwrap();
+        let mut listener = PgListener::connect_with(&pool).await.unwrap();
+        listener.listen(DEFAULT_TABLE).await.unwrap();
+        let name = ElectionName::new("billing/nightly").unwrap();
+        let req =
+            tenure::AcquireRequest::new(name.clone(), HolderId::new("web-1.42.ab").unwrap(), Duration::from_secs(9))
+                .with_metadata(b"host:8080\t\x00".to_vec());
+        let tenure::Acquire::Acquired(held) = store.try_acquire(&req).await.unwrap() else { panic!("not acquired") };
+        store.renew(&held, Duration::from_secs(9)).await.unwrap();
+        let mut compared = 0;
+        for _ in 0..2 {
+            let n = tokio::time::timeout(Duration::from_secs(5), listener.recv()).await.unwrap().unwrap();
+            let carried = notified(n.payload()).record.expect("the payload carries the record");
+            let stored = store.get(&name).await.unwrap();
+            let strip = |r: Option<LeaseRecord>| r.map(|r| LeaseRecord { remaining: None, ..r });
+            let carried = strip(carried);
+            // The first notification is the acquire's, the second the renewal's.
+            assert_eq!(carried.as_ref().map(|r| (&r.holder, r.token)), Some((&held.holder, held.token)));
+            if carried.as_ref().map(|r| r.revision) == stored.as_ref().map(|r| r.revision) {
+                assert_eq!(carried, strip(stored));
+                compared += 1;
+            }
+        }
+        assert_eq!(compared, 1, "the renewal's notification matches the row as it stands");
+        store.release(&store.get(&name).await.unwrap().unwrap()).await.unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(5), listener.recv()).await.unwrap().unwrap();
+        assert_eq!(notified(n.payload()).record, Some(None), "a release carries no lease");
+    }
+
     #[test]
     fn notifications_carry_the_record_or_ask_for_a_read() {
         let c = notified("billing/nightly\tweb-1.42.ab\t7\t31\t10000\t9998000\t0\t1700000000000\t1700000005000\t6869");

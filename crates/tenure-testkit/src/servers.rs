@@ -36,6 +36,26 @@ pub enum Kind {
     RabbitMq,
 }
 
+/// The names [`Kind`] parses from, as the test-kit binaries take them.
+pub const KIND_NAMES: &str = "postgres, mariadb, redis, etcd, nats, rabbitmq";
+
+impl std::str::FromStr for Kind {
+    type Err = String;
+
+    /// `postgres`, `mariadb`, `redis`, `etcd`, `nats` or `rabbitmq`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "postgres" => Kind::Postgres,
+            "mariadb" => Kind::MariaDb,
+            "redis" => Kind::Redis,
+            "etcd" => Kind::Etcd,
+            "nats" => Kind::Nats,
+            "rabbitmq" => Kind::RabbitMq,
+            other => return Err(format!("unknown server {other:?}: one of {KIND_NAMES}")),
+        })
+    }
+}
+
 impl Kind {
     fn name(self) -> &'static str {
         match self {

@@ -86,6 +86,8 @@ async fn gather(store: Arc<dyn LeaseStore>, mut rx: mpsc::UnboundedReceiver<Job>
                 _ = &mut until => break,
             }
         }
+        // A caller that gave up waiting (its renewal timed out) needs no store work.
+        batch.retain(|j| !j.reply.is_closed());
         let mut by_ttl: BTreeMap<Duration, Vec<Job>> = BTreeMap::new();
         for j in batch {
             by_ttl.entry(j.ttl).or_default().push(j);
@@ -122,7 +124,10 @@ impl LeaseStore for Batched {
         let (reply, answer) = oneshot::channel();
         let job = Job { held: held.clone(), ttl, reply };
         if self.queue().send(job).is_err() {
-            return Err(StoreError::unavailable("the renewal batcher has stopped"));
+            return Err(StoreError::unavailable(
+                "the renewal batcher has stopped: the async runtime that first renewed through this \
+                 Batched store has shut down; create the Batched store in the runtime that uses it",
+            ));
         }
         answer.await.unwrap_or_else(|_| Err(StoreError::ambiguous("the renewal batch was dropped")))
     }

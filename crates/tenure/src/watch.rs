@@ -73,6 +73,9 @@ where
                 },
             };
             let now = match event {
+                // A notification that waited behind a newer read is stale: revisions of an
+                // election only grow.
+                Some(Some(rec)) if last.as_ref().is_some_and(|k| rec.revision < k.2) => continue,
                 Some(carried) => Ok(carried),
                 None => match reread().await {
                     None => return,
@@ -243,6 +246,23 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(1)).await;
         hub.publish(change("b", 1));
         assert_eq!(hub.watched(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_carried_record_older_than_the_last_report_is_skipped() {
+        let store: Arc<dyn crate::LeaseStore> = Arc::new(MemoryStore::new());
+        let hub = ChangeHub::new();
+        let a = ElectionName::new("a").unwrap();
+        let mut wa = watch_changes(store, &hub, &a);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        hub.publish(change("a", 10));
+        let got = tokio::time::timeout(Duration::from_secs(1), wa.next()).await.unwrap().unwrap().unwrap();
+        assert_eq!(got.unwrap().revision, Revision(10));
+        hub.publish(change("a", 3));
+        assert!(tokio::time::timeout(Duration::from_secs(1), wa.next()).await.is_err(), "went back to revision 3");
+        hub.publish(change("a", 11));
+        let got = tokio::time::timeout(Duration::from_secs(1), wa.next()).await.unwrap().unwrap().unwrap();
+        assert_eq!(got.unwrap().revision, Revision(11));
     }
 
     #[tokio::test(start_paused = true)]

@@ -10,15 +10,14 @@ use std::io::Read;
 use tenure_testkit::servers::{self, Kind};
 
 fn main() -> std::process::ExitCode {
-    let kind = match std::env::args().nth(1).as_deref() {
-        Some("postgres") => Kind::Postgres,
-        Some("mariadb") => Kind::MariaDb,
-        Some("redis") => Kind::Redis,
-        Some("etcd") => Kind::Etcd,
-        Some("nats") => Kind::Nats,
-        Some("rabbitmq") => Kind::RabbitMq,
-        _ => {
-            eprintln!("usage: tenure-serve postgres|mariadb|redis|etcd|nats|rabbitmq");
+    let kind = match std::env::args().nth(1).map(|a| a.parse::<Kind>()) {
+        Some(Ok(kind)) => kind,
+        Some(Err(e)) => {
+            eprintln!("tenure-serve: {e}");
+            return std::process::ExitCode::from(2);
+        }
+        None => {
+            eprintln!("usage: tenure-serve KIND (one of {})", servers::KIND_NAMES);
             return std::process::ExitCode::from(2);
         }
     };

@@ -127,14 +127,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "--tenure" => a.tenure = PathBuf::from(value()?),
             "--store" => a.store = Some(value()?),
             "--server" => {
-                a.server = Some(match value()?.as_str() {
-                    "postgres" => Kind::Postgres,
-                    "redis" => Kind::Redis,
-                    "mariadb" => Kind::MariaDb,
-                    "etcd" => Kind::Etcd,
-                    "nats" => Kind::Nats,
-                    other => return Err(format!("--server {other:?}: one of postgres, redis, mariadb, etcd, nats")),
-                })
+                a.server = Some(value()?.parse::<Kind>().map_err(|e| format!("--server: {e}"))?);
             }
             "--candidates" => a.candidates = value()?.parse().map_err(|e| format!("--candidates: {e}"))?,
             "--duration" => a.duration = parse_duration(&value()?).ok_or("--duration: e.g. 60s or 10m")?,
