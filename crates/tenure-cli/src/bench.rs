@@ -28,27 +28,47 @@ pub enum Scenario {
     Load,
     /// Many elections held by one process: renewal latency, missed renewals, CPU, memory
     Scale,
+    /// The scale elections, each contested by several processes (--processes)
+    Contest,
     /// etcd only: handover and crash takeover of the Debian `etcdctl elect`, as a baseline
     Etcdctl,
 }
 
-/// Settings of a run.
+/// Settings of a run: the arguments of `tenure bench`.
+#[derive(clap::Args)]
 pub struct Settings {
-    /// Which scenarios, in order.
+    /// Scenarios to run (default: all but scale and contest)
+    #[arg(long = "scenario", value_name = "SCENARIO", value_enum, value_delimiter = ',', default_values_t = [Scenario::Rtt, Scenario::Acquire, Scenario::Handover, Scenario::Crash, Scenario::Load])]
     pub scenarios: Vec<Scenario>,
-    /// Lease TTL of every candidate.
+    /// Lease TTL of every candidate
+    #[arg(long, default_value = "2s", value_parser = crate::duration)]
     pub ttl: Duration,
-    /// Samples for the latency scenarios.
+    /// Samples for round trip and acquire (handover takes at most 50, crash at most 5)
+    #[arg(long, default_value_t = 200)]
     pub samples: usize,
-    /// Elections in the load scenario.
+    /// Elections in the load scenario
+    #[arg(long, default_value_t = 10)]
     pub elections: usize,
-    /// Candidates per election in the load scenario.
+    /// Candidates per election in the load scenario (one store handle each)
+    #[arg(long, default_value_t = 3)]
     pub candidates: usize,
-    /// How long the load and scale scenarios run.
+    /// How long the load, scale and contest scenarios measure
+    #[arg(long, default_value = "10s", value_parser = crate::duration)]
     pub duration: Duration,
-    /// Elections held by one process in the scale scenario.
+    /// Elections held by one process in the scale scenario (and contested in contest)
+    #[arg(long, default_value_t = 10_000)]
     pub scale: usize,
-    /// Print JSON instead of a table.
+    /// Processes contesting every election in the contest scenario
+    #[arg(long, default_value_t = 3)]
+    pub processes: usize,
+    /// Internal: be one of the contest's other processes, for this run
+    #[arg(long, hide = true)]
+    pub contest_peer: Option<String>,
+    /// The `--store` given to this process, passed on to the contest's other processes.
+    #[arg(skip)]
+    pub store_url: Option<String>,
+    /// Print JSON
+    #[arg(long)]
     pub json: bool,
 }
 
@@ -209,6 +229,7 @@ where
                 json!({"watching": watching, "polling_baseline": polling})
             }
             Scenario::Etcdctl => etcdctl(&first.describe(), &run).await?,
+            Scenario::Contest => contest(&open, s, &run).await?,
             Scenario::Scale => {
                 let batched = scale(&open, s, &run, true).await?;
                 let baseline = scale(&open, s, &run, false).await?;
@@ -481,7 +502,7 @@ where
         rx.push(el.events());
         el.start();
         electors.push(el);
-        if electors.len() % 250 == 0 || electors.len() == s.scale {
+        if electors.len() % WAVE == 0 || electors.len() == s.scale {
             while electors.iter().filter(|e| e.current().is_some()).count() < electors.len() {
                 if t0.elapsed() > give_up {
                     gave_up = true;
@@ -551,6 +572,176 @@ where
         "cpu_s_to_win_all": cpu1 - cpu0,
         "rss_bytes_per_election": (rss1.saturating_sub(rss0)) as f64 / n,
     }))
+}
+
+/// Elections of the contest scenario, under `bench/RUN/contest/`.
+fn contest_name(run: &str, i: usize) -> String {
+    format!("bench/{run}/contest/{:03}/{i}", i / WAVE)
+}
+
+/// Electors started at once, in the scale and contest scenarios.
+const WAVE: usize = 250;
+
+/// The contest scenario: this process and `processes - 1` others (this program again, in
+/// the peer role) each campaign for the same `scale` elections through `Batched`. Each
+/// measures itself for the same time; this one gathers their reports.
+async fn contest<F, Fut>(open: &F, s: &Settings, run: &str) -> Result<Value>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Arc<dyn LeaseStore>>>,
+{
+    use tokio::io::AsyncBufReadExt;
+    if s.processes == 0 {
+        bail!("--processes must be at least 1");
+    }
+    let exe = std::env::current_exe().context("cannot find this program to start the contest's other processes")?;
+    let mut peers = Vec::new();
+    for _ in 1..s.processes {
+        let mut cmd = tokio::process::Command::new(&exe);
+        if let Some(url) = &s.store_url {
+            cmd.args(["--store", url]);
+        }
+        cmd.args(["bench", "--contest-peer", run, "--scale", &s.scale.to_string()])
+            .args(["--ttl", &format!("{}ms", s.ttl.as_millis())])
+            .args(["--duration", &format!("{}ms", s.duration.as_millis())])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        peers.push(cmd.spawn().context("cannot start a contest process")?);
+    }
+    let (mine, electors) = contest_member(open, s, run).await?;
+    let mut reports = vec![mine];
+    for p in &mut peers {
+        let out = p.stdout.take().context("contest process without output")?;
+        let mut line = String::new();
+        tokio::io::BufReader::new(out).read_line(&mut line).await?;
+        reports.push(serde_json::from_str(&line).context("a contest process did not report")?);
+    }
+    // Everyone has measured: now all may stop.
+    for p in &mut peers {
+        drop(p.stdin.take());
+    }
+    shutdown_all(electors).await;
+    for p in &mut peers {
+        let _ = tokio::time::timeout(Duration::from_secs(60), p.wait()).await;
+    }
+    let sum = |k: &str| reports.iter().map(|r| r[k].as_f64().unwrap_or(0.0)).sum::<f64>();
+    let count = |k: &str| reports.iter().map(|r| r[k].as_u64().unwrap_or(0)).sum::<u64>();
+    let max = |k: &str| reports.iter().map(|r| secs(&r["renewal_latency"], k)).fold(0.0, f64::max);
+    Ok(json!({
+        "processes": s.processes,
+        "elections": s.scale,
+        "seconds": s.duration.as_secs_f64(),
+        "leading_when_measured": count("leading_when_measured"),
+        "still_leading": count("still_leading"),
+        "terms_lost": count("terms_lost"),
+        "leaders_changed": count("leaders_changed"),
+        "store_calls_per_s": sum("store_calls_per_s"),
+        "renewal_p99_max": max("p99"),
+        "cpu_s_per_election_per_s": sum("cpu_s_per_election_per_s"),
+        "per_process": reports,
+    }))
+}
+
+/// The contest's other processes: campaign, report on one line, and hold until this
+/// process's input closes (so that no election changes hands while others measure).
+pub async fn contest_peer<F, Fut>(open: F, s: &Settings, run: &str) -> Result<i32>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Arc<dyn LeaseStore>>>,
+{
+    use tokio::io::AsyncReadExt;
+    let (report, electors) = contest_member(&open, s, run).await?;
+    println!("{}", serde_json::to_string(&report)?);
+    let mut rest = Vec::new();
+    let _ = tokio::io::stdin().read_to_end(&mut rest).await;
+    shutdown_all(electors).await;
+    Ok(0)
+}
+
+/// One process of the contest: starts its candidates in waves (each wave waits until all
+/// its elections have a leader, in whichever process), waits until every election has one,
+/// then measures for the scenario's duration.
+async fn contest_member<F, Fut>(open: &F, s: &Settings, run: &str) -> Result<(Value, Vec<Elector>)>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Arc<dyn LeaseStore>>>,
+{
+    let counter = Probe::new(open().await?, false);
+    let handle: Arc<dyn LeaseStore> = Arc::new(tenure::Batched::new(Arc::new(counter.clone())));
+    let latencies = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let holder = format!("bench-contest-{}-{}", std::process::id(), fastrand::u32(..));
+    let rss0 = rss_bytes();
+    let give_up = Instant::now() + s.ttl * 6 + Duration::from_secs(60);
+    let mut electors = Vec::with_capacity(s.scale);
+    let mut rx = Vec::with_capacity(s.scale);
+    for i in 0..s.scale {
+        let mut probe = Probe::new(handle.clone(), false);
+        probe.renewals = Some(latencies.clone());
+        let el = Elector::builder(Arc::new(probe), contest_name(run, i)).holder(&holder).ttl(s.ttl).build()?;
+        rx.push(el.events());
+        el.start();
+        electors.push(el);
+        if electors.len() % WAVE == 0 || electors.len() == s.scale {
+            let wave = format!("bench/{run}/contest/{:03}/", i / WAVE);
+            let want = (i % WAVE) + 1;
+            while counter.inner.list(&wave).await.map_or(0, |l| l.len()) < want {
+                if Instant::now() > give_up {
+                    bail!("the contest's elections did not all get a leader in time; the store cannot keep up");
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    // Every candidate has heard who leads (its own win or another's) before measuring.
+    let mut told = vec![false; rx.len()];
+    loop {
+        for (r, t) in rx.iter_mut().zip(told.iter_mut()) {
+            while let Ok(ev) = r.try_recv() {
+                *t |= matches!(ev, Event::Elected { .. } | Event::LeaderChanged(Some(_)));
+            }
+        }
+        if told.iter().all(|t| *t) {
+            break;
+        }
+        if Instant::now() > give_up {
+            bail!("the contest's candidates did not all hear of a leader in time");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    latencies.lock().unwrap().clear();
+    counter.reset();
+    let leading = electors.iter().filter(|e| e.current().is_some()).count();
+    let (cpu1, rss1) = (cpu_time(), rss_bytes());
+    tokio::time::sleep(s.duration).await;
+    let cpu2 = cpu_time();
+    let (store_calls, _) = counter.reset();
+    let (mut lost, mut changed) = (0, 0);
+    for r in &mut rx {
+        while let Ok(ev) = r.try_recv() {
+            match ev {
+                Event::Ousted { .. } => lost += 1,
+                Event::LeaderChanged(_) => changed += 1,
+                Event::Elected { .. } => {}
+            }
+        }
+    }
+    let still = electors.iter().filter(|e| e.current().is_some()).count();
+    let lat: Vec<Duration> = latencies.lock().unwrap().iter().map(|us| Duration::from_micros(*us)).collect();
+    let n = s.scale as f64;
+    let report = json!({
+        "pid": std::process::id(),
+        "leading_when_measured": leading,
+        "still_leading": still,
+        "terms_lost": lost,
+        "leaders_changed": changed,
+        "renewals": lat.len(),
+        "renewal_latency": stats(lat),
+        "store_calls_per_s": store_calls as f64 / s.duration.as_secs_f64(),
+        "cpu_s_per_election_per_s": (cpu2 - cpu1) / n / s.duration.as_secs_f64(),
+        "rss_bytes_per_election": rss1.saturating_sub(rss0) as f64 / n,
+    });
+    Ok((report, electors))
 }
 
 /// Two `etcdctl elect` processes: the leader is interrupted (it resigns), then a leader
@@ -680,6 +871,24 @@ fn print_table(v: &Value) {
             "etcdctl elect baseline handover {}   crash takeover {}",
             fmt_d(secs(x, "handover_s")),
             fmt_d(secs(x, "crash_takeover_s"))
+        );
+    }
+    if let Some(c) = v.get("contest") {
+        println!(
+            "contest                {} elections, each contested by {} processes, for {}",
+            c["elections"],
+            c["processes"],
+            fmt_d(secs(c, "seconds"))
+        );
+        println!(
+            "  leading (all processes) {} when measured, {} at the end; terms lost {}; leaders changed {}",
+            c["leading_when_measured"], c["still_leading"], c["terms_lost"], c["leaders_changed"]
+        );
+        println!(
+            "  store calls/s (all processes) {:.1}; renewal p99 (worst process) {}; CPU µs/s per election {:.2}",
+            secs(c, "store_calls_per_s"),
+            fmt_d(secs(c, "renewal_p99_max")),
+            secs(c, "cpu_s_per_election_per_s") * 1e6
         );
     }
     if let Some(sc) = v.get("scale") {

@@ -158,39 +158,15 @@ round trip of the simplest read; uncontended acquire; graceful handover (a leade
 resigns); crash takeover (a leader is cut off from the store); steady-state store
 calls of E elections x C candidates, with watches and with a polling baseline
 (watch hidden, as client-go-style electors poll); and many elections held by one
-process. Elections are named bench/RANDOM/...; a NATS bucket must have --ttl as its
+process, and the same elections contested by --processes processes (this program
+started again). Elections are named bench/RANDOM/...; a NATS bucket must have --ttl as its
 TTL, so point it at a bucket of its own.
 
 Examples:
   tenure bench
   tenure --store redis://127.0.0.1:6379 bench --scenario rtt,acquire,handover --json
   tenure --store etcd://127.0.0.1:2379 bench --scenario scale --scale 10000 --ttl 10s")]
-    Bench {
-        /// Scenarios to run (default: all but scale)
-        #[arg(long, value_enum, value_delimiter = ',', default_values_t = [bench::Scenario::Rtt, bench::Scenario::Acquire, bench::Scenario::Handover, bench::Scenario::Crash, bench::Scenario::Load])]
-        scenario: Vec<bench::Scenario>,
-        /// Lease TTL of every candidate
-        #[arg(long, default_value = "2s", value_parser = duration)]
-        ttl: Duration,
-        /// Samples for round trip and acquire (handover takes at most 50, crash at most 5)
-        #[arg(long, default_value_t = 200)]
-        samples: usize,
-        /// Elections in the load scenario
-        #[arg(long, default_value_t = 10)]
-        elections: usize,
-        /// Candidates per election in the load scenario (one store handle each)
-        #[arg(long, default_value_t = 3)]
-        candidates: usize,
-        /// How long the load and scale scenarios measure
-        #[arg(long, default_value = "10s", value_parser = duration)]
-        duration: Duration,
-        /// Elections held by one process in the scale scenario
-        #[arg(long, default_value_t = 10_000)]
-        scale: usize,
-        /// Print JSON
-        #[arg(long)]
-        json: bool,
-    },
+    Bench(bench::Settings),
     /// Elect one worker over a message broker (Redis, RabbitMQ) to run an action once
     #[command(after_help = "\
 Workers that share a broker form a group; an election picks exactly one live worker
@@ -320,7 +296,7 @@ fn election(s: &str) -> Result<ElectionName, String> {
     ElectionName::new(s).map_err(|e| e.to_string())
 }
 
-fn duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write durations like 500ms, 10s, 1m30s)"))
 }
 
@@ -377,10 +353,12 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             let s = store_url::open(store).await?;
             run::schedule(s, &c, &schedule, &a.cmd).await
         }
-        Command::Bench { scenario, ttl, samples, elections, candidates, duration, scale, json } => {
-            let settings =
-                bench::Settings { scenarios: scenario, ttl, samples, elections, candidates, duration, scale, json };
-            bench::bench(|| store_url::open(store), &settings).await
+        Command::Bench(mut settings) => {
+            settings.store_url = store.map(str::to_string);
+            match settings.contest_peer.clone() {
+                Some(run) => bench::contest_peer(|| store_url::open(store), &settings, &run).await,
+                None => bench::bench(|| store_url::open(store), &settings).await,
+            }
         }
         Command::Gossip { command } => match command {
             GossipCommand::Worker(args) => gossip::worker(args, store).await,
@@ -408,7 +386,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if !matches!(cli.command, Command::Child { .. } | Command::DemoJob { .. }) {
         // The benchmark starts and stops hundreds of terms: only warnings unless asked.
-        let quiet = cli.quiet || (matches!(cli.command, Command::Bench { .. }) && cli.verbose == 0);
+        let quiet = cli.quiet || (matches!(cli.command, Command::Bench(_)) && cli.verbose == 0);
         init_logging(cli.verbose, quiet);
     }
     // One thread: a child's parent-death signal follows the thread that started it.

@@ -408,7 +408,7 @@ fn bench_runs_every_scenario_and_reports_json() {
     let out = env.tenure(&[
         "bench",
         "--scenario",
-        "rtt,acquire,handover,crash,load,scale",
+        "rtt,acquire,handover,crash,load,scale,contest",
         "--samples",
         "5",
         "--elections",
@@ -419,6 +419,8 @@ fn bench_runs_every_scenario_and_reports_json() {
         "1s",
         "--scale",
         "50",
+        "--processes",
+        "2",
         "--ttl",
         "1s",
         "--json",
@@ -439,4 +441,14 @@ fn bench_runs_every_scenario_and_reports_json() {
     let (b, s) = (&v["scale"]["batched"], &v["scale"]["per_election_baseline"]);
     assert_eq!((b["elections"].as_u64(), s["elections"].as_u64()), (Some(50), Some(50)));
     assert!(b["renewals"].as_u64().unwrap() > 0 && b["store_calls_per_s"].as_f64().is_some());
+    // Two processes contested the same 50 elections (the scenario fails unless every one
+    // got a leader in one of them) and both reported.
+    let c = &v["contest"];
+    assert_eq!((c["processes"].as_u64(), c["elections"].as_u64()), (Some(2), Some(50)), "{text}");
+    let per = c["per_process"].as_array().unwrap();
+    assert_eq!(per.len(), 2, "{text}");
+    assert_ne!(per[0]["pid"], per[1]["pid"], "{text}");
+    let leading: u64 = per.iter().map(|p| p["leading_when_measured"].as_u64().unwrap()).sum();
+    assert!(leading > 0, "{text}");
+    assert!(per.iter().all(|p| p["renewal_latency"]["n"].as_u64().is_some()), "{text}");
 }

@@ -265,6 +265,83 @@ impl MysqlStore {
         Ok((out, after))
     }
 
+    /// Renews every lease of `held` in one transaction: their rows locked by one
+    /// `SELECT … FOR UPDATE`, checked here, and the live ones written by one `UPDATE`.
+    async fn renew_all(&self, held: &[LeaseRecord], ttl: Duration) -> Result<Vec<Renew>, sqlx::Error> {
+        let t = &self.inner.table;
+        let marks = vec!["?"; held.len()].join(", ");
+        let select = format!(
+            "SELECT election, holder, token, revision, ttl_ms, expires_us, acquired_ms, renewed_ms, evicted, metadata,
+                    {NOW_US} AS now_us
+             FROM {t} WHERE election IN ({marks}) ORDER BY election FOR UPDATE"
+        );
+        let mut tx = self.inner.pool.begin().await?;
+        let mut q = sqlx::query(audited(select));
+        for h in held {
+            q = q.bind(h.election.as_str());
+        }
+        let mut rows = std::collections::HashMap::new();
+        for r in q.fetch_all(&mut *tx).await? {
+            rows.insert(r.try_get::<String, _>("election")?, LockedRow::read(&r)?);
+        }
+        let ttl_ms = ttl.as_millis() as i64;
+        // The statement's clock is the same for every row.
+        let Some(now_us) = rows.values().next().map(|r| r.now_us) else {
+            tx.commit().await?;
+            return Ok(held.iter().map(|_| Renew::Lost(None)).collect());
+        };
+        let mut renewed = Vec::new();
+        let mut out = Vec::with_capacity(held.len());
+        for h in held {
+            let row = rows.get(h.election.as_str());
+            let same = row.is_some_and(|r| {
+                r.live() && r.holder.as_deref() == Some(h.holder.as_str()) && r.token as u64 == h.token.0 && !r.evicted
+            });
+            match row {
+                Some(r) if same => {
+                    let next = LockedRow {
+                        revision: r.revision + 1,
+                        ttl_ms,
+                        expires_us: now_us + ttl_ms * 1000,
+                        renewed_ms: Some(now_us / 1000),
+                        holder: r.holder.clone(),
+                        metadata: r.metadata.clone(),
+                        ..*r
+                    };
+                    renewed.push(h.election.as_str());
+                    out.push(Ok(next));
+                }
+                Some(r) => out.push(Err(r.record(&h.election))),
+                None => out.push(Err(Ok(None))),
+            }
+        }
+        if !renewed.is_empty() {
+            let marks = vec!["?"; renewed.len()].join(", ");
+            let update = format!(
+                "UPDATE {t} SET revision = revision + 1, ttl_ms = ?, expires_us = ?, renewed_ms = ?
+                 WHERE election IN ({marks})"
+            );
+            let mut q = sqlx::query(audited(update)).bind(ttl_ms).bind(now_us + ttl_ms * 1000).bind(now_us / 1000);
+            for e in &renewed {
+                q = q.bind(*e);
+            }
+            q.execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        // A record that cannot be built (a hand-edited row) is reported as lost to nobody.
+        Ok(held
+            .iter()
+            .zip(out)
+            .map(|(h, o)| match o {
+                Ok(next) => match next.record(&h.election) {
+                    Ok(Some(rec)) => Renew::Renewed(rec),
+                    _ => Renew::Lost(None),
+                },
+                Err(cur) => Renew::Lost(cur.ok().flatten()),
+            })
+            .collect())
+    }
+
     async fn read(&self, what: &str, sql: String, arg: &str) -> Result<Vec<(String, LockedRow)>, StoreError> {
         self.ensure_schema().await?;
         let rows =
@@ -400,6 +477,29 @@ impl LeaseStore for MysqlStore {
                 .ok_or_else(|| StoreError::ambiguous("MySQL: the renewal could not be read back"));
         }
         Ok(Renew::Lost(self.get(&held.election).await?))
+    }
+
+    /// Every renewal in one transaction of two statements, however many there are.
+    async fn renew_many(&self, held: &[LeaseRecord], ttl: Duration) -> Vec<Result<Renew, StoreError>> {
+        let fail = |e: StoreError| held.iter().map(|_| Err(e.duplicate())).collect();
+        if let Err(e) = check_ttl(ttl) {
+            return fail(e);
+        }
+        if held.is_empty() {
+            return Vec::new();
+        }
+        if let Err(e) = self.ensure_schema().await {
+            return fail(e);
+        }
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.renew_all(held, ttl).await {
+                Ok(v) => return v.into_iter().map(Ok).collect(),
+                Err(e) if attempt < 4 && is_deadlock(&e) => continue,
+                Err(e) => return fail(my_error("renew", e)),
+            }
+        }
     }
 
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {

@@ -27,10 +27,9 @@ use tenure::{
     Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, Renew,
     Revision, StoreError, WatchStream, check_ttl,
 };
-use tokio::sync::watch;
-use tokio_stream::StreamExt;
+use tenure::{Change, ChangeHub};
 
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS tenure_leases (
@@ -46,6 +45,26 @@ CREATE TABLE IF NOT EXISTS tenure_leases (
     evicted      INTEGER NOT NULL DEFAULT 0,
     metadata     BLOB NOT NULL
 ) WITHOUT ROWID;
+";
+
+/// Version 2: every row carries `seq`, the database-wide order of its last change, drawn
+/// from the one-row counter `tenure_seq` by triggers (so that every writer keeps it, and a
+/// row replaced by a new grant still moves forward). The watch thread reads the rows whose
+/// `seq` passed its cursor and tells the watchers of those elections only.
+const SCHEMA_2: &str = "
+ALTER TABLE tenure_leases ADD COLUMN seq INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX tenure_leases_seq ON tenure_leases (seq);
+CREATE TABLE tenure_seq (n INTEGER NOT NULL);
+INSERT INTO tenure_seq (n) VALUES (0);
+CREATE TRIGGER tenure_leases_seq_insert AFTER INSERT ON tenure_leases BEGIN
+    UPDATE tenure_seq SET n = n + 1;
+    UPDATE tenure_leases SET seq = (SELECT n FROM tenure_seq) WHERE election = NEW.election;
+END;
+CREATE TRIGGER tenure_leases_seq_update
+AFTER UPDATE OF holder, token, revision, ttl_ms, boot_id, expires_ns, evicted, metadata ON tenure_leases BEGIN
+    UPDATE tenure_seq SET n = n + 1;
+    UPDATE tenure_leases SET seq = (SELECT n FROM tenure_seq) WHERE election = NEW.election;
+END;
 ";
 
 const COLUMNS: &str =
@@ -78,7 +97,7 @@ struct Inner {
     conn: Mutex<Connection>,
     boot_id: String,
     options: SqliteOptions,
-    changes: watch::Sender<u64>,
+    changes: ChangeHub,
     poller: AtomicBool,
 }
 
@@ -110,10 +129,10 @@ impl SqliteStore {
                 ),
             ));
         }
-        // Only a new database is written to: opening one that is in use takes no write lock.
+        // Only a new or older database is written to: opening one that is in use takes no
+        // write lock.
         if version < SCHEMA_VERSION {
-            retry_busy(&options, || conn.execute_batch(&format!("{SCHEMA} PRAGMA user_version = {SCHEMA_VERSION};")))
-                .map_err(|e| sql_error(&path, "creating the lease table", e))?;
+            retry_busy(&options, || migrate(&conn)).map_err(|e| sql_error(&path, "creating the lease table", e))?;
         }
         Ok(Self {
             inner: Arc::new(Inner {
@@ -121,7 +140,7 @@ impl SqliteStore {
                 conn: Mutex::new(conn),
                 boot_id: boot_id(),
                 options,
-                changes: watch::Sender::new(0),
+                changes: ChangeHub::new(),
                 poller: AtomicBool::new(false),
             }),
         })
@@ -168,8 +187,7 @@ impl SqliteStore {
         .await
     }
 
-    fn ensure_poller(&self) -> watch::Receiver<u64> {
-        let rx = self.inner.changes.subscribe();
+    fn ensure_poller(&self) {
         if !self.inner.poller.swap(true, Ordering::SeqCst) {
             let inner = self.inner.clone();
             std::thread::Builder::new()
@@ -178,7 +196,6 @@ impl SqliteStore {
                 .map_err(|e| tracing::warn!(error = %e, "could not start the SQLite watch thread"))
                 .ok();
         }
-        rx
     }
 }
 
@@ -413,14 +430,10 @@ impl LeaseStore for SqliteStore {
     }
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
-        // Every commit by another connection changes data_version: re-read then.
-        let signals = tokio_stream::wrappers::WatchStream::from_changes(self.ensure_poller()).map(|_| ());
-        let store = self.clone();
-        let read = move |e: ElectionName| {
-            let store = store.clone();
-            async move { store.get(&e).await }
-        };
-        Some(tenure::rereading_watch(election.clone(), signals, read, self.inner.options.watch_interval))
+        // Subscribed before the poller starts: its first round tells every watcher to read.
+        let stream = tenure::watch_changes(Arc::new(self.clone()), &self.inner.changes, election);
+        self.ensure_poller();
+        Some(stream)
     }
 
     fn describe(&self) -> String {
@@ -428,9 +441,10 @@ impl LeaseStore for SqliteStore {
     }
 }
 
-/// The watch thread: checks `PRAGMA data_version` on its own connection (which
-/// changes whenever another connection commits) and tells the watchers. It stops
-/// when nobody is watching.
+/// The watch thread: checks `PRAGMA data_version` on its own connection (which changes
+/// whenever another connection commits); when it changed, reads the rows changed since its
+/// cursor (`seq`) and tells the watchers of those elections, with the record as it now
+/// stands. It stops when nobody is watching.
 fn poll_changes(inner: &Arc<Inner>) {
     let conn = match connect(&inner.path, &inner.options) {
         Ok(c) => c,
@@ -440,26 +454,89 @@ fn poll_changes(inner: &Arc<Inner>) {
             return;
         }
     };
-    let mut last: Option<i64> = None;
+    let mut version: Option<i64> = None;
+    let mut cursor: Option<i64> = None;
     loop {
-        if inner.changes.receiver_count() == 0 {
+        if inner.changes.prune() == 0 {
             inner.poller.store(false, Ordering::SeqCst);
             // A watcher may have subscribed between the check and the flag reset.
-            if inner.changes.receiver_count() == 0 || inner.poller.swap(true, Ordering::SeqCst) {
+            if inner.changes.prune() == 0 || inner.poller.swap(true, Ordering::SeqCst) {
                 return;
             }
         }
         match conn.query_row("PRAGMA data_version", [], |r| r.get::<_, i64>(0)) {
-            Ok(v) if last != Some(v) => {
-                if last.is_some() {
-                    inner.changes.send_modify(|n| *n += 1);
+            Ok(v) if version != Some(v) => {
+                version = Some(v);
+                match cursor {
+                    // First round: from here on, changes are told; what happened before
+                    // the cursor is read by every watcher once.
+                    None => match conn.query_row("SELECT n FROM tenure_seq", [], |r| r.get(0)) {
+                        Ok(c) => {
+                            cursor = Some(c);
+                            inner.changes.publish(Change { election: Arc::from(""), record: None });
+                        }
+                        Err(e) => {
+                            version = None;
+                            tracing::debug!(error = %e, "the SQLite watch could not read its cursor");
+                        }
+                    },
+                    Some(c) => match changed_since(&conn, c, &inner.boot_id) {
+                        Ok((changes, next)) => {
+                            cursor = Some(next);
+                            for ch in changes {
+                                inner.changes.publish(ch);
+                            }
+                        }
+                        Err(e) => {
+                            version = None;
+                            tracing::debug!(error = %e, "the SQLite watch could not read the changed rows");
+                        }
+                    },
                 }
-                last = Some(v);
             }
             Ok(_) => {}
             Err(e) => tracing::debug!(error = %e, "the SQLite watch could not read data_version"),
         }
         std::thread::sleep(inner.options.watch_interval);
+    }
+}
+
+/// The rows changed after `cursor`, as changes for their watchers, and the new cursor.
+fn changed_since(conn: &Connection, cursor: i64, boot_id: &str) -> rusqlite::Result<(Vec<Change>, i64)> {
+    let mut stmt = conn.prepare(&format!("SELECT {COLUMNS}, seq FROM tenure_leases WHERE seq > ?1 ORDER BY seq"))?;
+    let rows = stmt
+        .query_map([cursor], |r| Ok((Row::read(r)?, r.get::<_, i64>(11)?)))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let now = Now { ns: monotonic_ns(), boot_id };
+    let next = rows.last().map_or(cursor, |(_, seq)| *seq);
+    let changes =
+        rows.iter().map(|(row, _)| Change { election: Arc::from(row.election.as_str()), record: Some(row.live(now)) });
+    Ok((changes.collect(), next))
+}
+
+/// Brings the database to the current schema version, in one transaction.
+fn migrate(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let run = || -> rusqlite::Result<()> {
+        // Read again under the write lock: another process may have migrated meanwhile.
+        let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        if version >= SCHEMA_VERSION {
+            return Ok(());
+        }
+        if version < 1 {
+            conn.execute_batch(SCHEMA)?;
+        }
+        if version < 2 {
+            conn.execute_batch(SCHEMA_2)?;
+        }
+        conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
+    };
+    match run() {
+        Ok(()) => conn.execute_batch("COMMIT"),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
     }
 }
 
@@ -575,4 +652,82 @@ fn check_file_system(path: &Path) -> Result<(), StoreError> {
         tracing::warn!(path = %path.display(), "the SQLite store is on a FUSE file system; if it is a network file system, SQLite's locking is not safe there");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(election: &str, holder: &str) -> AcquireRequest {
+        AcquireRequest::new(
+            ElectionName::new(election).unwrap(),
+            HolderId::new(holder).unwrap(),
+            Duration::from_secs(30),
+        )
+    }
+
+    #[tokio::test]
+    async fn the_change_feed_names_each_changed_election_once_with_its_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("leases.db");
+        let store = SqliteStore::open(&path).await.unwrap();
+        let conn = connect(&path, &SqliteOptions::default()).unwrap();
+        let boot = boot_id();
+        let (none, start) = changed_since(&conn, 0, &boot).unwrap();
+        assert!(none.is_empty());
+        let Acquire::Acquired(a) = store.try_acquire(&req("a", "x")).await.unwrap() else { panic!("a not won") };
+        let Acquire::Acquired(b) = store.try_acquire(&req("b", "y")).await.unwrap() else { panic!("b not won") };
+        let (changes, cursor) = changed_since(&conn, start, &boot).unwrap();
+        let names: Vec<&str> = changes.iter().map(|c| &*c.election).collect();
+        assert_eq!(names, ["a", "b"]);
+        let carried = changes[1].record.clone().unwrap().unwrap();
+        assert_eq!((carried.holder.as_str(), carried.token), ("y", b.token));
+        // A renewal of b (three rows in one batch would be three changes) concerns b only.
+        let Renew::Renewed(b2) = store.renew(&b, Duration::from_secs(30)).await.unwrap() else { panic!("b lost") };
+        let (changes, cursor) = changed_since(&conn, cursor, &boot).unwrap();
+        assert_eq!(changes.len(), 1);
+        assert_eq!(changes[0].record.clone().unwrap().unwrap().revision, b2.revision);
+        // A release is told as "no record".
+        store.release(&a).await.unwrap();
+        let (changes, cursor) = changed_since(&conn, cursor, &boot).unwrap();
+        assert_eq!((&*changes[0].election, changes.len()), ("a", 1));
+        assert!(changes[0].record.clone().unwrap().is_none());
+        let (none, cursor) = changed_since(&conn, cursor, &boot).unwrap();
+        assert!(none.is_empty());
+        // A new grant after the release (the row is replaced) is told too.
+        let Acquire::Acquired(a2) = store.try_acquire(&req("a", "z")).await.unwrap() else { panic!("a not won") };
+        let (changes, _) = changed_since(&conn, cursor, &boot).unwrap();
+        assert_eq!(changes.len(), 1, "{:?}", changes.iter().map(|c| &c.election).collect::<Vec<_>>());
+        assert_eq!(changes[0].record.clone().unwrap().unwrap().token, a2.token);
+    }
+
+    #[tokio::test]
+    async fn a_version_1_database_is_migrated_with_its_leases() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("leases.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(&format!("{SCHEMA} PRAGMA user_version = 1;")).unwrap();
+            conn.execute(
+                &format!(
+                    "INSERT INTO tenure_leases ({COLUMNS}) VALUES ('a', 'old', 7, 3, 30000, ?1, ?2, 0, 0, 0, x'')"
+                ),
+                params![boot_id(), monotonic_ns() + 30_000_000_000],
+            )
+            .unwrap();
+        }
+        let store = SqliteStore::open(&path).await.unwrap();
+        let held = store.get(&ElectionName::new("a").unwrap()).await.unwrap().expect("the lease survived");
+        assert_eq!((held.holder.as_str(), held.token), ("old", FencingToken(7)));
+        assert!(matches!(store.try_acquire(&req("a", "new")).await.unwrap(), Acquire::Held(_)));
+        let version: i64 = Connection::open(&path).unwrap().query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+        // Writes after the migration move the change feed.
+        let conn = connect(&path, &SqliteOptions::default()).unwrap();
+        store.release(&held).await.unwrap();
+        let (changes, _) = changed_since(&conn, 0, &boot_id()).unwrap();
+        assert_eq!(changes.len(), 1);
+        let Acquire::Acquired(next) = store.try_acquire(&req("a", "new")).await.unwrap() else { panic!("not won") };
+        assert_eq!(next.token, FencingToken(8));
+    }
 }

@@ -170,6 +170,17 @@ impl ChangeHub {
         self.lock().len()
     }
 
+    /// Forgets the watchers that have gone and returns how many elections still have
+    /// one: a store's listener can stop when this is 0.
+    pub fn prune(&self) -> usize {
+        let mut routes = self.lock();
+        routes.retain(|_, senders| {
+            senders.retain(|s| !s.is_closed());
+            !senders.is_empty()
+        });
+        routes.len()
+    }
+
     fn subscribe(&self, election: &ElectionName) -> watch::Receiver<Option<WatchEvent>> {
         let (tx, rx) = watch::channel(None);
         let mut routes = self.lock();
@@ -241,8 +252,14 @@ mod tests {
         let got = tokio::time::timeout(Duration::from_secs(1), wa.next()).await.unwrap().unwrap().unwrap();
         assert_eq!(got.unwrap().revision, Revision(49));
         assert!(tokio::time::timeout(Duration::from_secs(1), wa.next()).await.is_err());
-        // A dropped watcher is forgotten at the next change of its election.
+        // A dropped watcher is forgotten at the next change of its election, or by prune.
         drop(wb);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(hub.watched(), 2);
+        assert_eq!(hub.prune(), 1);
+        let _wb = watch_changes(store.clone(), &hub, &b);
+        assert_eq!(hub.watched(), 2);
+        drop(_wb);
         tokio::time::sleep(Duration::from_millis(1)).await;
         hub.publish(change("b", 1));
         assert_eq!(hub.watched(), 1);
