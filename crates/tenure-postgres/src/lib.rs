@@ -294,7 +294,7 @@ impl PostgresStore {
                     let Some(i) = inner.upgrade() else { return };
                     match n {
                         Ok(Ok(Some(n))) => {
-                            i.changes.publish(notified(n.payload()));
+                            i.changes.publish(tenure::Change::parse(n.payload()));
                         }
                         // Disconnected (None) or failed: reconnect and resynchronise.
                         Ok(Ok(None)) | Ok(Err(_)) => break,
@@ -346,41 +346,6 @@ impl Binds<'_> {
                 .bind(l.revision.0 as i64),
         }
     }
-}
-
-/// A change from a notification's payload: `ELECTION` alone (the name only: watchers
-/// re-read), `ELECTION<TAB>` (no live lease), or the record as the trigger wrote it, tab
-/// separated: election, holder, token, revision, ttl_ms, remaining_us, evicted (0/1),
-/// acquired_ms, renewed_ms, metadata in hex. Anything unreadable falls back to a re-read.
-fn notified(payload: &str) -> tenure::Change {
-    let fields: Vec<&str> = payload.split('\t').collect();
-    let name = |e: &str| Arc::from(e);
-    let record = match fields.as_slice() {
-        [_] => None,
-        [_, ""] => Some(None),
-        [election, holder, token, revision, ttl_ms, remaining_us, evicted, acquired, renewed, metadata] => (|| {
-            let ms = |v: &str| -> Option<Option<std::time::SystemTime>> {
-                if v.is_empty() { Some(None) } else { Some(Some(UNIX_EPOCH + Duration::from_millis(v.parse().ok()?))) }
-            };
-            let hex = |h: &str| -> Option<Vec<u8>> {
-                (0..h.len()).step_by(2).map(|i| u8::from_str_radix(h.get(i..i + 2)?, 16).ok()).collect()
-            };
-            Some(Some(LeaseRecord {
-                election: ElectionName::new(election).ok()?,
-                holder: HolderId::new(holder).ok()?,
-                token: FencingToken(token.parse().ok()?),
-                revision: Revision(revision.parse().ok()?),
-                ttl: Duration::from_millis(ttl_ms.parse().ok()?),
-                acquired_at: ms(acquired)?,
-                renewed_at: ms(renewed)?,
-                remaining: Some(Duration::from_micros(remaining_us.parse().ok()?)),
-                evicted: *evicted == "1",
-                metadata: hex(metadata)?,
-            }))
-        })(),
-        _ => None,
-    };
-    tenure::Change { election: name(fields[0]), record }
 }
 
 fn record(r: &PgRow) -> Result<LeaseRecord, StoreError> {
@@ -558,7 +523,7 @@ mod tests {
         let mut compared = 0;
         for _ in 0..2 {
             let n = tokio::time::timeout(Duration::from_secs(5), listener.recv()).await.unwrap().unwrap();
-            let carried = notified(n.payload()).record.expect("the payload carries the record");
+            let carried = tenure::Change::parse(n.payload()).record.expect("the payload carries the record");
             let stored = store.get(&name).await.unwrap();
             let strip = |r: Option<LeaseRecord>| r.map(|r| LeaseRecord { remaining: None, ..r });
             let carried = strip(carried);
@@ -572,24 +537,7 @@ mod tests {
         assert_eq!(compared, 1, "the renewal's notification matches the row as it stands");
         store.release(&store.get(&name).await.unwrap().unwrap()).await.unwrap();
         let n = tokio::time::timeout(Duration::from_secs(5), listener.recv()).await.unwrap().unwrap();
-        assert_eq!(notified(n.payload()).record, Some(None), "a release carries no lease");
-    }
-
-    #[test]
-    fn notifications_carry_the_record_or_ask_for_a_read() {
-        let c = notified("billing/nightly\tweb-1.42.ab\t7\t31\t10000\t9998000\t0\t1700000000000\t1700000005000\t6869");
-        assert_eq!(&*c.election, "billing/nightly");
-        let r = c.record.unwrap().unwrap();
-        assert_eq!((r.holder.as_str(), r.token, r.revision), ("web-1.42.ab", FencingToken(7), Revision(31)));
-        assert_eq!((r.ttl, r.remaining), (Duration::from_secs(10), Some(Duration::from_micros(9_998_000))));
-        assert_eq!(r.metadata, b"hi");
-        assert_eq!(r.acquired_at, Some(UNIX_EPOCH + Duration::from_millis(1_700_000_000_000)));
-        assert!(!r.evicted);
-        // No live lease; the name only (an older trigger); something unreadable.
-        assert_eq!(notified("a\t").record, Some(None));
-        assert!(notified("a").record.is_none());
-        assert!(notified("a\tb\tnot-a-number\t1\t1\t1\t0\t\t\t").record.is_none());
-        assert_eq!(&*notified("a\tb\tnot-a-number\t1\t1\t1\t0\t\t\t").election, "a");
+        assert_eq!(tenure::Change::parse(n.payload()).record, Some(None), "a release carries no lease");
     }
 
     #[test]

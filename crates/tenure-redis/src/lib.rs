@@ -3,8 +3,8 @@
 //! Each election is a hash `PREFIX:lease:ELECTION` whose expiry (`PEXPIRE`) is the lease:
 //! the **server** judges it. Every decision is one Lua script, so it is atomic. A second
 //! hash, `PREFIX:meta:ELECTION`, without expiry, keeps the last token and revision.
-//! Every write publishes the election's name on `PREFIX:changes`, so followers wait on
-//! pub/sub instead of polling.
+//! Every write publishes the record as it now stands (or that no lease is live) on
+//! `PREFIX:changes`, so followers wait on pub/sub and need not read the lease back.
 //!
 //! **Tokens survive a restart that loses data.** Each grant's token is the larger of the
 //! last token plus one and the server's clock in microseconds (`TIME`). A lost or stale
@@ -66,6 +66,19 @@ local function now_ms()
   local t = redis.call('TIME')
   return t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000))
 end
+local function notify(channel, election)
+  -- The record as it now stands, in the form tenure::Change::parse reads, so that
+  -- followers need not read it back: ELECTION<TAB> when no lease is live.
+  local f = redis.call('HMGET', lease, 'holder', 'token', 'revision', 'ttl_ms', 'acquired_ms', 'renewed_ms', 'evicted', 'metadata')
+  local msg = election .. '\t'
+  if f[1] then
+    local pttl = math.max(redis.call('PTTL', lease), 0)
+    local hex = (string.gsub(f[8] or '', '.', function(c) return string.format('%02x', string.byte(c)) end))
+    msg = table.concat({election, f[1], f[2], f[3], f[4], string.format('%.0f', pttl * 1000), f[7] or '0',
+      f[5] or '', f[6] or '', hex}, '\t')
+  end
+  redis.call('PUBLISH', channel, msg)
+end
 local function reply(status)
   local f = redis.call('HMGET', lease, 'holder', 'token', 'revision', 'ttl_ms', 'acquired_ms', 'renewed_ms', 'evicted', 'metadata')
   return {status, f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], redis.call('PTTL', lease)}
@@ -88,7 +101,7 @@ else
     'ttl_ms', ttl, 'acquired_ms', now, 'renewed_ms', now, 'evicted', '0', 'metadata', ARGV[3])
 end
 redis.call('PEXPIRE', lease, ttl)
-redis.call('PUBLISH', ARGV[4], ARGV[5])
+notify(ARGV[4], ARGV[5])
 return reply('ok')
 "#;
 
@@ -98,7 +111,7 @@ local cur = redis.call('HMGET', lease, 'holder', 'token', 'evicted')
 if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] or cur[3] == '1' then return reply('lost') end
 redis.call('HSET', lease, 'revision', next_value('revision'), 'ttl_ms', ARGV[3], 'renewed_ms', now_ms())
 redis.call('PEXPIRE', lease, ARGV[3])
-redis.call('PUBLISH', ARGV[4], ARGV[5])
+notify(ARGV[4], ARGV[5])
 return reply('ok')
 "#;
 
@@ -108,7 +121,7 @@ local cur = redis.call('HMGET', lease, 'holder', 'token', 'revision')
 if cur[1] == ARGV[1] and cur[2] == ARGV[2] and cur[3] == ARGV[3] then
   redis.call('DEL', lease)
   next_value('revision')
-  redis.call('PUBLISH', ARGV[4], ARGV[5])
+  notify(ARGV[4], ARGV[5])
 end
 return reply('ok')
 "#;
@@ -123,7 +136,7 @@ if ARGV[1] == 'now' then
 else
   redis.call('HSET', lease, 'evicted', '1', 'revision', next_value('revision'))
 end
-redis.call('PUBLISH', ARGV[2], ARGV[3])
+notify(ARGV[2], ARGV[3])
 return before
 "#;
 
@@ -346,8 +359,8 @@ impl RedisStore {
                     let Some(i) = inner.upgrade() else { return };
                     match m {
                         Ok(Some(msg)) => {
-                            let name: String = msg.get_payload().unwrap_or_default();
-                            i.changes.publish(tenure::Change { election: Arc::from(name.as_str()), record: None });
+                            let text: String = msg.get_payload().unwrap_or_default();
+                            i.changes.publish(tenure::Change::parse(&text));
                         }
                         Ok(None) => break, // disconnected: resubscribe
                         Err(_) => {}

@@ -126,3 +126,39 @@ async fn an_unreachable_server_is_a_retryable_error() {
     assert!(err.is_retryable(), "{err}");
     assert!(err.to_string().contains("Redis"), "{err}");
 }
+
+/// What the scripts publish, parsed, is the record a read returns (but for the time left,
+/// which the two measure at different moments), so followers need not read it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn published_changes_carry_the_stored_record() {
+    use tokio_stream::StreamExt;
+    let Some(server) = servers::launch(Kind::Redis) else { return };
+    let store = RedisStore::connect(&format!("{}?restart_guard=off", server.url())).await.unwrap();
+    let client = redis::Client::open(server.url().as_str()).unwrap();
+    let mut pubsub = client.get_async_pubsub().await.unwrap();
+    pubsub.subscribe("tenure:changes").await.unwrap();
+    let mut messages = pubsub.into_on_message();
+    let mut next = async || {
+        let m = tokio::time::timeout(Duration::from_secs(5), messages.next()).await.unwrap().unwrap();
+        tenure::Change::parse(&m.get_payload::<String>().unwrap())
+    };
+    let strip = |r: Option<tenure::LeaseRecord>| r.map(|r| tenure::LeaseRecord { remaining: None, ..r });
+    let name = ElectionName::new("billing/nightly").unwrap();
+    let req = AcquireRequest::new(name.clone(), HolderId::new("web-1.42.ab").unwrap(), Duration::from_secs(9))
+        .with_metadata(b"host:8080\t\x00\xff".to_vec());
+    let held = acquire(&store, &req).await;
+    let told = next().await;
+    assert_eq!(&*told.election, "billing/nightly");
+    let carried = told.record.expect("the message carries the record");
+    assert!(carried.as_ref().and_then(|r| r.remaining).is_some_and(|d| d <= Duration::from_secs(9)));
+    assert_eq!(strip(carried), strip(Some(held.clone())));
+    let tenure::Renew::Renewed(renewed) = store.renew(&held, Duration::from_secs(9)).await.unwrap() else {
+        panic!("lost")
+    };
+    assert_eq!(strip(next().await.record.unwrap()), strip(store.get(&name).await.unwrap()));
+    assert_eq!(strip(Some(renewed.clone())), strip(store.get(&name).await.unwrap()));
+    store.evict(&name, tenure::Evict::AfterTerm).await.unwrap();
+    assert!(next().await.record.unwrap().is_some_and(|r| r.evicted), "an eviction is told with the mark");
+    store.evict(&name, tenure::Evict::Now).await.unwrap();
+    assert_eq!(next().await.record, Some(None), "an eviction now carries no lease");
+}

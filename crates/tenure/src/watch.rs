@@ -112,6 +112,51 @@ pub struct Change {
     pub record: Option<crate::store::WatchEvent>,
 }
 
+impl Change {
+    /// Reads a change from a notification's text, the form the PostgreSQL and Redis stores
+    /// publish: `ELECTION` alone (the name only: watchers re-read), `ELECTION<TAB>` (no live
+    /// lease), or the record, tab separated: election, holder, token, revision, ttl_ms,
+    /// remaining_us, evicted (0/1), acquired_ms, renewed_ms (each may be empty), metadata in
+    /// hex. A record that cannot be read is treated as the name only, so it is re-read.
+    pub fn parse(payload: &str) -> Self {
+        use crate::record::{FencingToken, Revision};
+        use crate::{HolderId, name::ElectionName};
+        use std::time::UNIX_EPOCH;
+        let fields: Vec<&str> = payload.split('\t').collect();
+        let record = match fields.as_slice() {
+            [_] => None,
+            [_, ""] => Some(None),
+            [election, holder, token, revision, ttl_ms, remaining_us, evicted, acquired, renewed, metadata] => (|| {
+                let ms = |v: &str| -> Option<Option<std::time::SystemTime>> {
+                    if v.is_empty() {
+                        Some(None)
+                    } else {
+                        Some(Some(UNIX_EPOCH + Duration::from_millis(v.parse().ok()?)))
+                    }
+                };
+                let hex = |h: &str| -> Option<Vec<u8>> {
+                    (0..h.len()).step_by(2).map(|i| u8::from_str_radix(h.get(i..i + 2)?, 16).ok()).collect()
+                };
+                Some(Some(LeaseRecord {
+                    election: ElectionName::new(election).ok()?,
+                    holder: HolderId::new(holder).ok()?,
+                    token: FencingToken(token.parse().ok()?),
+                    revision: Revision(revision.parse().ok()?),
+                    ttl: Duration::from_millis(ttl_ms.parse().ok()?),
+                    acquired_at: ms(acquired)?,
+                    renewed_at: ms(renewed)?,
+                    remaining: Some(Duration::from_micros(remaining_us.parse().ok()?)),
+                    evicted: *evicted == "1",
+                    metadata: hex(metadata)?,
+                }))
+            })(
+            ),
+            _ => None,
+        };
+        Self { election: Arc::from(fields[0]), record }
+    }
+}
+
 /// Routes a store's change notifications to the watchers of the election each concerns.
 ///
 /// A store with one listener for all elections (a prefix watch, a `LISTEN` channel, a
@@ -263,6 +308,27 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(1)).await;
         hub.publish(change("b", 1));
         assert_eq!(hub.watched(), 1);
+    }
+
+    #[test]
+    fn notifications_carry_the_record_or_ask_for_a_read() {
+        use std::time::UNIX_EPOCH;
+        let c =
+            Change::parse("billing/nightly\tweb-1.42.ab\t7\t31\t10000\t9998000\t0\t1700000000000\t1700000005000\t6869");
+        assert_eq!(&*c.election, "billing/nightly");
+        let r = c.record.unwrap().unwrap();
+        assert_eq!((r.holder.as_str(), r.token, r.revision), ("web-1.42.ab", FencingToken(7), Revision(31)));
+        assert_eq!((r.ttl, r.remaining), (Duration::from_secs(10), Some(Duration::from_micros(9_998_000))));
+        assert_eq!(r.metadata, b"hi");
+        assert_eq!(r.acquired_at, Some(UNIX_EPOCH + Duration::from_millis(1_700_000_000_000)));
+        assert!(!r.evicted);
+        // No live lease; the name only (an older trigger); something unreadable.
+        assert_eq!(Change::parse("a\t").record, Some(None));
+        assert!(Change::parse("a").record.is_none());
+        let bad = Change::parse("a\tb\tnot-a-number\t1\t1\t1\t0\t\t\t");
+        assert!(bad.record.is_none());
+        assert_eq!(&*bad.election, "a");
+        assert!(Change::parse("a\tb\t1\t1\t1\t1\t0\t\t\tzz").record.is_none(), "bad hex");
     }
 
     #[tokio::test(start_paused = true)]
