@@ -79,3 +79,31 @@ for s, r in runs.items():
         why = ", ".join(f"{k} {v}" for k, v in x.get("terms_lost_by_reason", {}).items())
         print(f"| {s} | {mode} | {won} | {x['store_calls_per_s']:.1f} | {ms(x['renewal_latency']['p99'])} "
               f"| {x['terms_lost']}{f' ({why})' if why else ''} | {x['cpu_s_per_election_per_s'] * 1e6:.1f} | {rss} |")
+
+# The scale-only runs (`run.sh --scale`): scale-STORE.json, with the contest scenario.
+scale_runs = {s: json.loads((here / f"scale-{s}.json").read_text()) for s in stores
+              if (here / f"scale-{s}.json").exists() and (here / f"scale-{s}.json").stat().st_size}
+if scale_runs:
+    print()
+    print("| store | mode | elections won (time) | store calls/s | renewal p99 | terms lost while measuring | lost while starting | CPU µs/s per election | RSS per election |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for s, r in scale_runs.items():
+        for mode, key in (("batched", "batched"), ("one call per renewal", "per_election_baseline")):
+            x = r["scale"][key]
+            won = (f"all {x['elections']} ({ms(x['all_won_in_s'])})" if x.get("all_won", True)
+                   else f"gave up: {x['leading_when_measured']} leading of {x['started']} started after {ms(x['all_won_in_s'])}")
+            rss = f"{x['rss_bytes_per_election'] / 1024:.1f} KiB" if key == "batched" else "(not comparable)"
+            p99 = ms(x['renewal_latency']['p99']) if x['renewal_latency']['n'] else "–"
+            print(f"| {s} | {mode} | {won} | {x['store_calls_per_s']:.1f} | {p99} | {x['terms_lost']} "
+                  f"| {x['terms_lost_while_starting']} | {x['cpu_s_per_election_per_s'] * 1e6:.1f} | {rss} |")
+    print()
+    print("| store | leading when measured / at the end (per process) | terms lost | leaders changed | store calls/s, all processes | renewal p99, worst process | CPU µs/s per election, all processes |")
+    print("|---|---|---|---|---|---|---|")
+    for s, r in scale_runs.items():
+        c = r.get("contest")
+        if not c:
+            print(f"| {s} | did not finish | | | | | |")
+            continue
+        per = " + ".join(str(p["leading_when_measured"]) for p in c["per_process"])
+        print(f"| {s} | {c['leading_when_measured']} / {c['still_leading']} ({per}) | {c['terms_lost']} | {c['leaders_changed']} "
+              f"| {c['store_calls_per_s']:.1f} | {ms(c['renewal_p99_max'])} | {c['cpu_s_per_election_per_s'] * 1e6:.1f} |")

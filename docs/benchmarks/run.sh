@@ -2,7 +2,10 @@
 # Runs `tenure bench` on SQLite and on a throwaway server of every kind, one store after
 # another, and writes one JSON report per store next to this script.
 #   cargo build --release -p tenure-cli -p tenure-testkit --bins && docs/benchmarks/run.sh [STORE…]
+# With --scale first, runs only the scale and contest scenarios and writes scale-STORE.json.
 set -euo pipefail
+only_scale=
+if [ "${1:-}" = --scale ]; then only_scale=1; shift; fi
 cd "$(dirname "$0")/../.."
 bin="${CARGO_TARGET_DIR:-target}/release"
 out=docs/benchmarks
@@ -11,11 +14,15 @@ trap 'rm -rf "$tmp"' EXIT
 
 scenarios=rtt,acquire,handover,crash,load
 latency=(--ttl 2s --samples 200 --elections 10 --candidates 3 --duration 10s)
-scale=(--ttl 10s --scenario scale --scale 10000 --duration 20s)
+scale=(--ttl 10s --scenario scale,contest --scale 10000 --processes 3 --duration 20s)
 
 bench() { # STORE-URL NAME [extra scenario]
   local url=$1 name=$2 extra=${3:-}
   echo "== $name" >&2
+  if [ -n "$only_scale" ]; then
+    "$bin/tenure" --store "$url" bench --json "${scale[@]}" > "$out/scale-$name.json"
+    return
+  fi
   "$bin/tenure" --store "$url" bench --json "${latency[@]}" --scenario "$scenarios${extra:+,$extra}" > "$tmp/latency.json"
   "$bin/tenure" --store "$url" bench --json "${scale[@]}" > "$tmp/scale.json" || echo '{"scale": null}' > "$tmp/scale.json"
   python3 -c 'import json,sys; a=json.load(open(sys.argv[1])); a.update(scale=json.load(open(sys.argv[2]))["scale"]); json.dump(a, open(sys.argv[3],"w"), indent=1)' \
@@ -32,14 +39,16 @@ for kind in "${stores[@]}"; do
   coproc SERVE { "$bin/tenure-serve" "$kind"; }
   read -r url <&"${SERVE[0]}"
   # A fresh Redis grants nothing for one TTL plus a second (its restart guard).
-  [ "$kind" = redis ] && sleep 4
+  if [ "$kind" = redis ]; then if [ -n "$only_scale" ]; then sleep 12; else sleep 4; fi; fi
   case $kind in
     nats) url="$url/bench"; extra= ;;
     etcd) extra=etcdctl ;;
     *) extra= ;;
   esac
   # A NATS bucket serves one TTL: the scale run (10 s) gets a bucket of its own.
-  if [ "$kind" = nats ]; then
+  if [ "$kind" = nats ] && [ -n "$only_scale" ]; then
+    bench "${url}10" nats || echo "bench on nats failed" >&2
+  elif [ "$kind" = nats ]; then
     echo "== nats" >&2
     "$bin/tenure" --store "$url" bench --json "${latency[@]}" --scenario "$scenarios" > "$tmp/latency.json"
     "$bin/tenure" --store "${url}10" bench --json "${scale[@]}" > "$tmp/scale.json" || echo '{"scale": null}' > "$tmp/scale.json"
@@ -51,4 +60,4 @@ for kind in "${stores[@]}"; do
   eval "exec ${SERVE[1]}>&-"
   wait "$SERVE_PID" 2>/dev/null || true
 done
-python3 "$out/chart.py"
+[ -n "$only_scale" ] || python3 "$out/chart.py"

