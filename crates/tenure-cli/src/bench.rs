@@ -598,8 +598,9 @@ where
     let mut peers = Vec::new();
     for _ in 1..s.processes {
         let mut cmd = tokio::process::Command::new(&exe);
+        // Through the environment: a URL may hold a password, which must not show in `ps`.
         if let Some(url) = &s.store_url {
-            cmd.args(["--store", url]);
+            cmd.env("TENURE_STORE", url);
         }
         cmd.args(["bench", "--contest-peer", run, "--scale", &s.scale.to_string()])
             .args(["--ttl", &format!("{}ms", s.ttl.as_millis())])

@@ -51,16 +51,17 @@ CREATE TABLE IF NOT EXISTS tenure_leases (
 /// from the one-row counter `tenure_seq` by triggers (so that every writer keeps it, and a
 /// row replaced by a new grant still moves forward). The watch thread reads the rows whose
 /// `seq` passed its cursor and tells the watchers of those elections only.
+/// Every step may run again (the `seq` column is added apart, when missing): an older
+/// tenure that created the file at the same moment may have set the version back to 1.
 const SCHEMA_2: &str = "
-ALTER TABLE tenure_leases ADD COLUMN seq INTEGER NOT NULL DEFAULT 0;
-CREATE INDEX tenure_leases_seq ON tenure_leases (seq);
-CREATE TABLE tenure_seq (n INTEGER NOT NULL);
-INSERT INTO tenure_seq (n) VALUES (0);
-CREATE TRIGGER tenure_leases_seq_insert AFTER INSERT ON tenure_leases BEGIN
+CREATE INDEX IF NOT EXISTS tenure_leases_seq ON tenure_leases (seq);
+CREATE TABLE IF NOT EXISTS tenure_seq (n INTEGER NOT NULL);
+INSERT INTO tenure_seq (n) SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM tenure_seq);
+CREATE TRIGGER IF NOT EXISTS tenure_leases_seq_insert AFTER INSERT ON tenure_leases BEGIN
     UPDATE tenure_seq SET n = n + 1;
     UPDATE tenure_leases SET seq = (SELECT n FROM tenure_seq) WHERE election = NEW.election;
 END;
-CREATE TRIGGER tenure_leases_seq_update
+CREATE TRIGGER IF NOT EXISTS tenure_leases_seq_update
 AFTER UPDATE OF holder, token, revision, ttl_ms, boot_id, expires_ns, evicted, metadata ON tenure_leases BEGIN
     UPDATE tenure_seq SET n = n + 1;
     UPDATE tenure_leases SET seq = (SELECT n FROM tenure_seq) WHERE election = NEW.election;
@@ -527,6 +528,14 @@ fn migrate(conn: &Connection) -> rusqlite::Result<()> {
             conn.execute_batch(SCHEMA)?;
         }
         if version < 2 {
+            let has_seq: bool = conn.query_row(
+                "SELECT count(*) > 0 FROM pragma_table_info('tenure_leases') WHERE name = 'seq'",
+                [],
+                |r| r.get(0),
+            )?;
+            if !has_seq {
+                conn.execute_batch("ALTER TABLE tenure_leases ADD COLUMN seq INTEGER NOT NULL DEFAULT 0")?;
+            }
             conn.execute_batch(SCHEMA_2)?;
         }
         conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
@@ -722,6 +731,10 @@ mod tests {
         assert!(matches!(store.try_acquire(&req("a", "new")).await.unwrap(), Acquire::Held(_)));
         let version: i64 = Connection::open(&path).unwrap().query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
         assert_eq!(version, SCHEMA_VERSION);
+        // A file set back to version 1 (an older tenure creating it at the same moment)
+        // is brought up to date again without error.
+        Connection::open(&path).unwrap().execute_batch("PRAGMA user_version = 1").unwrap();
+        let store = SqliteStore::open(&path).await.unwrap();
         // Writes after the migration move the change feed.
         let conn = connect(&path, &SqliteOptions::default()).unwrap();
         store.release(&held).await.unwrap();
