@@ -66,22 +66,21 @@ local function now_ms()
   local t = redis.call('TIME')
   return t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000))
 end
-local function notify(channel, election)
-  -- The record as it now stands, in the form tenure::Change::parse reads, so that
-  -- followers need not read it back: ELECTION<TAB> when no lease is live.
-  local f = redis.call('HMGET', lease, 'holder', 'token', 'revision', 'ttl_ms', 'acquired_ms', 'renewed_ms', 'evicted', 'metadata')
-  local msg = election .. '\t'
-  if f[1] then
-    local pttl = math.max(redis.call('PTTL', lease), 0)
-    local hex = (string.gsub(f[8] or '', '.', function(c) return string.format('%02x', string.byte(c)) end))
-    msg = table.concat({election, f[1], f[2], f[3], f[4], string.format('%.0f', pttl * 1000), f[7] or '0',
-      f[5] or '', f[6] or '', hex}, '\t')
-  end
-  redis.call('PUBLISH', channel, msg)
-end
 local function reply(status)
   local f = redis.call('HMGET', lease, 'holder', 'token', 'revision', 'ttl_ms', 'acquired_ms', 'renewed_ms', 'evicted', 'metadata')
   return {status, f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], redis.call('PTTL', lease)}
+end
+local function publish(channel, election, r)
+  -- r, a reply() read after the write, as text tenure::Change::parse reads, so that
+  -- followers need not read the lease back: ELECTION<TAB> when no lease is live.
+  local msg = election .. '\t'
+  if r[2] then
+    local hex = (string.gsub(r[9] or '', '.', function(c) return string.format('%02x', string.byte(c)) end))
+    msg = table.concat({election, r[2], r[3], r[4], r[5], string.format('%.0f', math.max(r[10], 0) * 1000),
+      r[8] or '0', r[6] or '', r[7] or '', hex}, '\t')
+  end
+  redis.call('PUBLISH', channel, msg)
+  return r
 end
 "#;
 
@@ -101,8 +100,7 @@ else
     'ttl_ms', ttl, 'acquired_ms', now, 'renewed_ms', now, 'evicted', '0', 'metadata', ARGV[3])
 end
 redis.call('PEXPIRE', lease, ttl)
-notify(ARGV[4], ARGV[5])
-return reply('ok')
+return publish(ARGV[4], ARGV[5], reply('ok'))
 "#;
 
 /// ARGV: holder, token, ttl_ms, channel, election.
@@ -111,8 +109,7 @@ local cur = redis.call('HMGET', lease, 'holder', 'token', 'evicted')
 if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] or cur[3] == '1' then return reply('lost') end
 redis.call('HSET', lease, 'revision', next_value('revision'), 'ttl_ms', ARGV[3], 'renewed_ms', now_ms())
 redis.call('PEXPIRE', lease, ARGV[3])
-notify(ARGV[4], ARGV[5])
-return reply('ok')
+return publish(ARGV[4], ARGV[5], reply('ok'))
 "#;
 
 /// ARGV: holder, token, revision, channel, election.
@@ -121,7 +118,7 @@ local cur = redis.call('HMGET', lease, 'holder', 'token', 'revision')
 if cur[1] == ARGV[1] and cur[2] == ARGV[2] and cur[3] == ARGV[3] then
   redis.call('DEL', lease)
   next_value('revision')
-  notify(ARGV[4], ARGV[5])
+  return publish(ARGV[4], ARGV[5], reply('ok'))
 end
 return reply('ok')
 "#;
@@ -136,7 +133,7 @@ if ARGV[1] == 'now' then
 else
   redis.call('HSET', lease, 'evicted', '1', 'revision', next_value('revision'))
 end
-notify(ARGV[2], ARGV[3])
+publish(ARGV[2], ARGV[3], reply('ok'))
 return before
 "#;
 
