@@ -40,6 +40,7 @@ mod elector;
 mod memory;
 mod name;
 mod observe;
+pub mod observed;
 mod record;
 mod store;
 pub mod url;
@@ -52,6 +53,7 @@ pub use elector::{BuildError, ElectError, Elector, ElectorBuilder, Event, Leader
 pub use memory::MemoryStore;
 pub use name::{ELECTION_NAME_RULE, ElectionName, HOLDER_ID_RULE, HolderId, NameError, host_name};
 pub use observe::{Observer, observe, observe_with};
+pub use observed::{Judgement, ObservedExpiry};
 pub use record::{
     Acquire, AcquireRequest, Evict, ExpiryJudge, FencingToken, Leader, LeaseRecord, MAX_METADATA, MAX_TTL, MIN_TTL,
     Renew, Revision, check_ttl,

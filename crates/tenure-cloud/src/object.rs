@@ -1,0 +1,361 @@
+//! The lease logic shared by the stores that can only compare versions (S3, GCS,
+//! DynamoDB): one object per election, written only conditionally on the version read,
+//! never deleted (so the token survives), with expiry judged by the observer.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use tenure::{
+    Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, ExpiryJudge, FencingToken, HolderId, Judgement,
+    LeaseRecord, LeaseStore, ObservedExpiry, Renew, Revision, StoreError, check_ttl,
+};
+
+use crate::http::{hex, unhex, wall_ms};
+
+/// How many conditional writes one call tries before it gives up on a busy election.
+const MAX_TRIES: usize = 6;
+
+/// One version of an object: the service's version tag and the content.
+#[derive(Clone, Debug)]
+pub struct Stored {
+    /// What a conditional write compares: an ETag, a generation, a version number.
+    pub version: String,
+    /// The object's content.
+    pub body: Vec<u8>,
+}
+
+/// A service that keeps objects and writes them only if they are still at the version
+/// the writer read: the part of S3, GCS and DynamoDB the observed-expiry store needs.
+#[async_trait::async_trait]
+pub trait Objects: Send + Sync + 'static {
+    /// The object at `key`, or `None` if there is none. A strongly consistent read.
+    async fn read(&self, key: &str) -> Result<Option<Stored>, StoreError>;
+
+    /// Writes `body` at `key` if the object is still at `expected` (`None`: only if no
+    /// object exists). `revision` is the record revision the body carries, for services
+    /// that version items by a number. Answers the new version, or `None` if the
+    /// condition failed.
+    async fn write(
+        &self,
+        key: &str,
+        expected: Option<&str>,
+        revision: u64,
+        body: &[u8],
+    ) -> Result<Option<String>, StoreError>;
+
+    /// Every object whose key starts with `prefix`, with its key.
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, Stored)>, StoreError>;
+
+    /// A short description without credentials, e.g. `s3://bucket/prefix`.
+    fn describe(&self) -> String;
+}
+
+/// A lease record as an object holds it (JSON). `holder: None` is an election nobody
+/// holds, kept so that the token survives.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub(crate) struct Body {
+    pub tenure: u32,
+    pub holder: Option<String>,
+    pub token: u64,
+    pub rev: u64,
+    pub ttl_ms: u64,
+    #[serde(default)]
+    pub evicted: bool,
+    #[serde(default)]
+    pub acquired_ms: u64,
+    #[serde(default)]
+    pub renewed_ms: u64,
+    #[serde(default)]
+    pub metadata: String,
+}
+
+impl Body {
+    /// The version of the format this build writes.
+    const FORMAT: u32 = 1;
+
+    /// An empty election whose next grant gets a token above `token`.
+    pub fn vacant(token: u64, rev: u64) -> Self {
+        Self {
+            tenure: Self::FORMAT,
+            holder: None,
+            token,
+            rev,
+            ttl_ms: 0,
+            evicted: false,
+            acquired_ms: 0,
+            renewed_ms: 0,
+            metadata: String::new(),
+        }
+    }
+
+    /// A new grant to `req`.
+    pub fn grant(req: &AcquireRequest, token: u64, rev: u64) -> Self {
+        let now = wall_ms();
+        Self {
+            tenure: Self::FORMAT,
+            holder: Some(req.holder.as_str().to_string()),
+            token,
+            rev,
+            ttl_ms: req.ttl.as_millis() as u64,
+            evicted: false,
+            acquired_ms: now,
+            renewed_ms: now,
+            metadata: hex(&req.metadata),
+        }
+    }
+
+    /// The same grant, renewed for `ttl` (with new metadata, if given).
+    pub fn renewed(&self, ttl: Duration, metadata: Option<&[u8]>) -> Self {
+        let mut next = self.clone();
+        next.rev += 1;
+        next.ttl_ms = ttl.as_millis() as u64;
+        next.renewed_ms = wall_ms();
+        if let Some(m) = metadata {
+            next.metadata = hex(m);
+        }
+        next
+    }
+
+    pub fn parse(key: &str, bytes: &[u8]) -> Result<Self, StoreError> {
+        let body: Body = serde_json::from_slice(bytes).map_err(|e| {
+            StoreError::new(ErrorKind::Misconfigured, format!("object {key:?} does not hold a tenure lease record"))
+                .with_source(e)
+        })?;
+        if body.tenure != Self::FORMAT {
+            return Err(StoreError::new(
+                ErrorKind::Misconfigured,
+                format!("object {key:?} holds a lease record of format {}; this tenure reads format 1", body.tenure),
+            ));
+        }
+        Ok(body)
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a lease record serializes")
+    }
+
+    pub fn ttl(&self) -> Duration {
+        Duration::from_millis(self.ttl_ms)
+    }
+
+    /// The record this body describes, if it names a holder.
+    pub fn record(
+        &self,
+        election: &ElectionName,
+        remaining: Option<Duration>,
+    ) -> Result<Option<LeaseRecord>, StoreError> {
+        let Some(holder) = &self.holder else { return Ok(None) };
+        let bad = |what: &str| StoreError::new(ErrorKind::Misconfigured, format!("the lease of {election} has {what}"));
+        let at = |ms: u64| (ms > 0).then(|| UNIX_EPOCH + Duration::from_millis(ms));
+        Ok(Some(LeaseRecord {
+            election: election.clone(),
+            holder: HolderId::new(holder.clone()).map_err(|_| bad("an invalid holder id"))?,
+            token: FencingToken(self.token),
+            revision: Revision(self.rev),
+            ttl: self.ttl(),
+            acquired_at: at(self.acquired_ms),
+            renewed_at: at(self.renewed_ms),
+            remaining,
+            evicted: self.evicted,
+            metadata: unhex(&self.metadata).ok_or_else(|| bad("unreadable metadata"))?,
+        }))
+    }
+}
+
+/// A lease store over [`Objects`], judging expiry as an observer
+/// ([`ExpiryJudge::ByObserver`]): see [`ObservedExpiry`].
+pub struct ObservedStore<O> {
+    objects: O,
+    prefix: String,
+    seen: ObservedExpiry,
+}
+
+impl<O: Objects> ObservedStore<O> {
+    /// A store keeping election `E` at key `PREFIX/E` (or `E` with an empty prefix).
+    pub fn new(objects: O, prefix: &str, seen: ObservedExpiry) -> Self {
+        let prefix = prefix.trim_matches('/');
+        let prefix = if prefix.is_empty() { String::new() } else { format!("{prefix}/") };
+        Self { objects, prefix, seen }
+    }
+
+    /// The service underneath.
+    pub fn objects(&self) -> &O {
+        &self.objects
+    }
+
+    fn key(&self, election: &ElectionName) -> String {
+        format!("{}{}", self.prefix, election.as_str())
+    }
+
+    async fn read(&self, election: &ElectionName) -> Result<Option<(String, Body)>, StoreError> {
+        let key = self.key(election);
+        match self.objects.read(&key).await? {
+            Some(s) => Ok(Some((s.version, Body::parse(&key, &s.body)?))),
+            None => Ok(None),
+        }
+    }
+
+    /// The live record in `body` (version `version`), judged by what this handle has seen.
+    fn judge(&self, election: &ElectionName, version: &str, body: &Body) -> Result<Option<LeaseRecord>, StoreError> {
+        if body.holder.is_none() {
+            self.seen.forget(election);
+            return Ok(None);
+        }
+        match self.seen.saw(election, version, body.ttl()) {
+            Judgement::Expired => Ok(None),
+            Judgement::Live { remaining } => body.record(election, Some(remaining)),
+        }
+    }
+
+    async fn write(
+        &self,
+        election: &ElectionName,
+        expected: Option<&str>,
+        body: &Body,
+    ) -> Result<Option<String>, StoreError> {
+        let sent = self.seen.now();
+        let version = self.objects.write(&self.key(election), expected, body.rev, &body.encode()).await?;
+        if let Some(v) = &version {
+            if body.holder.is_some() {
+                self.seen.wrote(election, v, sent);
+            } else {
+                self.seen.forget(election);
+            }
+        }
+        Ok(version)
+    }
+
+    fn busy(election: &ElectionName) -> StoreError {
+        StoreError::unavailable(format!(
+            "{election}: every conditional write lost to another writer {MAX_TRIES} times in a row; try again"
+        ))
+    }
+}
+
+#[async_trait::async_trait]
+impl<O: Objects> LeaseStore for ObservedStore<O> {
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
+        req.validate()?;
+        let e = &req.election;
+        for _ in 0..MAX_TRIES {
+            let (expected, next) = match self.read(e).await? {
+                None => (None, Body::grant(req, 1, 1)),
+                Some((version, body)) => match self.judge(e, &version, &body)? {
+                    Some(rec) if rec.holder == req.holder && !rec.evicted => {
+                        (Some(version), body.renewed(req.ttl, Some(&req.metadata)))
+                    }
+                    Some(rec) => return Ok(Acquire::Held(rec)),
+                    None => (Some(version), Body::grant(req, body.token + 1, body.rev + 1)),
+                },
+            };
+            if self.write(e, expected.as_deref(), &next).await?.is_some() {
+                let rec = next.record(e, Some(req.ttl))?.expect("a grant names its holder");
+                return Ok(Acquire::Acquired(rec));
+            }
+        }
+        Err(Self::busy(e))
+    }
+
+    async fn renew(&self, held: &LeaseRecord, ttl: Duration) -> Result<Renew, StoreError> {
+        check_ttl(ttl)?;
+        let e = &held.election;
+        for _ in 0..MAX_TRIES {
+            let Some((version, body)) = self.read(e).await? else { return Ok(Renew::Lost(None)) };
+            let Some(rec) = self.judge(e, &version, &body)? else { return Ok(Renew::Lost(None)) };
+            if rec.holder != held.holder || rec.token != held.token || rec.evicted {
+                return Ok(Renew::Lost(Some(rec)));
+            }
+            let next = body.renewed(ttl, None);
+            if self.write(e, Some(&version), &next).await?.is_some() {
+                return Ok(Renew::Renewed(next.record(e, Some(ttl))?.expect("a renewal names its holder")));
+            }
+        }
+        Err(Self::busy(e))
+    }
+
+    async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
+        let e = &held.election;
+        for _ in 0..MAX_TRIES {
+            let Some((version, body)) = self.read(e).await? else { return Ok(()) };
+            let ours = body.holder.as_deref() == Some(held.holder.as_str())
+                && body.token == held.token.0
+                && body.rev == held.revision.0;
+            if !ours {
+                return Ok(());
+            }
+            if self.write(e, Some(&version), &Body::vacant(body.token, body.rev + 1)).await?.is_some() {
+                return Ok(());
+            }
+        }
+        Err(Self::busy(e))
+    }
+
+    async fn get(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {
+        match self.read(election).await? {
+            Some((version, body)) => self.judge(election, &version, &body),
+            None => Ok(None),
+        }
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        let mut out = Vec::new();
+        for (key, stored) in self.objects.list(&format!("{}{prefix}", self.prefix)).await? {
+            let Some(name) = key.strip_prefix(&self.prefix) else { continue };
+            // Objects whose names are not election names are not ours.
+            let Ok(election) = ElectionName::new(name) else { continue };
+            let body = Body::parse(&key, &stored.body)?;
+            if let Some(rec) = self.judge(&election, &stored.version, &body)? {
+                out.push(rec);
+            }
+        }
+        out.sort_by(|a, b| a.election.cmp(&b.election));
+        Ok(out)
+    }
+
+    async fn evict(&self, election: &ElectionName, how: Evict) -> Result<Option<LeaseRecord>, StoreError> {
+        for _ in 0..MAX_TRIES {
+            let Some((version, body)) = self.read(election).await? else { return Ok(None) };
+            let Some(rec) = self.judge(election, &version, &body)? else { return Ok(None) };
+            let next = match how {
+                Evict::AfterTerm if body.evicted => return Ok(Some(rec)),
+                Evict::AfterTerm => Body { evicted: true, rev: body.rev + 1, ..body.clone() },
+                Evict::Now => Body::vacant(body.token, body.rev + 1),
+            };
+            if self.write(election, Some(&version), &next).await?.is_some() {
+                return Ok(Some(rec));
+            }
+        }
+        Err(Self::busy(election))
+    }
+
+    fn expiry(&self) -> ExpiryJudge {
+        ExpiryJudge::ByObserver
+    }
+
+    fn describe(&self) -> String {
+        self.objects.describe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_round_trip_and_foreign_objects_are_refused() {
+        let e = ElectionName::new("jobs/a").unwrap();
+        let req = AcquireRequest::new(e.clone(), HolderId::new("h1").unwrap(), Duration::from_secs(5))
+            .with_metadata(vec![0u8, 255, 10]);
+        let b = Body::grant(&req, 7, 3);
+        let back = Body::parse("k", &b.encode()).unwrap();
+        assert_eq!(back, b);
+        let rec = back.record(&e, None).unwrap().unwrap();
+        assert_eq!((rec.token, rec.revision, rec.metadata.clone()), (FencingToken(7), Revision(3), vec![0, 255, 10]));
+        assert_eq!(rec.acquired_at, Some(UNIX_EPOCH + Duration::from_millis(b.acquired_ms)));
+        assert_eq!(Body::vacant(7, 4).record(&e, None).unwrap(), None);
+        let err = Body::parse("k", b"hello").unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Misconfigured);
+        let later = br#"{"tenure":2,"holder":null,"token":1,"rev":1,"ttl_ms":0}"#;
+        assert!(Body::parse("k", later).unwrap_err().to_string().contains("format 2"));
+    }
+}

@@ -1,0 +1,244 @@
+//! S3 and S3-compatible services: one object per election, created with
+//! `If-None-Match: *` and replaced with `If-Match: <etag>`.
+
+use std::time::SystemTime;
+
+use tenure::url::take_params;
+use tenure::{ErrorKind, ObservedExpiry, StoreError};
+
+use crate::http::{self, Reply, encode, xml_values};
+use crate::object::{Objects, ObservedStore, Stored};
+use crate::sigv4::{AwsCredentials, sign};
+use crate::{check_prefix, env_var};
+
+/// The S3 lease store: [`ObservedStore`] over [`S3Objects`].
+pub type S3Store = ObservedStore<S3Objects>;
+
+/// Where and how to reach a bucket.
+#[derive(Clone, Debug)]
+pub struct S3Config {
+    /// The bucket.
+    pub bucket: String,
+    /// Keys start with this (default `tenure`).
+    pub prefix: String,
+    /// The region (default `us-east-1`).
+    pub region: String,
+    /// An S3-compatible endpoint, e.g. `http://127.0.0.1:9000`: then requests use path-style
+    /// addresses. `None` is AWS itself, addressed virtual-host style.
+    pub endpoint: Option<String>,
+    /// The credentials.
+    pub credentials: AwsCredentials,
+}
+
+impl S3Config {
+    /// Reads `s3://BUCKET[/PREFIX][?region=R&endpoint=URL]`, with the region from
+    /// `AWS_REGION` or `AWS_DEFAULT_REGION`, the endpoint from `AWS_ENDPOINT_URL_S3` or
+    /// `AWS_ENDPOINT_URL`, and the credentials from the environment ([`AwsCredentials::from_env`]).
+    pub fn from_url(url: &str) -> Result<Self, StoreError> {
+        let (rest, params) = take_params(url, &["region", "endpoint"]);
+        let Some(rest) = rest.strip_prefix("s3://") else {
+            return Err(StoreError::invalid(format!("{url:?} is not an S3 URL; write s3://BUCKET[/PREFIX]")));
+        };
+        if rest.contains('?') {
+            return Err(StoreError::invalid(format!(
+                "{url:?} has parameters tenure does not know; it reads region= and endpoint="
+            )));
+        }
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        check_bucket(bucket)?;
+        let prefix = if prefix.trim_matches('/').is_empty() { "tenure" } else { prefix };
+        check_prefix(prefix)?;
+        let region = params[0]
+            .clone()
+            .or_else(|| env_var("AWS_REGION"))
+            .or_else(|| env_var("AWS_DEFAULT_REGION"))
+            .unwrap_or_else(|| "us-east-1".into());
+        let endpoint =
+            params[1].clone().or_else(|| env_var("AWS_ENDPOINT_URL_S3")).or_else(|| env_var("AWS_ENDPOINT_URL"));
+        Ok(Self {
+            bucket: bucket.into(),
+            prefix: prefix.into(),
+            region,
+            endpoint,
+            credentials: AwsCredentials::from_env()?,
+        })
+    }
+}
+
+/// S3 bucket names: 3 to 63 lowercase letters, digits, dots and hyphens.
+fn check_bucket(bucket: &str) -> Result<(), StoreError> {
+    let ok = (3..=63).contains(&bucket.len())
+        && bucket.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
+        && bucket.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && bucket.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::invalid(format!(
+            "bucket name {bucket:?} is not valid: 3 to 63 lowercase letters, digits, dots and hyphens, \
+             starting and ending with a letter or digit"
+        )))
+    }
+}
+
+/// The objects of one S3 bucket.
+pub struct S3Objects {
+    http: reqwest::Client,
+    config: S3Config,
+}
+
+impl S3Store {
+    /// Opens the store a `s3://` URL names ([`S3Config::from_url`]).
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::connect_with(S3Config::from_url(url)?).await
+    }
+
+    /// Opens the store: checks that the bucket can be reached with these credentials,
+    /// and creates it if it does not exist.
+    pub async fn connect_with(config: S3Config) -> Result<Self, StoreError> {
+        let prefix = config.prefix.clone();
+        let objects = S3Objects { http: http::client()?, config };
+        objects.ensure_bucket().await?;
+        Ok(ObservedStore::new(objects, &prefix, ObservedExpiry::new()))
+    }
+}
+
+impl S3Objects {
+    fn url(&self, key: Option<&str>, query: &str) -> Result<reqwest::Url, StoreError> {
+        let c = &self.config;
+        let key = key.map(|k| encode(k, true)).unwrap_or_default();
+        let base = match &c.endpoint {
+            Some(ep) => format!("{}/{}/{key}", ep.trim_end_matches('/'), c.bucket),
+            None => format!("https://{}.s3.{}.amazonaws.com/{key}", c.bucket, c.region),
+        };
+        let full = if query.is_empty() { base } else { format!("{base}?{query}") };
+        reqwest::Url::parse(&full)
+            .map_err(|e| StoreError::invalid(format!("cannot form an S3 address from {full:?}")).with_source(e))
+    }
+
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        url: reqwest::Url,
+        headers: &[(&str, String)],
+        body: &[u8],
+        what: &str,
+    ) -> Result<Reply, StoreError> {
+        let writes = method == reqwest::Method::PUT;
+        let c = &self.config;
+        let added =
+            sign(&c.credentials, &c.region, "s3", method.as_str(), &url, headers, body, true, SystemTime::now());
+        let mut req = self.http.request(method, url).body(body.to_vec());
+        for (k, v) in headers.iter().map(|(k, v)| (k.to_string(), v.clone())).chain(added) {
+            req = req.header(k, v);
+        }
+        http::send(req, what, writes).await
+    }
+
+    async fn ensure_bucket(&self) -> Result<(), StoreError> {
+        let what = format!("checking the bucket {}", self.config.bucket);
+        let r = self.call(reqwest::Method::HEAD, self.url(None, "")?, &[], b"", &what).await?;
+        match r.status {
+            200 => Ok(()),
+            404 => {
+                let body = match self.config.region.as_str() {
+                    "us-east-1" => String::new(),
+                    region => format!(
+                        "<CreateBucketConfiguration xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">\
+                         <LocationConstraint>{region}</LocationConstraint></CreateBucketConfiguration>"
+                    ),
+                };
+                let what = format!("creating the bucket {}", self.config.bucket);
+                let r = self.call(reqwest::Method::PUT, self.url(None, "")?, &[], body.as_bytes(), &what).await?;
+                match r.status {
+                    200 | 409 => Ok(()),
+                    _ => Err(r.error(&what, true)),
+                }
+            }
+            _ => Err(r.error(&what, false)),
+        }
+    }
+
+    fn etag(r: &Reply, what: &str) -> Result<String, StoreError> {
+        r.header("etag")
+            .map(str::to_string)
+            .ok_or_else(|| StoreError::new(ErrorKind::Misconfigured, format!("{what}: the answer carries no ETag")))
+    }
+}
+
+#[async_trait::async_trait]
+impl Objects for S3Objects {
+    async fn read(&self, key: &str) -> Result<Option<Stored>, StoreError> {
+        let what = format!("reading s3://{}/{key}", self.config.bucket);
+        let r = self.call(reqwest::Method::GET, self.url(Some(key), "")?, &[], b"", &what).await?;
+        match r.status {
+            200 => Ok(Some(Stored { version: Self::etag(&r, &what)?, body: r.body })),
+            404 if xml_values(&String::from_utf8_lossy(&r.body), "Code").iter().any(|c| c == "NoSuchBucket") => {
+                Err(StoreError::new(ErrorKind::Misconfigured, format!("{what}: the bucket does not exist")))
+            }
+            404 => Ok(None),
+            _ => Err(r.error(&what, false)),
+        }
+    }
+
+    async fn write(
+        &self,
+        key: &str,
+        expected: Option<&str>,
+        _revision: u64,
+        body: &[u8],
+    ) -> Result<Option<String>, StoreError> {
+        let what = format!("writing s3://{}/{key}", self.config.bucket);
+        let condition = match expected {
+            Some(etag) => ("if-match", etag.to_string()),
+            None => ("if-none-match", "*".to_string()),
+        };
+        let headers = [("content-type", "application/json".to_string()), condition];
+        let r = self.call(reqwest::Method::PUT, self.url(Some(key), "")?, &headers, body, &what).await?;
+        match r.status {
+            200 => Ok(Some(Self::etag(&r, &what)?)),
+            // 412: the condition failed; 409: a concurrent conditional write won; 404: the
+            // object expected is gone.
+            412 | 409 | 404 => Ok(None),
+            _ => Err(r.error(&what, true)),
+        }
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, Stored)>, StoreError> {
+        let what = format!("listing s3://{}/{prefix}", self.config.bucket);
+        let mut keys = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut query = format!("list-type=2&prefix={}", encode(prefix, false));
+            if let Some(t) = &token {
+                query.push_str(&format!("&continuation-token={}", encode(t, false)));
+            }
+            let r = self.call(reqwest::Method::GET, self.url(None, &query)?, &[], b"", &what).await?;
+            if r.status != 200 {
+                return Err(r.error(&what, false));
+            }
+            let xml = String::from_utf8_lossy(&r.body);
+            keys.extend(xml_values(&xml, "Key"));
+            token = xml_values(&xml, "NextContinuationToken").into_iter().next();
+            if token.is_none() || xml_values(&xml, "IsTruncated").first().map(String::as_str) != Some("true") {
+                break;
+            }
+        }
+        let mut out = Vec::new();
+        for key in keys {
+            // An object deleted since the listing is simply skipped.
+            if let Some(s) = self.read(&key).await? {
+                out.push((key, s));
+            }
+        }
+        Ok(out)
+    }
+
+    fn describe(&self) -> String {
+        let c = &self.config;
+        match &c.endpoint {
+            Some(ep) => format!("s3://{}/{} at {ep}", c.bucket, c.prefix),
+            None => format!("s3://{}/{} in {}", c.bucket, c.prefix, c.region),
+        }
+    }
+}
