@@ -30,8 +30,13 @@ $XDG_STATE_HOME/tenure/tenure.db, else ~/.local/state/tenure/tenure.db),
 postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME],
 redis://[:PASSWORD@]HOST[:PORT][/DB][?prefix=NAME] (rediss:// for TLS),
 mysql://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME] (or mariadb://),
-etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][?prefix=NAME] (etcds:// for TLS) and
-nats://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][/BUCKET] (one TTL per bucket).";
+etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][?prefix=NAME] (etcds:// for TLS),
+nats://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][/BUCKET] (one TTL per bucket),
+azblob://ACCOUNT/CONTAINER[/PREFIX] (AZURE_STORAGE_CONNECTION_STRING or AZURE_STORAGE_KEY;
+TTL 15s to 60s), s3://BUCKET[/PREFIX] and dynamodb://TABLE (AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL; ?region=, ?endpoint=) and
+gs://BUCKET[/PREFIX] (GOOGLE_OAUTH_ACCESS_TOKEN or the metadata server;
+STORAGE_EMULATOR_HOST; ?project=, ?endpoint=).";
 
 /// Leader election for replicas: run a command on exactly one of them.
 #[derive(Parser)]

@@ -12,7 +12,9 @@ pub const SCHEMES: &str = "sqlite:PATH, postgres://USER[:PASSWORD]@HOST[:PORT]/D
                            redis://[:PASSWORD@]HOST[:PORT][/DB][?prefix=NAME] (rediss:// for TLS), \
                            mysql://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME] (or mariadb://), \
                            etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][?prefix=NAME] (etcds:// for TLS), \
-                           nats://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][/BUCKET]";
+                           nats://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][/BUCKET], \
+                           azblob://ACCOUNT/CONTAINER[/PREFIX], s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX], \
+                           dynamodb://TABLE";
 
 /// Where the default SQLite database lives: `$XDG_STATE_HOME/tenure/tenure.db`, else
 /// `~/.local/state/tenure/tenure.db`.
@@ -81,6 +83,30 @@ pub async fn open(url: Option<&str>) -> Result<Arc<dyn LeaseStore>> {
                     let store = tenure_nats::NatsStore::connect(url)
                         .await
                         .with_context(|| format!("cannot use the NATS store {}", redact(url)))?;
+                    return Ok(Arc::new(store));
+                }
+                "azblob" => {
+                    let store = tenure_cloud::AzureStore::connect(url)
+                        .await
+                        .with_context(|| format!("cannot use the Azure Blob store {url}"))?;
+                    return Ok(Arc::new(store));
+                }
+                "s3" => {
+                    let store = tenure_cloud::S3Store::connect(url)
+                        .await
+                        .with_context(|| format!("cannot use the S3 store {url}"))?;
+                    return Ok(Arc::new(store));
+                }
+                "gs" => {
+                    let store = tenure_cloud::GcsStore::connect(url)
+                        .await
+                        .with_context(|| format!("cannot use the GCS store {url}"))?;
+                    return Ok(Arc::new(store));
+                }
+                "dynamodb" => {
+                    let store = tenure_cloud::DynamoStore::connect(url)
+                        .await
+                        .with_context(|| format!("cannot use the DynamoDB store {url}"))?;
                     return Ok(Arc::new(store));
                 }
                 other => bail!("unknown store scheme {other:?} in {:?}; supported: {SCHEMES}", redact(url)),

@@ -13,7 +13,8 @@ use base64::engine::general_purpose::STANDARD as B64;
 use ring::{digest, hmac};
 use tenure::url::take_params;
 use tenure::{
-    Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, LeaseRecord, LeaseStore, Renew, StoreError, check_ttl,
+    Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, Judgement, LeaseRecord, LeaseStore, ObservedExpiry, Renew,
+    StoreError, check_ttl,
 };
 
 use crate::http::{self, Reply, encode, hex, http_date, xml_values};
@@ -223,6 +224,8 @@ struct Blob {
     /// `available`, `leased`, `expired`, `breaking` or `broken`.
     lease_state: String,
     body: Body,
+    /// What this handle's observations say of this version (see [`AzureStore`]).
+    seen: Judgement,
 }
 
 impl Blob {
@@ -230,12 +233,27 @@ impl Blob {
         matches!(self.lease_state.as_str(), "leased" | "breaking")
     }
 
-    /// The live record, if a lease is active and the content names its holder.
+    /// Whether the record may still be live: it names a holder, and its lease is active
+    /// or this handle has not yet seen this version unchanged for the TTL plus margin.
+    fn live(&self) -> bool {
+        self.body.holder.is_some() && (self.leased() || matches!(self.seen, Judgement::Live { .. }))
+    }
+
+    /// The lease id to write with: the record's grant, while its lease is active.
+    fn active_lease(&self) -> Option<String> {
+        if self.leased() { self.lease_id() } else { None }
+    }
+
+    /// The live record, if any.
     fn record(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {
-        if !self.leased() {
+        if !self.live() {
             return Ok(None);
         }
-        let mut rec = self.body.record(election, None)?;
+        let remaining = match self.seen {
+            Judgement::Live { remaining } if !self.leased() => Some(remaining),
+            _ => None,
+        };
+        let mut rec = self.body.record(election, remaining)?;
         if let Some(r) = rec.as_mut() {
             r.evicted |= self.lease_state == "breaking";
         }
@@ -248,9 +266,15 @@ impl Blob {
 }
 
 /// The Azure Blob lease store.
+///
+/// The blob's lease, judged by the service, decides. As a second guard against a
+/// service that loses a lease before its term ends (Azurite forgets leases when it
+/// restarts), a candidate also takes over a record that names a holder only after this
+/// handle has seen that version unchanged for the TTL plus margin ([`ObservedExpiry`]).
 pub struct AzureStore {
     http: reqwest::Client,
     config: AzureConfig,
+    seen: ObservedExpiry,
 }
 
 impl AzureStore {
@@ -262,7 +286,7 @@ impl AzureStore {
     /// Opens the store: creates the container if it does not exist (which also checks
     /// the credentials).
     pub async fn connect_with(config: AzureConfig) -> Result<Self, StoreError> {
-        let store = Self { http: http::client()?, config };
+        let store = Self { http: http::client()?, config, seen: ObservedExpiry::new() };
         let what = format!("creating the container {}", store.config.container);
         let r = store.call("PUT", None, "restype=container", &[], Vec::new(), &what, true).await?;
         match r.status {
@@ -335,7 +359,14 @@ impl AzureStore {
             200 => {
                 let etag = r.header("etag").unwrap_or_default().to_string();
                 let lease_state = r.header("x-ms-lease-state").unwrap_or("available").to_string();
-                Ok(Some(Blob { etag, lease_state, body: Body::parse(&name, &r.body)? }))
+                let body = Body::parse(&name, &r.body)?;
+                let seen = if body.holder.is_some() {
+                    self.seen.saw(election, &etag, body.ttl())
+                } else {
+                    self.seen.forget(election);
+                    Judgement::Expired
+                };
+                Ok(Some(Blob { etag, lease_state, body, seen }))
             }
             404 => Ok(None),
             _ => Err(r.error(&what, false)),
@@ -358,19 +389,35 @@ impl AzureStore {
         }
     }
 
-    /// Writes `body` under the lease `lease`, if the blob is still at `etag`. False if not.
-    async fn put(&self, election: &ElectionName, lease: &str, etag: &str, body: &Body) -> Result<bool, StoreError> {
+    /// Writes `body` under the lease `lease` (none: the blob has no active lease), if the
+    /// blob is still at `etag`. False if not.
+    async fn put(
+        &self,
+        election: &ElectionName,
+        lease: Option<&str>,
+        etag: &str,
+        body: &Body,
+    ) -> Result<bool, StoreError> {
         let name = self.blob_name(election);
         let what = format!("writing the blob {name}");
-        let headers = [
+        let mut headers = vec![
             ("x-ms-blob-type", "BlockBlob".to_string()),
             ("content-type", "application/json".to_string()),
-            ("x-ms-lease-id", lease.to_string()),
             ("if-match", etag.to_string()),
         ];
+        if let Some(id) = lease {
+            headers.push(("x-ms-lease-id", id.to_string()));
+        }
+        let sent = self.seen.now();
         let r = self.call("PUT", Some(&name), "", &headers, body.encode(), &what, true).await?;
         match r.status {
-            201 => Ok(true),
+            201 => {
+                match r.header("etag") {
+                    Some(tag) if body.holder.is_some() => self.seen.wrote(election, tag, sent),
+                    _ => self.seen.forget(election),
+                }
+                Ok(true)
+            }
             // The blob changed, or the lease is not this one.
             412 | 409 => Ok(false),
             _ => Err(r.error(&what, true)),
@@ -422,20 +469,26 @@ impl LeaseStore for AzureStore {
                 continue;
             };
             let me = req.holder.as_str();
-            if blob.leased() {
+            if blob.leased() && blob.body.holder.is_none() {
+                // Leased, but the new holder has not written its record yet.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+            if blob.live() {
                 let ours =
-                    blob.body.holder.as_deref() == Some(me) && !blob.body.evicted && blob.lease_state == "leased";
+                    blob.body.holder.as_deref() == Some(me) && !blob.body.evicted && blob.lease_state != "breaking";
                 match blob.record(e)? {
                     Some(rec) if !ours => return Ok(Acquire::Held(rec)),
                     Some(_) => {
                         let id = lease_id(me, blob.body.token);
                         let next = blob.body.renewed(req.ttl, Some(&req.metadata));
-                        if self.take(e, &id, seconds, &blob.etag).await? && self.put(e, &id, &blob.etag, &next).await? {
+                        if self.take(e, &id, seconds, &blob.etag).await?
+                            && self.put(e, Some(&id), &blob.etag, &next).await?
+                        {
                             return Ok(Acquire::Acquired(next.record(e, None)?.expect("names its holder")));
                         }
                     }
-                    // Leased, but the new holder has not written its record yet.
-                    None => tokio::time::sleep(Duration::from_millis(20)).await,
+                    None => {}
                 }
                 continue;
             }
@@ -445,7 +498,7 @@ impl LeaseStore for AzureStore {
                 continue;
             }
             let next = Body::grant(req, token, blob.body.rev + 1);
-            match self.put(e, &id, &blob.etag, &next).await {
+            match self.put(e, Some(&id), &blob.etag, &next).await {
                 Ok(true) => return Ok(Acquire::Acquired(next.record(e, None)?.expect("names its holder"))),
                 outcome => {
                     // The record could not be written under the lease: give the lease back.
@@ -471,7 +524,7 @@ impl LeaseStore for AzureStore {
                 continue;
             }
             let next = blob.body.renewed(ttl, None);
-            if self.put(e, &id, &blob.etag, &next).await? {
+            if self.put(e, Some(&id), &blob.etag, &next).await? {
                 return Ok(Renew::Renewed(next.record(e, None)?.expect("names its holder")));
             }
         }
@@ -483,17 +536,19 @@ impl LeaseStore for AzureStore {
         for _ in 0..MAX_TRIES {
             let Some(blob) = self.read(e).await? else { return Ok(()) };
             let b = &blob.body;
-            let ours = blob.leased()
+            let ours = blob.live()
                 && b.holder.as_deref() == Some(held.holder.as_str())
                 && b.token == held.token.0
                 && b.rev == held.revision.0;
             if !ours {
                 return Ok(());
             }
-            let id = lease_id(held.holder.as_str(), held.token.0);
+            let id = blob.active_lease();
             // Clear the record first, so that readers never see a released holder as leading.
-            if self.put(e, &id, &blob.etag, &Body::vacant(b.token, b.rev + 1)).await? {
-                self.lease(e, "release", &[("x-ms-lease-id", id)]).await?;
+            if self.put(e, id.as_deref(), &blob.etag, &Body::vacant(b.token, b.rev + 1)).await? {
+                if let Some(id) = id {
+                    self.lease(e, "release", &[("x-ms-lease-id", id)]).await?;
+                }
                 return Ok(());
             }
         }
@@ -543,7 +598,7 @@ impl LeaseStore for AzureStore {
         for _ in 0..MAX_TRIES {
             let Some(blob) = self.read(election).await? else { return Ok(None) };
             let Some(rec) = blob.record(election)? else { return Ok(None) };
-            let id = blob.lease_id().expect("a record names its holder");
+            let id = blob.active_lease();
             let b = &blob.body;
             let (next, period) = match how {
                 Evict::AfterTerm if rec.evicted => return Ok(Some(rec)),
@@ -551,8 +606,10 @@ impl LeaseStore for AzureStore {
                 Evict::AfterTerm => (Body { evicted: true, rev: b.rev + 1, ..b.clone() }, MAX_LEASE.as_secs()),
                 Evict::Now => (Body::vacant(b.token, b.rev + 1), 0),
             };
-            if self.put(election, &id, &blob.etag, &next).await? {
-                self.lease(election, "break", &[("x-ms-lease-break-period", period.to_string())]).await?;
+            if self.put(election, id.as_deref(), &blob.etag, &next).await? {
+                if id.is_some() {
+                    self.lease(election, "break", &[("x-ms-lease-break-period", period.to_string())]).await?;
+                }
                 return Ok(Some(rec));
             }
         }
@@ -598,6 +655,6 @@ mod tests {
         .unwrap();
         assert_eq!(c.endpoint, "http://acct.blob.example.net");
         assert!(ConnectionString::parse("AccountName=a;AccountKey=%%%").is_err());
-        assert!(ConnectionString::parse("AccountName=a").unwrap_err().to_string().contains("AccountKey"));
+        assert!(ConnectionString::parse("AccountName=a").err().unwrap().to_string().contains("AccountKey"));
     }
 }

@@ -242,6 +242,11 @@ pub fn launch_with(kind: Kind, password: Option<&str>) -> Option<Server> {
 }
 
 impl Server {
+    /// What kind of server this is.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
     /// The port the server listens on (127.0.0.1).
     pub fn port(&self) -> u16 {
         self.port

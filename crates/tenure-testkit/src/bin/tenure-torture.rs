@@ -100,6 +100,8 @@ struct Args {
     tenure: PathBuf,
     store: Option<String>,
     server: Option<Kind>,
+    /// On moto: elect through DynamoDB instead of S3.
+    dynamodb: bool,
     /// libfaketime, when candidates run with skewed clocks.
     skew: Option<PathBuf>,
     candidates: usize,
@@ -114,6 +116,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         tenure: std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.join("tenure"))).unwrap_or_default(),
         store: None,
         server: None,
+        dynamodb: false,
         skew: None,
         candidates: 4,
         duration: Duration::from_secs(60),
@@ -129,6 +132,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "--server" => {
                 a.server = Some(value()?.parse::<Kind>().map_err(|e| format!("--server: {e}"))?);
             }
+            "--dynamodb" => a.dynamodb = true,
             "--candidates" => a.candidates = value()?.parse().map_err(|e| format!("--candidates: {e}"))?,
             "--duration" => a.duration = parse_duration(&value()?).ok_or("--duration: e.g. 60s or 10m")?,
             "--ttl" => a.ttl = parse_duration(&value()?).ok_or("--ttl: e.g. 2s")?,
@@ -147,7 +151,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                 a.skew = Some(lib);
             }
             "-h" | "--help" => {
-                return Err("usage: tenure-torture [--tenure PATH] [--store URL | --server postgres|redis|mariadb|etcd|nats] [--candidates 4] [--duration 60s] \
+                return Err("usage: tenure-torture [--tenure PATH] [--store URL | --server postgres|redis|mariadb|etcd|nats|azurite|moto [--dynamodb]|fake-gcs] [--candidates 4] [--duration 60s] \
                             [--ttl 2s] [--grace 300ms] [--seed N] [--skew]\n       tenure-torture probe --dir DIR"
                     .into());
             }
@@ -187,9 +191,32 @@ fn skew_of(n: usize) -> &'static str {
     if n % 2 == 0 { "+2h x0.995" } else { "-90m x1.005" }
 }
 
+/// The store URL for a throwaway server; the emulators' credentials go in the environment
+/// ([`emulator_env`]).
+fn store_url(s: &servers::Server, dynamodb: bool) -> String {
+    match s.kind() {
+        Kind::Moto if dynamodb => format!("dynamodb://torture?endpoint={}", s.url()),
+        Kind::Moto => format!("s3://torture?endpoint={}", s.url()),
+        Kind::FakeGcs => format!("gs://torture?endpoint={}&project=torture", s.url()),
+        Kind::Azurite => format!("azblob://devstoreaccount1/torture?endpoint={}", s.url()),
+        _ => s.url(),
+    }
+}
+
+/// Credentials the emulators accept: any AWS key for moto, the published development
+/// account for Azurite.
+fn emulator_env(cmd: &mut Command) {
+    cmd.env("AWS_ACCESS_KEY_ID", "torture")
+        .env("AWS_SECRET_ACCESS_KEY", "torture")
+        .env("AZURE_STORAGE_CONNECTION_STRING", "UseDevelopmentStorage=true");
+}
+
 fn spawn(a: &Args, store: &str, dir: &Path, id: &str, n: usize) -> std::io::Result<Child> {
     let me = std::env::current_exe()?;
     let mut cmd = Command::new(&a.tenure);
+    if a.server.is_some() {
+        emulator_env(&mut cmd);
+    }
     if let Some(lib) = &a.skew {
         cmd.env("LD_PRELOAD", lib).env("FAKETIME", skew_of(n));
     }
@@ -229,7 +256,7 @@ fn torture(a: Args) -> Result<bool, String> {
     };
     let store = match (&a.store, &server) {
         (Some(url), _) => url.clone(),
-        (None, Some(s)) => s.url(),
+        (None, Some(s)) => store_url(s, a.dynamodb),
         (None, None) => format!("sqlite:{}", dir.join("store.db").display()),
     };
     let events = dir.join("events");
