@@ -11,7 +11,6 @@ use std::time::{Duration, SystemTime};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use ring::{digest, hmac};
-use tenure::url::take_params;
 use tenure::{
     Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, Judgement, LeaseRecord, LeaseStore, ObservedExpiry, Renew,
     StoreError, check_ttl,
@@ -19,7 +18,7 @@ use tenure::{
 
 use crate::http::{self, Reply, encode, hex, http_date, xml_values};
 use crate::object::Body;
-use crate::{check_prefix, env_var};
+use crate::{check_prefix, env_var, split_url};
 
 /// The service version requests ask for; Azurite and Azure both serve it.
 const API_VERSION: &str = "2021-12-02";
@@ -78,17 +77,8 @@ impl AzureConfig {
     /// `BlobEndpoint`, `EndpointSuffix`, `DefaultEndpointsProtocol`, or
     /// `UseDevelopmentStorage=true`), else the key from `AZURE_STORAGE_KEY`.
     pub fn from_url(url: &str) -> Result<Self, StoreError> {
-        let (rest, params) = take_params(url, &["endpoint"]);
-        let Some(rest) = rest.strip_prefix("azblob://") else {
-            return Err(StoreError::invalid(format!(
-                "{url:?} is not an Azure Blob URL; write azblob://ACCOUNT/CONTAINER[/PREFIX]"
-            )));
-        };
-        if rest.contains('?') {
-            return Err(StoreError::invalid(format!(
-                "{url:?} has parameters tenure does not know; it reads endpoint="
-            )));
-        }
+        let (rest, params) =
+            split_url(url, "azblob://", &["endpoint"], "an Azure Blob URL", "azblob://ACCOUNT/CONTAINER[/PREFIX]")?;
         let mut parts = rest.splitn(3, '/');
         let account = parts.next().unwrap_or_default();
         let container = parts.next().unwrap_or_default();

@@ -4,13 +4,12 @@
 use std::time::{Duration, SystemTime};
 
 use serde_json::{Value, json};
-use tenure::url::take_params;
 use tenure::{ErrorKind, ObservedExpiry, StoreError};
 
-use crate::env_var;
 use crate::http::{self, Reply};
 use crate::object::{Objects, ObservedStore, Stored};
 use crate::sigv4::{AwsCredentials, sign};
+use crate::{aws_endpoint, aws_region, split_url};
 
 /// The DynamoDB lease store: [`ObservedStore`] over [`DynamoObjects`].
 pub type DynamoStore = ObservedStore<DynamoObjects>;
@@ -33,15 +32,8 @@ impl DynamoConfig {
     /// or `AWS_DEFAULT_REGION`, the endpoint from `AWS_ENDPOINT_URL_DYNAMODB` or
     /// `AWS_ENDPOINT_URL`, and the credentials from the environment.
     pub fn from_url(url: &str) -> Result<Self, StoreError> {
-        let (rest, params) = take_params(url, &["region", "endpoint"]);
-        let Some(table) = rest.strip_prefix("dynamodb://") else {
-            return Err(StoreError::invalid(format!("{url:?} is not a DynamoDB URL; write dynamodb://TABLE")));
-        };
-        if table.contains('?') {
-            return Err(StoreError::invalid(format!(
-                "{url:?} has parameters tenure does not know; it reads region= and endpoint="
-            )));
-        }
+        let (table, params) =
+            split_url(url, "dynamodb://", &["region", "endpoint"], "a DynamoDB URL", "dynamodb://TABLE")?;
         let table = table.trim_end_matches('/');
         let ok = (3..=255).contains(&table.len())
             && table.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
@@ -50,13 +42,8 @@ impl DynamoConfig {
                 "table name {table:?} is not valid: 3 to 255 letters, digits, underscores, hyphens and dots"
             )));
         }
-        let region = params[0]
-            .clone()
-            .or_else(|| env_var("AWS_REGION"))
-            .or_else(|| env_var("AWS_DEFAULT_REGION"))
-            .unwrap_or_else(|| "us-east-1".into());
-        let endpoint =
-            params[1].clone().or_else(|| env_var("AWS_ENDPOINT_URL_DYNAMODB")).or_else(|| env_var("AWS_ENDPOINT_URL"));
+        let region = aws_region(params[0].clone());
+        let endpoint = aws_endpoint(params[1].clone(), "AWS_ENDPOINT_URL_DYNAMODB");
         Ok(Self { table: table.into(), region, endpoint, credentials: AwsCredentials::from_env()? })
     }
 }

@@ -3,13 +3,12 @@
 
 use std::time::{Duration, Instant};
 
-use tenure::url::take_params;
 use tenure::{ErrorKind, ObservedExpiry, StoreError};
 use tokio::sync::Mutex;
 
 use crate::http::{self, Reply, encode};
 use crate::object::{Objects, ObservedStore, Stored};
-use crate::{check_prefix, env_var};
+use crate::{bucket_and_prefix, env_var, split_url};
 
 /// The GCS lease store: [`ObservedStore`] over [`GcsObjects`].
 pub type GcsStore = ObservedStore<GcsObjects>;
@@ -50,19 +49,9 @@ impl GcsConfig {
     /// `GOOGLE_CLOUD_PROJECT`; an access token from `GOOGLE_OAUTH_ACCESS_TOKEN`, else from
     /// the metadata server.
     pub fn from_url(url: &str) -> Result<Self, StoreError> {
-        let (rest, params) = take_params(url, &["endpoint", "project"]);
-        let Some(rest) = rest.strip_prefix("gs://") else {
-            return Err(StoreError::invalid(format!("{url:?} is not a GCS URL; write gs://BUCKET[/PREFIX]")));
-        };
-        if rest.contains('?') {
-            return Err(StoreError::invalid(format!(
-                "{url:?} has parameters tenure does not know; it reads endpoint= and project="
-            )));
-        }
-        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        let (rest, params) = split_url(url, "gs://", &["endpoint", "project"], "a GCS URL", "gs://BUCKET[/PREFIX]")?;
+        let (bucket, prefix) = bucket_and_prefix(&rest)?;
         check_bucket(bucket)?;
-        let prefix = if prefix.trim_matches('/').is_empty() { "tenure" } else { prefix };
-        check_prefix(prefix)?;
         let emulator = env_var("STORAGE_EMULATOR_HOST");
         let token = env_var("GOOGLE_OAUTH_ACCESS_TOKEN");
         let auth = match (&token, &emulator, &params[0]) {

@@ -26,6 +26,7 @@ pub use s3::{S3Config, S3Objects, S3Store};
 pub use sigv4::AwsCredentials;
 
 use tenure::StoreError;
+use tenure::url::take_params;
 
 /// An environment variable, if set and not empty.
 fn env_var(name: &str) -> Option<String> {
@@ -45,4 +46,51 @@ fn check_prefix(prefix: &str) -> Result<(), StoreError> {
             "prefix {prefix:?} is not allowed: use at most 200 of A-Z a-z 0-9 . _ - /, with no . or .. segment"
         )))
     }
+}
+
+/// Takes `url` apart: the text after `scheme` (e.g. `s3://`) and the values of the query
+/// parameters named in `params`. Another scheme, or a parameter not in `params`, is an
+/// error that shows the URL's `form` (e.g. `an S3 URL` / `s3://BUCKET[/PREFIX]`).
+fn split_url(
+    url: &str,
+    scheme: &str,
+    params: &[&str],
+    kind: &str,
+    form: &str,
+) -> Result<(String, Vec<Option<String>>), StoreError> {
+    let (rest, values) = take_params(url, params);
+    let Some(rest) = rest.strip_prefix(scheme) else {
+        return Err(StoreError::invalid(format!("{url:?} is not {kind}; write {form}")));
+    };
+    if rest.contains('?') {
+        let known: Vec<String> = params.iter().map(|p| format!("{p}=")).collect();
+        return Err(StoreError::invalid(format!(
+            "{url:?} has parameters tenure does not know; it reads {}",
+            known.join(" and ")
+        )));
+    }
+    Ok((rest.to_string(), values))
+}
+
+/// `BUCKET[/PREFIX]` → the bucket and the checked prefix (default `tenure`).
+fn bucket_and_prefix(rest: &str) -> Result<(&str, &str), StoreError> {
+    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    let prefix = if prefix.trim_matches('/').is_empty() { "tenure" } else { prefix };
+    check_prefix(prefix)?;
+    Ok((bucket, prefix))
+}
+
+/// The AWS region: the URL's `region=`, else `AWS_REGION`, else `AWS_DEFAULT_REGION`,
+/// else `us-east-1`.
+fn aws_region(param: Option<String>) -> String {
+    param
+        .or_else(|| env_var("AWS_REGION"))
+        .or_else(|| env_var("AWS_DEFAULT_REGION"))
+        .unwrap_or_else(|| "us-east-1".into())
+}
+
+/// An endpoint override: the URL's `endpoint=`, else the service's variable (e.g.
+/// `AWS_ENDPOINT_URL_S3`), else `AWS_ENDPOINT_URL`.
+fn aws_endpoint(param: Option<String>, service_var: &str) -> Option<String> {
+    param.or_else(|| env_var(service_var)).or_else(|| env_var("AWS_ENDPOINT_URL"))
 }

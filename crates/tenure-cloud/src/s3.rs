@@ -3,13 +3,12 @@
 
 use std::time::SystemTime;
 
-use tenure::url::take_params;
 use tenure::{ErrorKind, ObservedExpiry, StoreError};
 
 use crate::http::{self, Reply, encode, xml_values};
 use crate::object::{Objects, ObservedStore, Stored};
 use crate::sigv4::{AwsCredentials, sign};
-use crate::{check_prefix, env_var};
+use crate::{aws_endpoint, aws_region, bucket_and_prefix, split_url};
 
 /// The S3 lease store: [`ObservedStore`] over [`S3Objects`].
 pub type S3Store = ObservedStore<S3Objects>;
@@ -35,26 +34,11 @@ impl S3Config {
     /// `AWS_REGION` or `AWS_DEFAULT_REGION`, the endpoint from `AWS_ENDPOINT_URL_S3` or
     /// `AWS_ENDPOINT_URL`, and the credentials from the environment ([`AwsCredentials::from_env`]).
     pub fn from_url(url: &str) -> Result<Self, StoreError> {
-        let (rest, params) = take_params(url, &["region", "endpoint"]);
-        let Some(rest) = rest.strip_prefix("s3://") else {
-            return Err(StoreError::invalid(format!("{url:?} is not an S3 URL; write s3://BUCKET[/PREFIX]")));
-        };
-        if rest.contains('?') {
-            return Err(StoreError::invalid(format!(
-                "{url:?} has parameters tenure does not know; it reads region= and endpoint="
-            )));
-        }
-        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        let (rest, params) = split_url(url, "s3://", &["region", "endpoint"], "an S3 URL", "s3://BUCKET[/PREFIX]")?;
+        let (bucket, prefix) = bucket_and_prefix(&rest)?;
         check_bucket(bucket)?;
-        let prefix = if prefix.trim_matches('/').is_empty() { "tenure" } else { prefix };
-        check_prefix(prefix)?;
-        let region = params[0]
-            .clone()
-            .or_else(|| env_var("AWS_REGION"))
-            .or_else(|| env_var("AWS_DEFAULT_REGION"))
-            .unwrap_or_else(|| "us-east-1".into());
-        let endpoint =
-            params[1].clone().or_else(|| env_var("AWS_ENDPOINT_URL_S3")).or_else(|| env_var("AWS_ENDPOINT_URL"));
+        let region = aws_region(params[0].clone());
+        let endpoint = aws_endpoint(params[1].clone(), "AWS_ENDPOINT_URL_S3");
         Ok(Self {
             bucket: bucket.into(),
             prefix: prefix.into(),

@@ -1,70 +1,41 @@
 //! The DynamoDB store against a throwaway moto server: the conformance suite, the
 //! multi-candidate scenario, and clear errors for bad URLs. moto keeps its tables in
-//! memory, so the restart steps are skipped.
+//! memory, so restarts are skipped.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure::{ErrorKind, ExpiryJudge, LeaseStore};
+use tenure::{ErrorKind, ExpiryJudge};
 use tenure_cloud::{AwsCredentials, DynamoConfig, DynamoStore};
-use tenure_testkit::conformance::{self, Harness};
-use tenure_testkit::proxy::{Mode, Proxy};
-use tenure_testkit::scenario::{self, ScenarioHarness};
-use tenure_testkit::servers::{self, Kind, Server};
+use tenure_testkit::conformance;
+use tenure_testkit::scenario;
+use tenure_testkit::servers::Kind;
 
-struct Moto {
-    _server: Server,
-    proxy: Proxy,
-}
+mod common;
+use common::Emulator;
 
-impl Moto {
-    fn launch() -> Option<Self> {
-        let server = servers::launch(Kind::Moto)?;
-        let proxy = Proxy::start(("127.0.0.1", server.port())).unwrap();
-        Some(Self { _server: server, proxy })
-    }
-
-    async fn open(&self, table: &str) -> Arc<dyn LeaseStore> {
+fn moto() -> Option<Emulator> {
+    Emulator::launch(Kind::Moto, |endpoint, table| {
         let config = DynamoConfig {
             table: table.into(),
             region: "eu-west-1".into(),
-            endpoint: Some(format!("http://127.0.0.1:{}", self.proxy.port())),
+            endpoint: Some(endpoint),
             credentials: AwsCredentials::new("test-key", "test-secret"),
         };
-        Arc::new(DynamoStore::connect_with(config).await.unwrap())
-    }
-}
-
-#[async_trait::async_trait]
-impl Harness for Moto {
-    async fn open(&self) -> Arc<dyn LeaseStore> {
-        self.open("conformance").await
-    }
-}
-
-#[async_trait::async_trait]
-impl ScenarioHarness for Moto {
-    async fn open(&self) -> Arc<dyn LeaseStore> {
-        self.open("scenario").await
-    }
-    async fn kill_connections(&self) {
-        self.proxy.set(Mode::Cut);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        self.proxy.set(Mode::Pass);
-    }
-    async fn restart(&self) {}
+        Box::pin(async move { Arc::new(DynamoStore::connect_with(config).await.unwrap()) as _ })
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dynamodb_store_conforms() {
-    let Some(moto) = Moto::launch() else { return };
+    let Some(moto) = moto() else { return };
     assert_eq!(moto.open("conformance").await.expiry(), ExpiryJudge::ByObserver);
     conformance::run_all(moto).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_candidates_survive_killed_connections() {
-    let Some(moto) = Moto::launch() else { return };
+    let Some(moto) = moto() else { return };
     let r = scenario::multi_candidate(&moto, Duration::from_secs(2), Duration::from_millis(1000)).await;
     eprintln!("dynamodb scenario: {} terms, takeover {:?} after the leader was cut off", r.terms, r.takeover);
 }

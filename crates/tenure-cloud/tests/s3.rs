@@ -1,70 +1,38 @@
 //! The S3 store against a throwaway moto server: the conformance suite, the
-//! multi-candidate scenario, and clear errors for bad URLs and unreachable services.
-//!
-//! moto keeps its objects in memory, so its restart would lose them: the restart steps
-//! are skipped here (the GCS and Azure tests restart their emulators).
+//! multi-candidate scenario, a newcomer's wait, and clear errors for bad URLs and
+//! unreachable services. moto keeps its objects in memory, so restarts are skipped.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure::{Acquire, AcquireRequest, ElectionName, ErrorKind, ExpiryJudge, HolderId, LeaseStore};
+use tenure::{Acquire, AcquireRequest, ElectionName, ErrorKind, ExpiryJudge, HolderId};
 use tenure_cloud::{AwsCredentials, S3Config, S3Store};
-use tenure_testkit::conformance::{self, Harness};
-use tenure_testkit::proxy::{Mode, Proxy};
-use tenure_testkit::scenario::{self, ScenarioHarness};
-use tenure_testkit::servers::{self, Kind, Server};
+use tenure_testkit::conformance;
+use tenure_testkit::scenario;
+use tenure_testkit::servers::Kind;
 
-struct Moto {
-    _server: Server,
-    /// Clients reach moto through this proxy, so a test can cut their connections.
-    proxy: Proxy,
-}
+mod common;
+use common::Emulator;
 
-impl Moto {
-    fn launch() -> Option<Self> {
-        let server = servers::launch(Kind::Moto)?;
-        let proxy = Proxy::start(("127.0.0.1", server.port())).unwrap();
-        Some(Self { _server: server, proxy })
-    }
-
-    fn config(&self, bucket: &str) -> S3Config {
-        S3Config {
-            bucket: bucket.into(),
-            prefix: "tenure".into(),
-            region: "eu-west-1".into(),
-            endpoint: Some(format!("http://127.0.0.1:{}", self.proxy.port())),
-            credentials: AwsCredentials::new("test-key", "test-secret"),
-        }
-    }
-
-    async fn open(&self, bucket: &str) -> Arc<dyn LeaseStore> {
-        Arc::new(S3Store::connect_with(self.config(bucket)).await.unwrap())
+fn config(endpoint: String, bucket: &str) -> S3Config {
+    S3Config {
+        bucket: bucket.into(),
+        prefix: "tenure".into(),
+        region: "eu-west-1".into(),
+        endpoint: Some(endpoint),
+        credentials: AwsCredentials::new("test-key", "test-secret"),
     }
 }
 
-#[async_trait::async_trait]
-impl Harness for Moto {
-    async fn open(&self) -> Arc<dyn LeaseStore> {
-        self.open("conformance").await
-    }
-}
-
-#[async_trait::async_trait]
-impl ScenarioHarness for Moto {
-    async fn open(&self) -> Arc<dyn LeaseStore> {
-        self.open("scenario").await
-    }
-    async fn kill_connections(&self) {
-        self.proxy.set(Mode::Cut);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        self.proxy.set(Mode::Pass);
-    }
-    async fn restart(&self) {}
+fn moto() -> Option<Emulator> {
+    Emulator::launch(Kind::Moto, |endpoint, bucket| {
+        Box::pin(async move { Arc::new(S3Store::connect_with(config(endpoint, bucket)).await.unwrap()) as _ })
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_store_conforms() {
-    let Some(moto) = Moto::launch() else { return };
+    let Some(moto) = moto() else { return };
     let store = moto.open("conformance").await;
     assert_eq!(store.expiry(), ExpiryJudge::ByObserver);
     assert!(store.watch(&ElectionName::new("a").unwrap()).is_none(), "S3 cannot notify; followers poll");
@@ -73,7 +41,7 @@ async fn s3_store_conforms() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_candidates_survive_killed_connections() {
-    let Some(moto) = Moto::launch() else { return };
+    let Some(moto) = moto() else { return };
     let r = scenario::multi_candidate(&moto, Duration::from_secs(2), Duration::from_millis(1000)).await;
     eprintln!("s3 scenario: {} terms, takeover {:?} after the leader was cut off", r.terms, r.takeover);
 }
@@ -82,7 +50,7 @@ async fn five_candidates_survive_killed_connections() {
 /// whole TTL, however old the record is: it cannot know when it was written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newcomer_waits_a_whole_ttl_before_taking_over() {
-    let Some(moto) = Moto::launch() else { return };
+    let Some(moto) = moto() else { return };
     let e = ElectionName::new("jobs/newcomer").unwrap();
     let ttl = Duration::from_millis(400);
     let a = moto.open("newcomer").await;
@@ -112,13 +80,9 @@ async fn bad_urls_and_unreachable_services_give_clear_errors() {
         assert!(err.to_string().contains(says), "{url}: {err}");
     }
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let config = S3Config {
-        bucket: "nowhere".into(),
-        prefix: "tenure".into(),
-        region: "us-east-1".into(),
-        endpoint: Some(format!("http://127.0.0.1:{port}")),
-        credentials: AwsCredentials::new("k", "s"),
-    };
-    let err = S3Store::connect_with(config).await.err().expect("nothing listens there");
+    let err = S3Store::connect_with(config(format!("http://127.0.0.1:{port}"), "nowhere"))
+        .await
+        .err()
+        .expect("nothing listens there");
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
 }

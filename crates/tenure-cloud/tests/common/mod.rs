@@ -1,0 +1,90 @@
+//! What the emulator tests share: a throwaway emulator behind a TCP proxy (so a test can
+//! cut every client connection), and the conformance and scenario harnesses over it.
+
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tenure::LeaseStore;
+use tenure_testkit::conformance::Harness;
+use tenure_testkit::proxy::{Mode, Proxy};
+use tenure_testkit::scenario::ScenarioHarness;
+use tenure_testkit::servers::{self, Kind, Server};
+
+/// Opens a store on the emulator whose endpoint (through the proxy) is the first
+/// argument, in the bucket, table or container named by the second.
+pub type Opener = fn(String, &'static str) -> Pin<Box<dyn Future<Output = Arc<dyn LeaseStore>> + Send>>;
+
+/// An emulator, reached through a proxy.
+pub struct Emulator {
+    server: Mutex<Server>,
+    proxy: Proxy,
+    open: Opener,
+    /// Whether a restart keeps the data (moto keeps everything in memory).
+    durable: bool,
+    short_ttl: Duration,
+}
+
+impl Emulator {
+    /// Starts `kind`, or says why not and answers `None` (see `servers::launch`).
+    pub fn launch(kind: Kind, open: Opener) -> Option<Self> {
+        let server = servers::launch(kind)?;
+        let proxy = Proxy::start(("127.0.0.1", server.port())).unwrap();
+        let durable = kind != Kind::Moto;
+        Some(Self { server: Mutex::new(server), proxy, open, durable, short_ttl: Duration::from_millis(300) })
+    }
+
+    /// Sets the TTL of the conformance suite's expiry cases.
+    pub fn short_ttl(mut self, ttl: Duration) -> Self {
+        self.short_ttl = ttl;
+        self
+    }
+
+    /// The emulator's address through the proxy, as its URL shows it.
+    pub fn endpoint(&self) -> String {
+        let server = self.server.lock().unwrap();
+        server.url().replacen(&format!(":{}", server.port()), &format!(":{}", self.proxy.port()), 1)
+    }
+
+    /// A new store handle on `bucket`.
+    pub async fn open(&self, bucket: &'static str) -> Arc<dyn LeaseStore> {
+        (self.open)(self.endpoint(), bucket).await
+    }
+}
+
+#[async_trait::async_trait]
+impl Harness for Emulator {
+    async fn open(&self) -> Arc<dyn LeaseStore> {
+        Emulator::open(self, "conformance").await
+    }
+    async fn restart(&self) -> bool {
+        if self.durable {
+            self.server.lock().unwrap().restart();
+        }
+        self.durable
+    }
+    fn short_ttl(&self) -> Duration {
+        self.short_ttl
+    }
+}
+
+#[async_trait::async_trait]
+impl ScenarioHarness for Emulator {
+    async fn open(&self) -> Arc<dyn LeaseStore> {
+        Emulator::open(self, "scenario").await
+    }
+    async fn kill_connections(&self) {
+        self.proxy.set(Mode::Cut);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        self.proxy.set(Mode::Pass);
+    }
+    /// Restarts an emulator that keeps its data; moto would lose everything, so it is not.
+    async fn restart(&self) {
+        if self.durable {
+            self.server.lock().unwrap().restart();
+        }
+    }
+}
