@@ -225,14 +225,10 @@ impl Objects for DynamoObjects {
         let mut out = Vec::new();
         let mut start: Option<Value> = None;
         loop {
-            let mut req = json!({
-                "TableName": self.config.table,
-                "ConsistentRead": true,
-                "FilterExpression": "begins_with(election, :p)",
-                "ExpressionAttributeValues": { ":p": { "S": prefix } },
-            });
-            if prefix.is_empty() {
-                req = json!({ "TableName": self.config.table, "ConsistentRead": true });
+            let mut req = json!({ "TableName": self.config.table, "ConsistentRead": true });
+            if !prefix.is_empty() {
+                req["FilterExpression"] = json!("begins_with(election, :p)");
+                req["ExpressionAttributeValues"] = json!({ ":p": { "S": prefix } });
             }
             if let Some(s) = start.take() {
                 req["ExclusiveStartKey"] = s;

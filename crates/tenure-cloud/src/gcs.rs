@@ -8,7 +8,7 @@ use tokio::sync::Mutex;
 
 use crate::http::{self, Reply, encode};
 use crate::object::{Objects, ObservedStore, Stored};
-use crate::{bucket_and_prefix, env_var, split_url};
+use crate::{bucket_and_prefix, check_bucket, env_var, split_url};
 
 /// The GCS lease store: [`ObservedStore`] over [`GcsObjects`].
 pub type GcsStore = ObservedStore<GcsObjects>;
@@ -51,7 +51,7 @@ impl GcsConfig {
     pub fn from_url(url: &str) -> Result<Self, StoreError> {
         let (rest, params) = split_url(url, "gs://", &["endpoint", "project"], "a GCS URL", "gs://BUCKET[/PREFIX]")?;
         let (bucket, prefix) = bucket_and_prefix(&rest)?;
-        check_bucket(bucket)?;
+        check_bucket(bucket, b"_", "lowercase letters, digits, dots, hyphens and underscores")?;
         let emulator = env_var("STORAGE_EMULATOR_HOST");
         let token = env_var("GOOGLE_OAUTH_ACCESS_TOKEN");
         let auth = match (&token, &emulator, &params[0]) {
@@ -68,22 +68,6 @@ impl GcsConfig {
             project: params[1].clone().or_else(|| env_var("GOOGLE_CLOUD_PROJECT")),
             auth,
         })
-    }
-}
-
-/// GCS bucket names: 3 to 63 lowercase letters, digits, dots, hyphens and underscores.
-fn check_bucket(bucket: &str) -> Result<(), StoreError> {
-    let ok = (3..=63).contains(&bucket.len())
-        && bucket.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'-' | b'_'))
-        && bucket.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && bucket.ends_with(|c: char| c.is_ascii_alphanumeric());
-    if ok {
-        Ok(())
-    } else {
-        Err(StoreError::invalid(format!(
-            "bucket name {bucket:?} is not valid: 3 to 63 lowercase letters, digits, dots, hyphens and \
-             underscores, starting and ending with a letter or digit"
-        )))
     }
 }
 

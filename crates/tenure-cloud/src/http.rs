@@ -66,13 +66,13 @@ pub(crate) fn client() -> Result<reqwest::Client, StoreError> {
 /// state: a write that failed after it was sent may have been applied (ambiguous).
 pub(crate) async fn send(req: reqwest::RequestBuilder, what: &str, writes: bool) -> Result<Reply, StoreError> {
     let failed = |e: reqwest::Error| {
-        let kind =
-            if e.is_connect() || e.is_builder() || !writes { ErrorKind::Unavailable } else { ErrorKind::Ambiguous };
-        let kind = if e.is_builder() { ErrorKind::Misconfigured } else { kind };
-        let msg = if kind == ErrorKind::Ambiguous {
-            format!("{what}: the connection failed after the request was sent; it may or may not have been applied")
+        let (kind, msg) = if e.is_builder() {
+            (ErrorKind::Misconfigured, format!("{what}: the request cannot be formed"))
+        } else if writes && !e.is_connect() {
+            let msg = "the connection failed after the request was sent; it may or may not have been applied";
+            (ErrorKind::Ambiguous, format!("{what}: {msg}"))
         } else {
-            format!("{what}: cannot reach the service")
+            (ErrorKind::Unavailable, format!("{what}: cannot reach the service"))
         };
         StoreError::new(kind, msg).with_source(e)
     };

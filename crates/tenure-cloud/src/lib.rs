@@ -72,6 +72,24 @@ fn split_url(
     Ok((rest.to_string(), values))
 }
 
+/// Checks a bucket name: 3 to 63 lowercase letters, digits, dots, hyphens and the bytes
+/// in `also`, starting and ending with a letter or digit. `rule` words the set for the error.
+fn check_bucket(bucket: &str, also: &[u8], rule: &str) -> Result<(), StoreError> {
+    let ok = (3..=63).contains(&bucket.len())
+        && bucket
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-.".contains(&b) || also.contains(&b))
+        && bucket.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && bucket.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::invalid(format!(
+            "bucket name {bucket:?} is not valid: 3 to 63 {rule}, starting and ending with a letter or digit"
+        )))
+    }
+}
+
 /// `BUCKET[/PREFIX]` → the bucket and the checked prefix (default `tenure`).
 fn bucket_and_prefix(rest: &str) -> Result<(&str, &str), StoreError> {
     let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));

@@ -178,11 +178,6 @@ impl<O: Objects> ObservedStore<O> {
         Self { objects, prefix, seen }
     }
 
-    /// The service underneath.
-    pub fn objects(&self) -> &O {
-        &self.objects
-    }
-
     fn key(&self, election: &ElectionName) -> String {
         format!("{}{}", self.prefix, election.as_str())
     }

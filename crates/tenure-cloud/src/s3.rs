@@ -8,7 +8,7 @@ use tenure::{ErrorKind, ObservedExpiry, StoreError};
 use crate::http::{self, Reply, encode, xml_values};
 use crate::object::{Objects, ObservedStore, Stored};
 use crate::sigv4::{AwsCredentials, sign};
-use crate::{aws_endpoint, aws_region, bucket_and_prefix, split_url};
+use crate::{aws_endpoint, aws_region, bucket_and_prefix, check_bucket, split_url};
 
 /// The S3 lease store: [`ObservedStore`] over [`S3Objects`].
 pub type S3Store = ObservedStore<S3Objects>;
@@ -36,7 +36,7 @@ impl S3Config {
     pub fn from_url(url: &str) -> Result<Self, StoreError> {
         let (rest, params) = split_url(url, "s3://", &["region", "endpoint"], "an S3 URL", "s3://BUCKET[/PREFIX]")?;
         let (bucket, prefix) = bucket_and_prefix(&rest)?;
-        check_bucket(bucket)?;
+        check_bucket(bucket, b"", "lowercase letters, digits, dots and hyphens")?;
         let region = aws_region(params[0].clone());
         let endpoint = aws_endpoint(params[1].clone(), "AWS_ENDPOINT_URL_S3");
         Ok(Self {
@@ -46,22 +46,6 @@ impl S3Config {
             endpoint,
             credentials: AwsCredentials::from_env()?,
         })
-    }
-}
-
-/// S3 bucket names: 3 to 63 lowercase letters, digits, dots and hyphens.
-fn check_bucket(bucket: &str) -> Result<(), StoreError> {
-    let ok = (3..=63).contains(&bucket.len())
-        && bucket.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
-        && bucket.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && bucket.ends_with(|c: char| c.is_ascii_alphanumeric());
-    if ok {
-        Ok(())
-    } else {
-        Err(StoreError::invalid(format!(
-            "bucket name {bucket:?} is not valid: 3 to 63 lowercase letters, digits, dots and hyphens, \
-             starting and ending with a letter or digit"
-        )))
     }
 }
 

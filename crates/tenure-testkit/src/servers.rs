@@ -531,12 +531,21 @@ impl Server {
         }
     }
 
-    /// Whether the server accepts connections (and, for PostgreSQL, queries).
+    /// Whether the server accepts connections (and, for PostgreSQL, queries; for the HTTP
+    /// emulators, answers a request: Azurite accepts connections before it can serve).
     fn answers(&self) -> bool {
-        if TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+        let Ok(mut conn) = TcpStream::connect(("127.0.0.1", self.port)) else {
             return false;
-        }
+        };
         match self.kind {
+            Kind::Azurite | Kind::Moto | Kind::FakeGcs => {
+                use std::io::{Read, Write};
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+                let mut head = [0u8; 8];
+                conn.write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").is_ok()
+                    && conn.read_exact(&mut head).is_ok()
+                    && head.starts_with(b"HTTP/1.")
+            }
             Kind::Postgres => find_program("pg_isready").is_none_or(|p| {
                 Command::new(p)
                     .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-q"])

@@ -109,11 +109,6 @@ impl ObservedExpiry {
         self.lock().insert(election.clone(), Seen { version: version.to_string(), since: sent });
     }
 
-    /// The version of `election` this handle last saw or wrote, if any.
-    pub fn last_version(&self, election: &ElectionName) -> Option<String> {
-        self.lock().get(election).map(|s| s.version.clone())
-    }
-
     /// Forgets `election` (it has no record any more).
     pub fn forget(&self, election: &ElectionName) {
         self.lock().remove(election);
@@ -156,8 +151,8 @@ mod tests {
         tokio::time::advance(Duration::from_millis(300)).await;
         m.wrote(&e(), "v7", sent);
         assert_eq!(m.saw(&e(), "v7", ttl), Judgement::Live { remaining: Duration::from_millis(720) });
-        assert_eq!(m.last_version(&e()).as_deref(), Some("v7"));
+        // Forgotten, the same version is new again.
         m.forget(&e());
-        assert_eq!(m.last_version(&e()), None);
+        assert_eq!(m.saw(&e(), "v7", ttl), Judgement::Live { remaining: Duration::from_millis(1020) });
     }
 }
