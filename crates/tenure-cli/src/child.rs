@@ -1,36 +1,54 @@
-//! Running a command as a supervised child whose whole process group dies with us.
+//! Running a command as a supervised child whose whole process tree dies with us.
 //!
 //! `tenure` starts the command through itself (`tenure __child PID DEADLINE_FILE GRACE_MS
-//! -- CMD…`): that small supervisor asks the kernel to signal it when its parent dies
-//! (`PR_SET_PDEATHSIG`), starts CMD in its own process group, and on that signal kills
-//! the whole group with SIGKILL. So even a SIGKILL of `tenure run` leaves no orphan
-//! that could keep acting as a second leader.
+//! -- CMD…`). That small supervisor:
 //!
-//! It is also a dead man's switch: `tenure` writes to DEADLINE_FILE the instant (on the
-//! host's monotonic clock) by which the command must start stopping, and moves it
-//! forward after every renewal. If that instant passes, because `tenure` is frozen
-//! (SIGSTOP, a stalled VM) or stuck, the supervisor itself sends SIGTERM to the group,
-//! and SIGKILL after the grace period, before the lease deadline.
+//! - is a **child subreaper** (`PR_SET_CHILD_SUBREAPER`): every process the command
+//!   starts stays its descendant, whatever process group or session it moves to
+//!   (`setsid`, `timeout`, daemons that double-fork), because an orphan is re-parented
+//!   to the supervisor instead of to init. Stopping the command means signalling every
+//!   descendant (found through `/proc`), not one process group;
+//! - **never exits while a descendant lives**: it returns only when it has no child
+//!   left, and since it is a subreaper, no child means no descendant. When the command
+//!   exits on its own, whatever it left behind is stopped (SIGTERM, grace, SIGKILL)
+//!   before the supervisor returns and `tenure` releases the lease;
+//! - asks the kernel to signal it when `tenure` dies (`PR_SET_PDEATHSIG`) and then kills
+//!   the whole tree with SIGKILL, so a SIGKILL of `tenure run` leaves no orphan that
+//!   could keep acting as a second leader;
+//! - is a **dead man's switch**: `tenure` writes to DEADLINE_FILE the instant by which
+//!   the command must start stopping, on the host's boot-time clock (`CLOCK_BOOTTIME`,
+//!   which counts time the host spends suspended, as the store's clock does), and moves
+//!   it forward after every renewal. If that instant passes, because `tenure` is frozen
+//!   (SIGSTOP, a stalled VM) or stuck, or the file cannot be read, the supervisor sends
+//!   SIGTERM to the tree itself, and SIGKILL after the grace period, before the lease
+//!   deadline.
+//!
+//! What can still escape: work handed to a process outside the tree (a request to a
+//! system service such as `systemd-run`, `at` or a container daemon, or to another
+//! host). docs/safety.md says how to close that.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use rustix::process::{Pid, Signal};
+use rustix::process::{Pid, Signal, WaitOptions};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
 
-/// The host's monotonic clock in nanoseconds: the clock of tokio's `Instant`, shared by
-/// every process on the host.
-pub fn monotonic_ns() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+/// The host's boot-time clock in nanoseconds (`CLOCK_BOOTTIME`): shared by every process
+/// on the host, never stepped, and, unlike `CLOCK_MONOTONIC`, still counting while the
+/// host is suspended, as the store's clock does.
+pub fn boottime_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
-/// The instant written in the deadline file (0 if unreadable: no limit).
-fn read_stop_at(path: &Path) -> u64 {
-    std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+/// The instant written in the deadline file; `None` when it cannot be read, which the
+/// supervisor treats as a deadline already passed (it fails closed).
+fn read_stop_at(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok())
 }
 
 /// The file the supervisor creates when it stops the command itself.
@@ -45,7 +63,65 @@ fn write_stop_at(path: &Path, stop_at_ns: u64) -> std::io::Result<()> {
     std::fs::rename(tmp, path)
 }
 
-/// The hidden subcommand's body: supervise `cmd` and return its exit code.
+/// Every live descendant of `root`, found through `/proc` (parents before children).
+pub fn descendants(root: Pid) -> Vec<Pid> {
+    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    for entry in dir.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        // "PID (COMM) STATE PPID …": COMM may hold spaces and parentheses; the last ')' ends it.
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { continue };
+        let mut fields = rest.split_whitespace();
+        let state = fields.next();
+        let Some(ppid) = fields.next().and_then(|p| p.parse::<i32>().ok()) else { continue };
+        if state == Some("Z") || state == Some("X") {
+            continue; // already dead: nothing to signal, only to reap
+        }
+        children.entry(ppid).or_default().push(pid);
+    }
+    let mut out = Vec::new();
+    let mut queue = vec![root.as_raw_pid()];
+    while let Some(p) = queue.pop() {
+        for &c in children.get(&p).map(Vec::as_slice).unwrap_or(&[]) {
+            if let Some(pid) = Pid::from_raw(c) {
+                out.push(pid);
+                queue.push(c);
+            }
+        }
+    }
+    out
+}
+
+/// Sends `sig` to every live descendant of `root`; returns how many there were.
+pub fn signal_tree(root: Pid, sig: Signal) -> usize {
+    let all = descendants(root);
+    for &p in &all {
+        // ESRCH: it exited between the listing and the signal.
+        let _ = rustix::process::kill_process(p, sig);
+    }
+    all.len()
+}
+
+/// The exit code a shell would report for a wait status.
+fn wait_code(st: rustix::process::WaitStatus) -> i32 {
+    st.exit_status().or_else(|| st.terminating_signal().map(|s| 128 + s)).unwrap_or(1)
+}
+
+/// What the supervisor is doing with the tree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// The command runs inside its term.
+    Running,
+    /// SIGTERM went to the whole tree at this instant (boot-time ns); SIGKILL follows
+    /// after the grace period.
+    Terminating(u64),
+    /// SIGKILL to the whole tree until nothing of it is left.
+    Killing,
+}
+
+/// The hidden subcommand's body: supervise `cmd` and return its exit code once no
+/// process of its tree is left.
 pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, cmd: &[String]) -> i32 {
     // Ask for SIGUSR2 when our parent dies, then check it has not died already.
     if let Err(e) = rustix::process::set_parent_process_death_signal(Some(Signal::USR2)) {
@@ -55,9 +131,17 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, cmd:
     if rustix::process::getppid().map(Pid::as_raw_pid) != Some(parent) {
         return 125;
     }
-    let (Ok(mut parent_died), Ok(mut term), Ok(mut int)) =
-        (signal(SignalKind::user_defined2()), signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
-    else {
+    let me = rustix::process::getpid();
+    if let Err(e) = rustix::process::set_child_subreaper(Some(me)) {
+        eprintln!("tenure: cannot become the command's subreaper, so its orphans could escape: {e}");
+        return 125;
+    }
+    let (Ok(mut parent_died), Ok(mut term), Ok(mut int), Ok(mut chld)) = (
+        signal(SignalKind::user_defined2()),
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::child()),
+    ) else {
         eprintln!("tenure: cannot install signal handlers");
         return 125;
     };
@@ -65,47 +149,82 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, cmd:
         eprintln!("tenure: no command given");
         return 2;
     };
-    let mut child = match Command::new(program).args(args).spawn() {
-        Ok(c) => c,
+    // Started with std, not tokio: this process reaps every child itself (`waitpid(-1)`),
+    // including orphans re-parented to it, and tokio's reaper must not take part.
+    let command = match std::process::Command::new(program).args(args).spawn() {
+        Ok(c) => c.id() as i32,
         Err(e) => {
             eprintln!("tenure: cannot start {program:?}: {e}");
             return if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
         }
     };
-    let group = rustix::process::getpgrp();
+    let grace_ns = grace.as_nanos() as u64;
+    let mut code: Option<i32> = None;
+    let mut phase = Phase::Running;
+    let mut parent_gone = false;
     let mut check = tokio::time::interval(Duration::from_millis(20));
-    let mut terminated_at: Option<u64> = None;
     loop {
+        // Reap whatever ended; no child left means no descendant left (we are a subreaper).
+        loop {
+            match rustix::process::waitpid(None, WaitOptions::NOHANG) {
+                Ok(Some((pid, st))) => {
+                    if pid.as_raw_pid() == command {
+                        code = Some(wait_code(st));
+                    }
+                }
+                Ok(None) => break,
+                Err(rustix::io::Errno::CHILD) => {
+                    return if parent_gone { 137 } else { code.unwrap_or(1) };
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(_) => break,
+            }
+        }
+        let now = boottime_ns();
+        if code.is_some() && phase == Phase::Running {
+            // The command ended but left processes behind: they would outlive the term.
+            signal_tree(me, Signal::TERM);
+            phase = Phase::Terminating(now);
+        }
+        if let Phase::Terminating(at) = phase
+            && now >= at.saturating_add(grace_ns)
+        {
+            phase = Phase::Killing;
+        }
+        if phase == Phase::Killing {
+            signal_tree(me, Signal::KILL);
+        }
         tokio::select! {
             biased;
-            status = child.wait() => return status.map(exit_code).unwrap_or(1),
             _ = parent_died.recv() => {
                 // `tenure` is gone: nobody renews the lease. Kill everything now.
-                let _ = rustix::process::kill_process_group(group, Signal::KILL);
-                return 137;
+                parent_gone = true;
+                phase = Phase::Killing;
             }
-            // The whole group received these from `tenure`; the command decides.
-            _ = term.recv() => {}
-            _ = int.recv() => {}
+            // `tenure` asks the command to stop: pass it on to the whole tree.
+            _ = term.recv() => if phase == Phase::Running {
+                signal_tree(me, Signal::TERM);
+                phase = Phase::Terminating(boottime_ns());
+            },
+            _ = int.recv() => if phase == Phase::Running {
+                signal_tree(me, Signal::INT);
+                phase = Phase::Terminating(boottime_ns());
+            },
+            _ = chld.recv() => {}
             _ = check.tick() => {
-                let now = monotonic_ns();
-                match terminated_at {
-                    None => {
-                        let stop_at = read_stop_at(deadline_file);
-                        if stop_at > 0 && now >= stop_at {
-                            // `tenure` did not extend the deadline: it is frozen or stuck.
-                            // Leave a mark, so that it reads the exit as a stop, not a finish.
-                            let _ = std::fs::write(stopped_marker(deadline_file), b"");
-                            eprintln!("tenure: the lease was not renewed in time; stopping the command");
-                            let _ = rustix::process::kill_process_group(group, Signal::TERM);
-                            terminated_at = Some(now);
-                        }
+                if rustix::process::getppid().map(Pid::as_raw_pid) != Some(parent) {
+                    parent_gone = true;
+                    phase = Phase::Killing;
+                } else if phase == Phase::Running {
+                    let passed = read_stop_at(deadline_file).is_none_or(|stop_at| boottime_ns() >= stop_at);
+                    if passed {
+                        // `tenure` did not extend the deadline: it is frozen or stuck.
+                        // Leave a mark, so that it reads the exit as a stop, not a finish.
+                        let _ = std::fs::write(stopped_marker(deadline_file), b"");
+                        eprintln!("tenure: the lease was not renewed in time; stopping the command");
+                        signal_tree(me, Signal::TERM);
+                        phase = Phase::Terminating(boottime_ns());
                     }
-                    Some(t) if now >= t + grace.as_nanos() as u64 => {
-                        let _ = rustix::process::kill_process_group(group, Signal::KILL);
-                        return 137;
-                    }
-                    Some(_) => {}
                 }
             }
         }
@@ -118,17 +237,59 @@ pub fn exit_code(status: ExitStatus) -> i32 {
     status.code().or_else(|| status.signal().map(|s| 128 + s)).unwrap_or(1)
 }
 
+/// Makes this process the subreaper of its descendants, so that if a supervisor itself
+/// is killed, the command's processes come to this process instead of escaping to init,
+/// and [`Supervised`] can still stop them.
+pub fn become_subreaper() -> Result<()> {
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
+        .context("cannot become a subreaper for the command's processes")
+}
+
+/// Kills every descendant of this process with SIGKILL until none is left, and reaps
+/// them. Called only when no supervisor runs: anything left is an orphan of a
+/// supervisor that was itself killed.
+fn sweep_orphans() {
+    let me = rustix::process::getpid();
+    for _ in 0..500 {
+        let left = descendants(me);
+        for &p in &left {
+            let _ = rustix::process::kill_process(p, Signal::KILL);
+        }
+        reap_dead_children(me);
+        if left.is_empty() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    tracing::error!("processes of the command are still alive after repeated SIGKILL");
+}
+
+/// Reaps the dead (zombie) children of `me` that were re-parented to it.
+fn reap_dead_children(me: Pid) {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return };
+    for entry in dir.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { continue };
+        let f: Vec<&str> = rest.split_whitespace().take(2).collect();
+        if f.len() == 2 && f[0] == "Z" && f[1].parse::<i32>().ok() == Some(me.as_raw_pid()) {
+            let _ = rustix::process::waitpid(Pid::from_raw(pid), WaitOptions::NOHANG);
+        }
+    }
+}
+
 /// A command running under the supervisor, in its own process group.
 pub struct Supervised {
     child: Child,
-    group: Pid,
+    supervisor: Pid,
     deadline_file: PathBuf,
     _dir: tempfile::TempDir,
 }
 
 impl Supervised {
     /// Starts `cmd` with `env` added to our environment. The supervisor stops it on its
-    /// own at `stop_at_ns` (monotonic) unless [`Supervised::extend`] moves that on.
+    /// own at `stop_at_ns` (on [`boottime_ns`]'s clock) unless [`Supervised::extend`]
+    /// moves that on.
     pub fn spawn(cmd: &[String], env: &[(&str, String)], stop_at_ns: u64, grace: Duration) -> Result<Self> {
         let exe = std::env::current_exe().context("cannot find the tenure executable to supervise the command")?;
         let dir = tempfile::Builder::new()
@@ -149,8 +310,8 @@ impl Supervised {
             .spawn()
             .with_context(|| format!("cannot start {:?}", cmd.first().map(String::as_str).unwrap_or("")))?;
         let pid = child.id().context("the command exited before it could be supervised")?;
-        let group = Pid::from_raw(pid as i32).context("the command has an invalid process id")?;
-        Ok(Self { child, group, deadline_file, _dir: dir })
+        let supervisor = Pid::from_raw(pid as i32).context("the command has an invalid process id")?;
+        Ok(Self { child, supervisor, deadline_file, _dir: dir })
     }
 
     /// Moves the instant at which the supervisor stops the command on its own.
@@ -165,40 +326,34 @@ impl Supervised {
         stopped_marker(&self.deadline_file).exists()
     }
 
-    /// The process group id (the supervisor's pid).
+    /// The supervisor's process id (also its process group id).
     pub fn pid(&self) -> i32 {
-        self.group.as_raw_pid()
+        self.supervisor.as_raw_pid()
     }
 
-    /// Waits for the command to exit on its own, then clears its process group.
+    /// Waits until the command and every process it started have ended (the supervisor
+    /// returns only then).
     pub async fn wait(&mut self) -> i32 {
         let code = self.child.wait().await.map(exit_code).unwrap_or(1);
-        self.kill_group(Signal::KILL);
+        sweep_orphans();
         code
     }
 
-    /// Stops the command: SIGTERM to its whole group, SIGKILL after `grace`.
-    /// Returns once the supervisor has exited and the group has been killed.
+    /// Stops the command: SIGTERM to its whole tree (through the supervisor), SIGKILL
+    /// after `grace`. Returns once nothing of the tree is left.
     pub async fn stop(&mut self, grace: Duration) -> i32 {
-        self.kill_group(Signal::TERM);
-        let code = match tokio::time::timeout(grace, self.child.wait()).await {
+        let _ = rustix::process::kill_process(self.supervisor, Signal::TERM);
+        // The supervisor sends SIGKILL itself at `grace`; the second is for the kill.
+        let code = match tokio::time::timeout(grace + Duration::from_secs(1), self.child.wait()).await {
             Ok(status) => status.map(exit_code).unwrap_or(1),
             Err(_) => {
-                tracing::warn!(
-                    pid = self.pid(),
-                    ?grace,
-                    "the command did not stop within the grace period; killing it"
-                );
-                self.kill_group(Signal::KILL);
+                tracing::warn!(pid = self.pid(), ?grace, "the command's supervisor did not stop in time; killing it");
+                // Its orphans come to this process (a subreaper) and are swept below.
+                let _ = rustix::process::kill_process_group(self.supervisor, Signal::KILL);
                 self.child.wait().await.map(exit_code).unwrap_or(1)
             }
         };
-        self.kill_group(Signal::KILL);
+        sweep_orphans();
         code
-    }
-
-    fn kill_group(&self, sig: Signal) {
-        // ESRCH (the group is already gone) is the expected answer after an exit.
-        let _ = rustix::process::kill_process_group(self.group, sig);
     }
 }

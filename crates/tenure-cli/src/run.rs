@@ -42,11 +42,14 @@ impl Campaign {
         if let Err(e) = cfg.validate() {
             bail!("invalid --ttl {}: {}", humantime::format_duration(self.ttl), e.reason);
         }
-        let budget = cfg.deadline_offset().saturating_sub(cfg.renew_interval + KILL_MARGIN);
+        // After the first renewal attempt, at least two retries must fit before the
+        // step-down, or one slow answer would end every term.
+        let budget = cfg.deadline_offset().saturating_sub(cfg.renew_interval + KILL_MARGIN + cfg.retry_period * 2);
         if self.grace.is_zero() || self.grace >= budget {
             bail!(
                 "--grace {} does not fit inside --ttl {}: the command must be stopped before the lease \
-                 runs out, so --grace must be above zero and below {} for this TTL (or choose a longer --ttl)",
+                 runs out, and renewals need time to retry, so --grace must be above zero and below {} for this TTL \
+                 (or choose a longer --ttl)",
                 humantime::format_duration(self.grace),
                 humantime::format_duration(self.ttl),
                 humantime::format_duration(Duration::from_millis(budget.as_millis() as u64)),
@@ -91,12 +94,22 @@ enum End {
     Stopped,
 }
 
-/// The monotonic instant (ns) by which the command must start stopping: the local
-/// deadline less the grace period and the kill margin.
+/// The instant (ns on the host's boot-time clock) by which the command must start
+/// stopping: the local deadline less the grace period and the kill margin.
 fn stop_at_ns(l: &Leadership, grace: Duration) -> u64 {
     let left = l.remaining().saturating_sub(grace + KILL_MARGIN);
-    crate::child::monotonic_ns() + left.as_nanos() as u64
+    crate::child::boottime_ns() + left.as_nanos() as u64
 }
+
+/// Whether `l` has time left to start the command and still stop it (SIGTERM, `grace`,
+/// SIGKILL) before the lease deadline. A term handed out late (this process was frozen
+/// between the renewal and now) must not start work it cannot stop in time.
+fn can_start(l: &Leadership, grace: Duration) -> bool {
+    l.remaining() > grace + KILL_MARGIN + MIN_RUN
+}
+
+/// The least time a command gets before its supervisor must start stopping it.
+const MIN_RUN: Duration = Duration::from_millis(100);
 
 /// Runs `cmd` while `l` holds; stops it when the term ends or `stop` fires.
 async fn supervise(l: &Leadership, cmd: &[String], grace: Duration, stop: &CancellationToken) -> Result<End> {
@@ -142,6 +155,7 @@ async fn supervise(l: &Leadership, cmd: &[String], grace: Duration, stop: &Cance
 pub async fn run(store: Arc<dyn LeaseStore>, c: &Campaign, keep_going: bool, cmd: &[String]) -> Result<i32> {
     let elector = c.elector(store)?;
     let stop = stop_on_signals()?;
+    crate::child::become_subreaper()?;
     tracing::info!(election = %elector.election(), holder = %elector.holder(), "campaigning");
     loop {
         let l = tokio::select! {
@@ -151,6 +165,17 @@ pub async fn run(store: Arc<dyn LeaseStore>, c: &Campaign, keep_going: bool, cmd
                 return Ok(0);
             }
         };
+        if !can_start(&l, c.grace) {
+            // Too little of this term is left to stop the command in time: wait for the
+            // next renewal, or for the term to end.
+            tracing::debug!(remaining = ?l.remaining(), "too little of the term left to start the command");
+            tokio::select! {
+                _ = l.cancelled() => {}
+                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                _ = stop.cancelled() => {}
+            }
+            continue;
+        }
         match supervise(&l, cmd, c.grace, &stop).await? {
             End::Exited(code) if keep_going => {
                 tracing::info!(code, "the command exited; handing over and campaigning again");
@@ -176,6 +201,7 @@ pub async fn run(store: Arc<dyn LeaseStore>, c: &Campaign, keep_going: bool, cmd
 pub async fn schedule(store: Arc<dyn LeaseStore>, c: &Campaign, schedule: &Schedule, cmd: &[String]) -> Result<i32> {
     let elector = c.elector(store)?;
     let stop = stop_on_signals()?;
+    crate::child::become_subreaper()?;
     elector.start();
     tracing::info!(election = %elector.election(), holder = %elector.holder(), %schedule, "campaigning; running the command at each tick while leading");
     let mut next = schedule.next_after(SystemTime::now());
@@ -196,7 +222,7 @@ pub async fn schedule(store: Arc<dyn LeaseStore>, c: &Campaign, schedule: &Sched
         if SystemTime::now() < at {
             continue; // woke early (the wall clock moved); wait again
         }
-        match elector.current().filter(Leadership::is_valid) {
+        match elector.current().filter(|l| can_start(l, c.grace)) {
             Some(l) => {
                 tracing::info!(tick = %humantime::format_rfc3339_seconds(at), "tick");
                 let end = supervise(&l, cmd, c.grace, &stop).await?;

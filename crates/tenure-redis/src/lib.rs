@@ -430,12 +430,22 @@ impl Reply {
 }
 
 /// Maps a client error to a store error that says whether a retry can help.
+///
+/// Only what no retry mends is fatal: credentials and permissions, a bad URL, a key of
+/// another type under our prefix, a server without the commands we need. Every other
+/// refusal can clear by itself and is retried: a replica that was a primary before a
+/// failover (READONLY), a primary that lost its replicas (NOREPLICAS, MASTERDOWN), a
+/// failed snapshot (MISCONF), memory full (OOM), a server loading its data (LOADING),
+/// a busy script (BUSY), too many clients, and anything not recognised: a fatal mistake
+/// leaves an election without a leader until a person restarts every replica.
 fn redis_error(what: &str, e: redis::RedisError) -> StoreError {
-    let (kind, hint) = if e.kind() == redis::ErrorKind::AuthenticationFailed
-        || e.to_string().contains("WRONGPASS")
-        || e.to_string().contains("NOAUTH")
-    {
+    let text = e.to_string();
+    // The server's error code ("READONLY", "OOM", …); the text as well, for older forms.
+    let code = |c: &str| e.code() == Some(c) || text.contains(c);
+    let (kind, hint) = if e.kind() == redis::ErrorKind::AuthenticationFailed || code("WRONGPASS") || code("NOAUTH") {
         (ErrorKind::Unauthorized, "check the password in the store URL")
+    } else if code("NOPERM") {
+        (ErrorKind::Unauthorized, "the user may not run the commands or keys tenure needs")
     } else if e.is_connection_refusal() {
         (ErrorKind::Unavailable, "nothing listens at the store URL's host and port")
     } else if e.is_timeout() || e.is_connection_dropped() {
@@ -444,11 +454,14 @@ fn redis_error(what: &str, e: redis::RedisError) -> StoreError {
         (ErrorKind::Unavailable, "cannot reach the server")
     } else if e.kind() == redis::ErrorKind::InvalidClientConfig {
         (ErrorKind::Misconfigured, "the store URL is not valid")
-    } else if e.to_string().contains("LOADING") || e.to_string().contains("BUSY") || e.to_string().contains("TRYAGAIN")
-    {
-        (ErrorKind::Unavailable, "the server is busy; retrying")
+    } else if code("WRONGTYPE") {
+        (ErrorKind::Misconfigured, "a key under the prefix is not tenure's; is another program writing there?")
+    } else if text.contains("unknown command") {
+        (ErrorKind::Misconfigured, "the server lacks a command tenure needs")
+    } else if code("READONLY") || code("NOREPLICAS") || code("MASTERDOWN") {
+        (ErrorKind::Unavailable, "the server does not take writes now (a failover?); retrying")
     } else {
-        (ErrorKind::Misconfigured, "the server refused the request")
+        (ErrorKind::Unavailable, "the server refused for now; retrying")
     };
     StoreError::new(kind, format!("Redis: {what} failed ({hint})")).with_source(e)
 }

@@ -162,3 +162,51 @@ async fn published_changes_carry_the_stored_record() {
     store.evict(&name, tenure::Evict::Now).await.unwrap();
     assert_eq!(next().await.record, Some(None), "an eviction now carries no lease");
 }
+
+/// Sends one command to the server behind the store's back.
+async fn admin(url: &str, args: &[&str]) {
+    let client = redis::Client::open(url).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    let _: redis::Value = cmd.query_async(&mut c).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_a_failover_or_a_full_server_can_clear_are_retried() {
+    let Some(r) = R::launch() else { return };
+    let store = RedisStore::connect(&format!("{}?restart_guard=off", r.url)).await.unwrap();
+    let req = |n: &str| AcquireRequest {
+        election: ElectionName::new(n).unwrap(),
+        holder: HolderId::new("a").unwrap(),
+        ttl: Duration::from_secs(5),
+        metadata: Vec::new(),
+    };
+    // What a failover does to the old primary; a primary without its replicas; memory full.
+    let faults: [(&[&str], &[&str], &str); 3] = [
+        (&["REPLICAOF", "127.0.0.1", "1"], &["REPLICAOF", "NO", "ONE"], "READONLY"),
+        (
+            &["CONFIG", "SET", "min-replicas-to-write", "1"],
+            &["CONFIG", "SET", "min-replicas-to-write", "0"],
+            "NOREPLICAS",
+        ),
+        (&["CONFIG", "SET", "maxmemory", "1"], &["CONFIG", "SET", "maxmemory", "0"], "OOM"),
+    ];
+    for (i, (set, clear, code)) in faults.iter().enumerate() {
+        if *code == "OOM" {
+            admin(&r.url, &["CONFIG", "SET", "maxmemory-policy", "noeviction"]).await;
+        }
+        let name = format!("refused/{i}");
+        let tenure::Acquire::Acquired(lease) = store.try_acquire(&req(&name)).await.unwrap() else { panic!() };
+        admin(&r.url, set).await;
+        let err = store.renew(&lease, Duration::from_secs(5)).await.expect_err(code);
+        assert!(err.kind().is_retryable(), "{code}: {err:?} must be retried, not end the campaign");
+        let chain = format!("{err}: {:?}", std::error::Error::source(&err));
+        assert!(chain.to_lowercase().contains(&code.to_lowercase()), "{chain}");
+        admin(&r.url, clear).await;
+        let renewed = store.renew(&lease, Duration::from_secs(5)).await;
+        assert!(matches!(renewed, Ok(tenure::Renew::Renewed(_))), "{code} cleared: {renewed:?}");
+    }
+}

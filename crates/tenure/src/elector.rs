@@ -260,9 +260,11 @@ impl Elector {
         }
     }
 
-    /// The current leadership, if this candidate leads right now.
+    /// The current leadership, if this candidate leads right now: never one whose local
+    /// deadline has passed, even before the runtime has got round to stepping down
+    /// (after the process was frozen, say), so no work starts on a term that is over.
     pub fn current(&self) -> Option<Leadership> {
-        self.shared.leadership.borrow().clone().filter(|l| !l.cancel.is_cancelled())
+        self.shared.leadership.borrow().clone().filter(Leadership::is_valid)
     }
 
     /// Starts campaigning if needed and waits until this candidate leads.
@@ -270,8 +272,9 @@ impl Elector {
         self.start();
         let mut rx = self.shared.leadership.subscribe();
         loop {
-            if let Some(l) = rx.borrow_and_update().clone().filter(|l| !l.cancel.is_cancelled()) {
-                return Ok(l);
+            let published = rx.borrow_and_update().clone().filter(|l| !l.cancel.is_cancelled());
+            if let Some(l) = published.as_ref().filter(|l| l.is_valid()) {
+                return Ok(l.clone());
             }
             if let Some(failure) = self.failure() {
                 return Err(failure);
@@ -279,9 +282,24 @@ impl Elector {
             if self.shared.shutdown.is_cancelled() {
                 return Err(ElectError::ShutDown);
             }
+            // A term whose deadline passed before the runtime stepped down (the process
+            // was frozen) is never handed out: wait until the runtime ends it, or a
+            // renewal moves its deadline (which publishes nothing: look again shortly).
+            let stale = async {
+                match &published {
+                    Some(l) => {
+                        tokio::select! {
+                            _ = l.cancelled() => {}
+                            _ = tokio::time::sleep(std::time::Duration::from_millis(10)) => {}
+                        }
+                    }
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 biased;
                 _ = rx.changed() => {}
+                _ = stale => {}
                 _ = self.shared.shutdown.cancelled() => return Err(ElectError::ShutDown),
             }
         }

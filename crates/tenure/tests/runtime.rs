@@ -370,3 +370,47 @@ async fn release_after_renewals_that_were_applied_but_unanswered_still_clears_th
         "the release must clear the lease, not leave it to expire"
     );
 }
+
+/// tokio's paused clock plus an offset that a test moves forward at once, as a process
+/// sees time after it was frozen (SIGSTOP, a stalled VM): the runtime did not run
+/// while the time passed.
+#[derive(Default)]
+struct JumpClock {
+    offset_ms: std::sync::atomic::AtomicU64,
+}
+
+impl JumpClock {
+    fn offset(&self) -> Duration {
+        Duration::from_millis(self.offset_ms.load(std::sync::atomic::Ordering::SeqCst))
+    }
+    fn jump(&self, by: Duration) {
+        self.offset_ms.fetch_add(by.as_millis() as u64, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl tenure::Clock for JumpClock {
+    fn now(&self) -> Instant {
+        Instant::now() + self.offset()
+    }
+    fn sleep_until(&self, deadline: Instant) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
+        let at = deadline.checked_sub(self.offset()).unwrap_or_else(Instant::now);
+        Box::pin(tokio::time::sleep_until(at))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_term_past_its_deadline_is_never_handed_out() {
+    let clock = Arc::new(JumpClock::default());
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let a =
+        Elector::builder(store, "jobs/sweeper").holder("a").ttl(TTL).jitter(0.0).clock(clock.clone()).build().unwrap();
+    let first = a.leadership().await.unwrap();
+    // Frozen past the deadline: the term is over before the runtime has stepped down.
+    clock.jump(TTL * 2);
+    assert!(!first.is_valid());
+    assert!(a.current().is_none(), "current() handed out a term past its deadline");
+    drop(first); // the runtime releases only once the old term's work has stopped
+    let next = tokio::time::timeout(TTL * 3, a.leadership()).await.expect("no new term").unwrap();
+    assert!(next.is_valid(), "leadership() handed out a term past its deadline");
+    assert!(next.remaining() > TTL / 2, "a renewed term has most of a TTL left");
+}

@@ -1,0 +1,214 @@
+//! `tenure run` contains the whole process tree of its command, on every path: a
+//! command that leaves its process group or session (`timeout`, `setsid`), workers that
+//! ignore SIGTERM, a command that exits and leaves its children behind, `tenure run`
+//! killed or frozen. And a store that refuses writes for a while (a Redis failover)
+//! does not end the campaign.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+mod common;
+use common::{Proc, TENURE};
+
+const TTL: Duration = Duration::from_secs(2);
+
+fn wall_ns() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64
+}
+
+/// Whether `pid` is a running process: a zombie (dead, not yet reaped) does not count.
+fn alive(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
+    !matches!(state, None | Some("Z") | Some("X"))
+}
+
+fn signal(pid: u32, sig: rustix::process::Signal) {
+    let _ = rustix::process::kill_process(rustix::process::Pid::from_raw(pid as i32).unwrap(), sig);
+}
+
+/// Waits for `path` to hold one pid per line, `n` of them.
+fn wait_pids(path: &Path, n: usize) -> Vec<i32> {
+    let t0 = Instant::now();
+    loop {
+        let pids: Vec<i32> =
+            std::fs::read_to_string(path).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect();
+        if pids.len() >= n {
+            return pids;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "the command did not start its {n} processes");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits until none of `pids` runs; panics naming the survivors after `within`.
+fn wait_dead(pids: &[i32], within: Duration) -> Duration {
+    let t0 = Instant::now();
+    loop {
+        let left: Vec<i32> = pids.iter().copied().filter(|&p| alive(p)).collect();
+        if left.is_empty() {
+            return t0.elapsed();
+        }
+        assert!(t0.elapsed() < within, "processes {left:?} outlived tenure's term by more than {within:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Kills whatever of `pids` is still alive when a test fails, so nothing is left behind.
+struct Reap(PathBuf);
+impl Drop for Reap {
+    fn drop(&mut self) {
+        for p in std::fs::read_to_string(&self.0).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()) {
+            if alive(p) {
+                signal(p as u32, rustix::process::Signal::KILL);
+            }
+        }
+    }
+}
+
+struct Env {
+    dir: tempfile::TempDir,
+}
+
+impl Env {
+    fn new() -> Self {
+        Self { dir: tempfile::tempdir().unwrap() }
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+    fn run(&self, store: &str, id: &str, script: &str) -> Proc {
+        Command::new(TENURE)
+            .env("TENURE_STORE", store)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .args(["run", "jobs/tree", "--id", id, "--ttl", "2s", "--grace", "300ms", "--", "sh", "-c", script])
+            .spawn()
+            .map(Proc)
+            .unwrap()
+    }
+    fn sqlite(&self) -> String {
+        format!("sqlite:{}", self.path("t.db").display())
+    }
+}
+
+/// A process that records its pid in PIDS and then works (appends to LOG) forever,
+/// ignoring SIGTERM when `stubborn`.
+fn worker(pids: &Path, log: &Path, stubborn: bool) -> String {
+    let trap = if stubborn { "trap '' TERM; " } else { "" };
+    format!(
+        "{trap}echo $$ >> {pids}; while :; do echo $(date +%s%N) >> {log}; sleep 0.05; done",
+        pids = pids.display(),
+        log = log.display()
+    )
+}
+
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+#[test]
+fn a_killed_tenure_run_takes_processes_in_other_groups_and_sessions_with_it() {
+    let env = Env::new();
+    let (pids, log) = (env.path("pids"), env.path("log"));
+    let _reap = Reap(pids.clone());
+    let w = sh_quote(&worker(&pids, &log, true));
+    // `timeout` moves into a process group of its own; `setsid` into a new session.
+    let script = format!("timeout 600 sh -c {w} & setsid sh -c {w} & sh -c {w} & wait");
+    let mut leader = env.run(&env.sqlite(), "a", &script);
+    let started = wait_pids(&pids, 3);
+    signal(leader.id(), rustix::process::Signal::KILL);
+    leader.wait().unwrap();
+    // Nobody renews any more: every process must be gone well before the lease runs out.
+    wait_dead(&started, TTL / 2);
+}
+
+#[test]
+fn a_frozen_tenure_run_stops_workers_that_ignore_sigterm_before_the_deadline() {
+    let env = Env::new();
+    let (pids, log) = (env.path("pids"), env.path("log"));
+    let _reap = Reap(pids.clone());
+    let w = sh_quote(&worker(&pids, &log, true));
+    // The command itself exits on SIGTERM; its workers ignore it, one in a new session.
+    let script = format!("sh -c {w} & setsid sh -c {w} & echo $$ >> {}; wait", pids.display());
+    let mut leader = env.run(&env.sqlite(), "a", &script);
+    let started = wait_pids(&pids, 3);
+    // The term began before the first process started; freeze `tenure run` at once.
+    let frozen_at = wall_ns();
+    signal(leader.id(), rustix::process::Signal::STOP);
+    let took = wait_dead(&started, TTL * 2);
+    let last_work = std::fs::read_to_string(&log).unwrap().lines().filter_map(|l| l.parse::<u64>().ok()).max().unwrap();
+    assert!(
+        last_work < frozen_at + TTL.as_nanos() as u64,
+        "a worker was still working {} ms after tenure froze, with a {TTL:?} lease",
+        (last_work - frozen_at) / 1_000_000
+    );
+    assert!(took < TTL, "the tree was stopped {took:?} after the freeze, past the lease");
+    signal(leader.id(), rustix::process::Signal::KILL);
+    signal(leader.id(), rustix::process::Signal::CONT);
+    leader.wait().unwrap();
+}
+
+#[test]
+fn a_command_that_exits_leaves_nothing_behind_and_its_code_is_kept() {
+    let env = Env::new();
+    let (pids, log) = (env.path("pids"), env.path("log"));
+    let _reap = Reap(pids.clone());
+    let w = sh_quote(&worker(&pids, &log, true));
+    let script = format!(
+        "setsid sh -c {w} & sh -c {w} & while [ $(wc -l < {p}) -lt 2 ]; do sleep 0.01; done; exit 3",
+        p = pids.display()
+    );
+    let mut leader = env.run(&env.sqlite(), "a", &script);
+    let status = leader.wait().unwrap();
+    assert_eq!(status.code(), Some(3), "the command's exit code is tenure run's");
+    let started = wait_pids(&pids, 2);
+    // `tenure run` returned (and released the lease) only after its tree was gone.
+    for p in &started {
+        assert!(!alive(*p), "process {p} outlived the command and tenure run");
+    }
+}
+
+#[test]
+fn a_redis_failover_does_not_end_the_campaign() {
+    let Some(server) = tenure_testkit::servers::launch(tenure_testkit::servers::Kind::Redis) else { return };
+    let env = Env::new();
+    let log = env.path("log");
+    let script = format!("echo $TENURE_TOKEN $(date +%s%N) >> {}; exec sleep 600", log.display());
+    let store = server.url();
+    let mut a = env.run(&store, "a", &script);
+    let mut b = env.run(&store, "b", &script);
+    let t0 = Instant::now();
+    while std::fs::read_to_string(&log).unwrap_or_default().lines().count() < 1 {
+        assert!(t0.elapsed() < Duration::from_secs(20), "nobody led");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // What a failover does to the old primary: it becomes a replica and refuses writes.
+    let cli = |args: &[&str]| {
+        let client = redis::Client::open(store.as_str()).unwrap();
+        let mut c = client.get_connection().unwrap();
+        let mut cmd = redis::cmd(args[0]);
+        for x in &args[1..] {
+            cmd.arg(*x);
+        }
+        let _: redis::Value = cmd.query(&mut c).unwrap();
+    };
+    cli(&["REPLICAOF", "127.0.0.1", "1"]);
+    std::thread::sleep(TTL * 2);
+    for p in [&mut a, &mut b] {
+        assert!(p.try_wait().unwrap().is_none(), "tenure run gave up during the failover");
+    }
+    let before = std::fs::read_to_string(&log).unwrap().lines().count();
+    cli(&["REPLICAOF", "NO", "ONE"]);
+    // Once writes are taken again, somebody leads again within a TTL and a few retries.
+    let t0 = Instant::now();
+    while std::fs::read_to_string(&log).unwrap().lines().count() <= before {
+        assert!(t0.elapsed() < TTL * 3, "nobody led within {:?} after the failover ended", TTL * 3);
+        for p in [&mut a, &mut b] {
+            assert!(p.try_wait().unwrap().is_none(), "tenure run exited after the failover");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
