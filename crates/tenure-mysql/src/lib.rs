@@ -397,10 +397,17 @@ fn my_error(what: &str, e: sqlx::Error) -> StoreError {
         (_, Some(1142 | 1227)) => (ErrorKind::Unauthorized, "the user may not use the lease table"),
         (_, Some(1049)) => (ErrorKind::Misconfigured, "the database in the store URL does not exist"),
         (_, Some(1213 | 1205 | 1040 | 1203)) => (ErrorKind::Unavailable, "the server is busy; retrying"),
+        (_, Some(1290 | 1792 | 1836)) => (
+            ErrorKind::Unavailable,
+            "the server takes no writes now (read-only, a replica after a failover?); retrying",
+        ),
         (_, Some(2006 | 2013 | 1927 | 1053)) => {
             (ErrorKind::Ambiguous, "the connection broke; the request may have been applied")
         }
-        (sqlx::Error::Database(_), _) => (ErrorKind::Misconfigured, "the server refused the statement"),
+        // What no retry mends: an incompatible schema or statement.
+        (_, Some(1054 | 1064 | 1146)) => (ErrorKind::Misconfigured, "the server refused the statement"),
+        // Everything else can clear by itself (locks, resources, a full disk): retry.
+        (sqlx::Error::Database(_), _) => (ErrorKind::Unavailable, "the server refused for now; retrying"),
         (sqlx::Error::Io(io), _) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
             (ErrorKind::Unavailable, "nothing listens at the store URL's host and port")
         }

@@ -91,3 +91,31 @@ async fn an_unreachable_server_is_a_retryable_error() {
     let err = store.get(&ElectionName::new("x").unwrap()).await.unwrap_err();
     assert!(err.is_retryable(), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_server_is_retried_and_served_again() {
+    let Some(my) = My::launch() else { return };
+    // read_only binds users without the privilege to ignore it: a user as applications have.
+    let admin = sqlx::MySqlPool::connect(&my.url).await.unwrap();
+    for q in
+        ["CREATE USER 'app'@'127.0.0.1' IDENTIFIED BY 'app-pw'", "GRANT ALL PRIVILEGES ON mysql.* TO 'app'@'127.0.0.1'"]
+    {
+        sqlx::query(q).execute(&admin).await.unwrap();
+    }
+    let app = my.url.replacen("root@", "app:app-pw@", 1);
+    let store = MysqlStore::connect(&app).await.unwrap();
+    let req = tenure::AcquireRequest::new(
+        ElectionName::new("ro/x").unwrap(),
+        tenure::HolderId::new("a").unwrap(),
+        Duration::from_secs(10),
+    );
+    let tenure::Acquire::Acquired(lease) = store.try_acquire(&req).await.unwrap() else { panic!("not acquired") };
+    // What a replica is after a failover, or an operator fencing the old primary.
+    sqlx::query("SET GLOBAL read_only = ON").execute(&admin).await.unwrap();
+    let err = store.renew(&lease, Duration::from_secs(10)).await.expect_err("a read-only server took a write");
+    assert!(err.is_retryable(), "a read-only server must be retried, not end the campaign: {err:?}");
+    assert!(err.to_string().contains("no writes"), "{err}");
+    sqlx::query("SET GLOBAL read_only = OFF").execute(&admin).await.unwrap();
+    let renewed = store.renew(&lease, Duration::from_secs(10)).await;
+    assert!(matches!(renewed, Ok(tenure::Renew::Renewed(_))), "not served again: {renewed:?}");
+}

@@ -379,12 +379,18 @@ fn pg_error(what: &str, e: sqlx::Error) -> StoreError {
             Some("28P01" | "28000") => (ErrorKind::Unauthorized, "check the user and password in the store URL"),
             Some("42501") => (ErrorKind::Unauthorized, "the user may not use the lease table"),
             Some("3D000") => (ErrorKind::Misconfigured, "the database in the store URL does not exist"),
-            Some("40001" | "40P01" | "55P03" | "53300" | "57P03") => {
-                (ErrorKind::Unavailable, "the server is busy; retrying")
+            Some("25006") => {
+                (ErrorKind::Unavailable, "the server takes no writes now (a standby after a failover?); retrying")
             }
             Some(c) if c.starts_with("08") => (ErrorKind::Ambiguous, "the connection broke"),
             Some(c) if c.starts_with("57") => (ErrorKind::Ambiguous, "the server is shutting down or restarting"),
-            _ => (ErrorKind::Misconfigured, "the server refused the statement"),
+            // What no retry mends: privileges, an incompatible schema, missing features.
+            Some(c) if c.starts_with("28") || c.starts_with("42") || c.starts_with("3F") || c.starts_with("0A") => {
+                (ErrorKind::Misconfigured, "the server refused the statement")
+            }
+            // Everything else can clear by itself (serialization failures, deadlocks,
+            // locks, too many connections, a full disk, out of memory): retry.
+            _ => (ErrorKind::Unavailable, "the server refused for now; retrying"),
         },
         sqlx::Error::Io(io)
             if matches!(io.kind(), std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound) =>

@@ -93,3 +93,49 @@ async fn an_unreachable_server_is_a_retryable_error() {
     assert!(err.is_retryable(), "{err}");
     assert!(err.to_string().contains("PostgreSQL"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_server_is_retried_and_served_again() {
+    let Some(pg) = Pg::launch() else { return };
+    let store = PostgresStore::connect(&pg.url).await.unwrap();
+    let req = tenure::AcquireRequest::new(
+        ElectionName::new("ro/x").unwrap(),
+        tenure::HolderId::new("a").unwrap(),
+        Duration::from_secs(10),
+    );
+    let tenure::Acquire::Acquired(lease) = store.try_acquire(&req).await.unwrap() else { panic!("not acquired") };
+    // What a standby does after a failover, or an operator fencing the old primary.
+    let admin = sqlx::PgPool::connect(&pg.url).await.unwrap();
+    let read_only = |on: bool| {
+        let admin = admin.clone();
+        async move {
+            let set = if on {
+                "ALTER SYSTEM SET default_transaction_read_only = on"
+            } else {
+                "ALTER SYSTEM SET default_transaction_read_only = off"
+            };
+            sqlx::query(set).execute(&admin).await.unwrap();
+            sqlx::query("SELECT pg_reload_conf()").execute(&admin).await.unwrap();
+        }
+    };
+    read_only(true).await;
+    let t0 = std::time::Instant::now();
+    let err = loop {
+        match store.renew(&lease, Duration::from_secs(10)).await {
+            Err(e) => break e,
+            Ok(_) => assert!(t0.elapsed() < Duration::from_secs(5), "the server never refused"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(err.is_retryable(), "a read-only server must be retried, not end the campaign: {err:?}");
+    assert!(err.to_string().contains("no writes"), "{err}");
+    read_only(false).await;
+    let t0 = std::time::Instant::now();
+    loop {
+        match store.renew(&lease, Duration::from_secs(10)).await {
+            Ok(tenure::Renew::Renewed(_)) => break,
+            other => assert!(t0.elapsed() < Duration::from_secs(5), "not served again: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
