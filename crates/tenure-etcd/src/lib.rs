@@ -36,10 +36,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue, LeaseKeepAliveStream, LeaseKeeper,
-    PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
-};
+mod rpc;
+
+use rpc::{Client, pb, txn};
 use tenure::{
     Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, Renew,
     Revision, StoreError, WatchStream, check_ttl,
@@ -59,8 +58,7 @@ pub struct EtcdStore {
 }
 
 struct Inner {
-    endpoints: Vec<String>,
-    options: ConnectOptions,
+    options: rpc::Options,
     client: OnceCell<Client>,
     /// `PREFIX/lease/`: every election's key starts with it.
     keys: String,
@@ -69,13 +67,35 @@ struct Inner {
     leases: Mutex<HashMap<i64, Arc<tokio::sync::Mutex<LeaseSlot>>>>,
     changes: tenure::ChangeHub,
     listening: AtomicBool,
+    /// Keys of ours whose release failed: (key, create revision). They are bound to a
+    /// shared etcd lease that the process's other elections keep alive, so they are
+    /// deleted before the next keep-alive instead of living as long as the process.
+    abandoned: Mutex<Vec<(String, i64)>>,
+    /// Whether the server's version has been asked (and warned about).
+    version_checked: AtomicBool,
+}
+
+/// Whether an etcd of `version` answers lease keep-alives only from the leader, after
+/// checking it is still the leader: 3.4.25 and later in 3.4, 3.5.8 and later in 3.5, and
+/// every later minor version. `None` when the version cannot be read.
+fn renewals_linearizable(version: &str) -> Option<bool> {
+    let mut parts = version.trim().trim_start_matches('v').split(['.', '-', '+']);
+    let major: u32 = parts.next()?.parse().ok()?;
+    let minor: u32 = parts.next()?.parse().ok()?;
+    let patch: u32 = parts.next()?.parse().ok()?;
+    Some(match (major, minor) {
+        (3, 4) => patch >= 25,
+        (3, 5) => patch >= 8,
+        (3, m) => m > 5,
+        (m, _) => m > 3,
+    })
 }
 
 /// One shared etcd lease and its keep-alive stream.
 #[derive(Default)]
 struct LeaseSlot {
     id: Option<i64>,
-    stream: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    stream: Option<rpc::Duplex<pb::LeaseKeepAliveRequest, pb::LeaseKeepAliveResponse>>,
     /// When the last keep-alive (or grant) that succeeded was sent.
     refreshed: Option<Instant>,
 }
@@ -209,10 +229,10 @@ fn lease_secs(ttl: Duration) -> i64 {
 }
 
 /// Maps a client error to a store error that says whether a retry can help.
-fn etcd_error(what: &str, e: etcd_client::Error) -> StoreError {
-    use etcd_client::Error as E;
+fn etcd_error(what: &str, e: rpc::Error) -> StoreError {
+    use rpc::Error as E;
     let (kind, hint) = match &e {
-        E::GRpcStatus(s) => {
+        E::Status(s) => {
             let m = s.message();
             match s.code() {
                 tonic_code::Unauthenticated | tonic_code::PermissionDenied => {
@@ -243,12 +263,7 @@ fn etcd_error(what: &str, e: etcd_client::Error) -> StoreError {
                 _ => (ErrorKind::Unavailable, "the server refused the request for now"),
             }
         }
-        E::TransportError(_) | E::IoError(_) => (ErrorKind::Unavailable, "cannot reach the server"),
-        E::InvalidUri(_) | E::InvalidArgs(_) | E::EndpointError(_) => {
-            (ErrorKind::Misconfigured, "the store URL is not valid")
-        }
-        E::LeaseKeepAliveError(_) | E::WatchError(_) => (ErrorKind::Unavailable, "the stream to the server broke"),
-        _ => (ErrorKind::Unavailable, "the client failed"),
+        E::Config(_) => (ErrorKind::Misconfigured, "the store URL is not valid"),
     };
     StoreError::new(kind, format!("etcd: {what} failed ({hint})")).with_source(e)
 }
@@ -272,10 +287,7 @@ mod tonic_code {
 }
 
 /// Runs `f` with [`REQUEST_TIMEOUT`]; a timeout is an ambiguous answer.
-async fn timed<T>(
-    what: &str,
-    f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
-) -> Result<T, StoreError> {
+async fn timed<T>(what: &str, f: impl std::future::Future<Output = Result<T, rpc::Error>>) -> Result<T, StoreError> {
     match tokio::time::timeout(REQUEST_TIMEOUT, f).await {
         Ok(r) => r.map_err(|e| etcd_error(what, e)),
         Err(_) => Err(StoreError::timed_out(&format!("etcd: {what}"), REQUEST_TIMEOUT)),
@@ -289,35 +301,31 @@ impl EtcdStore {
     /// use and remade after failures, so a cluster that is down now is not an error yet.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let p = parse_url(url)?;
-        let mut options = ConnectOptions::new()
-            .with_connect_timeout(REQUEST_TIMEOUT)
-            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
-            .with_require_leader(true);
-        if let Some((u, pw)) = &p.user {
-            options = options.with_user(u.clone(), pw.clone());
-        }
-        if p.tls {
-            let mut tls = etcd_client::TlsOptions::new().with_native_roots();
-            if let Some(path) = &p.ca {
-                let pem = std::fs::read(path).map_err(|e| {
-                    StoreError::new(ErrorKind::Misconfigured, format!("cannot read the CA file {path}")).with_source(e)
-                })?;
-                tls = tls.ca_certificate(etcd_client::Certificate::from_pem(pem));
-            }
-            options = options.with_tls(tls);
-        }
+        let ca_pem = match &p.ca {
+            Some(path) => Some(std::fs::read(path).map_err(|e| {
+                StoreError::new(ErrorKind::Misconfigured, format!("cannot read the CA file {path}")).with_source(e)
+            })?),
+            None => None,
+        };
         let hosts: Vec<&str> = p.endpoints.iter().map(|e| e.split_once("://").map_or(e.as_str(), |x| x.1)).collect();
         let described = format!("{}://{} (prefix {})", if p.tls { "etcds" } else { "etcd" }, hosts.join(","), p.prefix);
         Ok(Self {
             inner: Arc::new(Inner {
-                endpoints: p.endpoints,
-                options,
+                options: rpc::Options {
+                    endpoints: p.endpoints,
+                    user: p.user,
+                    ca_pem,
+                    connect_timeout: REQUEST_TIMEOUT,
+                    keep_alive: (Duration::from_secs(2), Duration::from_secs(2)),
+                },
                 client: OnceCell::new(),
                 keys: format!("{}/lease/", p.prefix),
                 described,
                 leases: Mutex::new(HashMap::new()),
                 changes: tenure::ChangeHub::new(),
                 listening: AtomicBool::new(false),
+                abandoned: Mutex::new(Vec::new()),
+                version_checked: AtomicBool::new(false),
             }),
         })
     }
@@ -326,12 +334,7 @@ impl EtcdStore {
         self.inner
             .client
             .get_or_try_init(|| async {
-                match tokio::time::timeout(
-                    REQUEST_TIMEOUT,
-                    Client::connect(&self.inner.endpoints, Some(self.inner.options.clone())),
-                )
-                .await
-                {
+                match tokio::time::timeout(REQUEST_TIMEOUT, Client::connect(&self.inner.options)).await {
                     Ok(r) => r.map_err(|e| {
                         let e = etcd_error("connecting", e);
                         // Nothing was applied yet: a broken connect is never ambiguous.
@@ -346,31 +349,60 @@ impl EtcdStore {
             })
             .await
             .cloned()
+            .inspect(|c| self.check_version(c))
+    }
+
+    /// Once per store, asks the server its version and warns when its lease renewals
+    /// are not linearizable (see [`renewals_linearizable`]).
+    fn check_version(&self, c: &Client) {
+        if self.inner.version_checked.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let (c, weak) = (c.clone(), Arc::downgrade(&self.inner));
+        tokio::spawn(async move {
+            let answer = tokio::time::timeout(REQUEST_TIMEOUT, c.status()).await;
+            let Some(inner) = weak.upgrade() else { return };
+            match answer {
+                Ok(Ok(st)) => {
+                    if renewals_linearizable(&st.version) == Some(false) {
+                        tracing::warn!(
+                            version = %st.version,
+                            store = %inner.described,
+                            "etcd before 3.4.25 / 3.5.8 may answer a lease keep-alive from a member that is no \
+                             longer the leader: with several members, a lease can expire while its holder was \
+                             told it lives. Upgrade etcd, or use one member (see docs/stores/etcd.md)"
+                        );
+                    }
+                }
+                // Not reachable yet: ask again with the next connection.
+                _ => inner.version_checked.store(false, Ordering::SeqCst),
+            }
+        });
     }
 
     fn key(&self, election: &str) -> String {
         format!("{}{election}", self.inner.keys)
     }
 
-    fn record(&self, kv: &KeyValue) -> Result<LeaseRecord, StoreError> {
+    fn record(&self, kv: &pb::KeyValue) -> Result<LeaseRecord, StoreError> {
         let bad = |why: &str| {
             StoreError::new(
                 ErrorKind::Misconfigured,
                 format!(
                     "etcd key {} {why}; is another program writing under this prefix?",
-                    String::from_utf8_lossy(kv.key())
+                    String::from_utf8_lossy(&kv.key)
                 ),
             )
         };
-        let name = kv.key().strip_prefix(self.inner.keys.as_bytes()).ok_or_else(|| bad("is outside the prefix"))?;
+        let name = kv.key.strip_prefix(self.inner.keys.as_bytes()).ok_or_else(|| bad("is outside the prefix"))?;
         let name = std::str::from_utf8(name).ok().and_then(|n| ElectionName::new(n).ok());
         let election = name.ok_or_else(|| bad("does not name an election"))?;
-        let v = Value::decode(kv.value()).ok_or_else(|| bad("does not hold a tenure lease"))?;
+        let v = Value::decode(&kv.value).ok_or_else(|| bad("does not hold a tenure lease"))?;
         Ok(LeaseRecord {
             election,
             holder: v.holder,
-            token: FencingToken(kv.create_revision() as u64),
-            revision: Revision(kv.mod_revision() as u64),
+            token: FencingToken(kv.create_revision as u64),
+            revision: Revision(kv.mod_revision as u64),
             ttl: v.ttl,
             acquired_at: (v.acquired_ms > 0).then(|| UNIX_EPOCH + Duration::from_millis(v.acquired_ms)),
             renewed_at: None,
@@ -381,18 +413,18 @@ impl EtcdStore {
     }
 
     /// The record a transaction's `get` answered, if the key exists.
-    fn txn_record(&self, resp: &TxnResponse) -> Result<Option<LeaseRecord>, StoreError> {
-        for op in resp.op_responses() {
-            if let TxnOpResponse::Get(g) = op {
-                return g.kvs().first().map(|kv| self.record(kv)).transpose();
+    fn txn_record(&self, resp: &pb::TxnResponse) -> Result<Option<LeaseRecord>, StoreError> {
+        for op in &resp.responses {
+            if let Some(pb::Response::Range(g)) = &op.response {
+                return g.kvs.first().map(|kv| self.record(kv)).transpose();
             }
         }
         Ok(None)
     }
 
-    async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse, StoreError> {
-        let mut c = self.client().await?;
-        let r = timed(what, c.txn(txn)).await;
+    async fn txn(&self, what: &str, t: pb::TxnRequest) -> Result<pb::TxnResponse, StoreError> {
+        let c = self.client().await?;
+        let r = timed(what, c.txn(t)).await;
         if let Err(e) = &r
             && lease_gone(e)
         {
@@ -405,6 +437,7 @@ impl EtcdStore {
     /// sent no earlier than `since`.
     async fn lease(&self, ttl: Duration, since: Instant) -> Result<i64, StoreError> {
         let secs = lease_secs(ttl);
+        self.delete_abandoned().await?;
         let slot = self.inner.leases.lock().unwrap().entry(secs).or_default().clone();
         let mut slot = slot.lock().await;
         if let (Some(id), Some(at)) = (slot.id, slot.refreshed)
@@ -412,36 +445,46 @@ impl EtcdStore {
         {
             return Ok(id);
         }
-        let mut c = self.client().await?;
-        if let Some(id) = slot.id {
-            if slot.stream.is_none() {
-                match timed("opening a lease keep-alive", c.lease_keep_alive(id)).await {
-                    Ok(s) => slot.stream = Some(s),
-                    Err(e) if lease_gone(&e) => slot.id = None,
-                    Err(e) => return Err(e),
+        let c = self.client().await?;
+        // Opening the stream sends its first keep-alive: date it from before the open.
+        let mut sent = Instant::now();
+        let mut opened_now = false;
+        if let Some(id) = slot.id
+            && slot.stream.is_none()
+        {
+            match timed("opening a lease keep-alive", c.lease_keep_alive(id)).await {
+                Ok(s) => {
+                    slot.stream = Some(s);
+                    opened_now = true;
                 }
+                Err(e) if lease_gone(&e) => slot.id = None,
+                Err(e) => return Err(e),
             }
         }
         if let (Some(id), Some(_)) = (slot.id, slot.stream.as_ref()) {
-            let sent = Instant::now();
+            if !opened_now {
+                sent = Instant::now();
+            }
             let (keeper, stream) = slot.stream.as_mut().expect("opened above");
             let answer = tokio::time::timeout(REQUEST_TIMEOUT, async {
-                keeper.keep_alive().await?;
-                stream.message().await
+                if !opened_now && keeper.send(pb::LeaseKeepAliveRequest { id }).await.is_err() {
+                    return Ok(None); // the stream is gone: reported as ended
+                }
+                stream.message().await.map_err(rpc::Error::from)
             })
             .await;
             match answer {
-                Ok(Ok(Some(r))) if r.ttl() >= secs => {
+                Ok(Ok(Some(r))) if r.ttl >= secs => {
                     slot.refreshed = Some(sent);
                     return Ok(id);
                 }
                 // The lease ran out (its keys are gone): grant a new one below.
-                Ok(Ok(Some(r))) if r.ttl() <= 0 => slot.id = None,
+                Ok(Ok(Some(r))) if r.ttl <= 0 => slot.id = None,
                 Ok(Ok(Some(r))) => {
                     slot.stream = None;
                     return Err(StoreError::new(
                         ErrorKind::Misconfigured,
-                        format!("etcd kept a {secs} s lease alive for only {} s", r.ttl()),
+                        format!("etcd kept a {secs} s lease alive for only {} s", r.ttl),
                     ));
                 }
                 Ok(Ok(None)) => {
@@ -473,16 +516,33 @@ impl EtcdStore {
         }
         slot.stream = None;
         let sent = Instant::now();
-        let granted = timed("granting a lease", c.lease_grant(secs, None)).await?;
-        if granted.ttl() < secs {
+        let granted = timed("granting a lease", c.lease_grant(secs)).await?;
+        if granted.ttl < secs {
             return Err(StoreError::new(
                 ErrorKind::Misconfigured,
-                format!("etcd granted a {} s lease when {secs} s were asked", granted.ttl()),
+                format!("etcd granted a {} s lease when {secs} s were asked", granted.ttl),
             ));
         }
-        slot.id = Some(granted.id());
+        slot.id = Some(granted.id);
         slot.refreshed = Some(sent);
-        Ok(granted.id())
+        Ok(granted.id)
+    }
+
+    /// Deletes the keys whose release failed (each only if it is still that grant), so
+    /// that no keep-alive of the shared lease extends them.
+    async fn delete_abandoned(&self) -> Result<(), StoreError> {
+        let pending = self.inner.abandoned.lock().unwrap().clone();
+        for (key, token) in pending {
+            let k = key.as_bytes();
+            let t = pb::TxnRequest {
+                compare: vec![txn::create_revision_is(k, token)],
+                success: vec![txn::delete(k)],
+                failure: Vec::new(),
+            };
+            self.txn("deleting a lease whose release failed", t).await?;
+            self.inner.abandoned.lock().unwrap().retain(|(k2, t2)| !(*k2 == key && *t2 == token));
+        }
+        Ok(())
     }
 
     fn ensure_listener(&self) {
@@ -497,9 +557,7 @@ impl EtcdStore {
                 let Some(inner) = weak.upgrade() else { return };
                 let store = EtcdStore { inner };
                 let opened = match store.client().await {
-                    Ok(mut c) => {
-                        timed("watching", c.watch(keys.clone(), Some(WatchOptions::new().with_prefix()))).await.ok()
-                    }
+                    Ok(c) => timed("watching", c.watch_prefix(keys.as_bytes())).await.ok(),
                     Err(_) => None,
                 };
                 let changes = store.inner.changes.clone();
@@ -518,17 +576,18 @@ impl EtcdStore {
                     let this = EtcdStore { inner };
                     match m {
                         Ok(Ok(Some(resp))) => {
-                            if resp.canceled() {
+                            if resp.canceled {
                                 break;
                             }
                             // Each event carries the key as it now stands: followers need
                             // no read while the leader renews.
-                            for ev in resp.events() {
-                                let Some(kv) = ev.kv() else { continue };
-                                let Some(name) = kv.key().strip_prefix(keys.as_bytes()) else { continue };
-                                let record = match ev.event_type() {
-                                    etcd_client::EventType::Put => this.record(kv).ok().map(Some),
-                                    etcd_client::EventType::Delete => Some(None),
+                            for ev in &resp.events {
+                                let Some(kv) = &ev.kv else { continue };
+                                let Some(name) = kv.key.strip_prefix(keys.as_bytes()) else { continue };
+                                let record = if ev.r#type == pb::EventType::Delete as i32 {
+                                    Some(None)
+                                } else {
+                                    this.record(kv).ok().map(Some)
                                 };
                                 let election = Arc::from(String::from_utf8_lossy(name).as_ref());
                                 changes.publish(tenure::Change { election, record });
@@ -552,16 +611,15 @@ impl EtcdStore {
             evicted: false,
             metadata: req.metadata.clone(),
         };
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([
-                TxnOp::put(key.clone(), fresh.encode(), Some(PutOptions::new().with_lease(lease))),
-                TxnOp::get(key.clone(), None),
-            ])
-            .or_else([TxnOp::get(key.clone(), None)]);
-        let resp = self.txn("acquire", txn).await?;
+        let k = key.as_bytes();
+        let t = pb::TxnRequest {
+            compare: vec![txn::create_revision_is(k, 0)],
+            success: vec![txn::put(k, Some(fresh.encode()), lease), txn::get(k)],
+            failure: vec![txn::get(k)],
+        };
+        let resp = self.txn("acquire", t).await?;
         let current = self.txn_record(&resp)?;
-        if resp.succeeded() {
+        if resp.succeeded {
             let rec = current.ok_or_else(|| StoreError::ambiguous("etcd: the lease vanished while it was acquired"))?;
             return Ok(Some(Acquire::Acquired(rec)));
         }
@@ -573,13 +631,13 @@ impl EtcdStore {
         }
         // Our own record: a renewal that keeps the token and the grant time.
         let again = Value { acquired_ms: Value::of(&cur).acquired_ms, ..fresh };
-        let txn =
-            Txn::new().when([Compare::mod_revision(key.clone(), CompareOp::Equal, cur.revision.0 as i64)]).and_then([
-                TxnOp::put(key.clone(), again.encode(), Some(PutOptions::new().with_lease(lease))),
-                TxnOp::get(key.clone(), None),
-            ]);
-        let resp = self.txn("acquire", txn).await?;
-        if !resp.succeeded() {
+        let t = pb::TxnRequest {
+            compare: vec![txn::mod_revision_is(k, cur.revision.0 as i64)],
+            success: vec![txn::put(k, Some(again.encode()), lease), txn::get(k)],
+            failure: Vec::new(),
+        };
+        let resp = self.txn("acquire", t).await?;
+        if !resp.succeeded {
             return Ok(None);
         }
         let rec = self.txn_record(&resp)?;
@@ -590,28 +648,27 @@ impl EtcdStore {
 
     /// The renewal of `held` as one transaction: if the key is still that grant (create
     /// revision and value), rewrite it on `lease` (moving its revision), and read it.
-    fn renew_txn(&self, held: &LeaseRecord, ttl: Duration, lease: i64) -> Txn {
+    fn renew_txn(&self, held: &LeaseRecord, ttl: Duration, lease: i64) -> pb::TxnRequest {
         let key = self.key(held.election.as_str());
+        let k = key.as_bytes();
         let put = if ttl == held.ttl {
             // Same value: only the revision moves (and the lease, should it have changed).
-            TxnOp::put(key.clone(), Vec::new(), Some(PutOptions::new().with_ignore_value().with_lease(lease)))
+            txn::put(k, None, lease)
         } else {
             let v = Value { ttl, ..Value::of(held) };
-            TxnOp::put(key.clone(), v.encode(), Some(PutOptions::new().with_lease(lease)))
+            txn::put(k, Some(v.encode()), lease)
         };
-        Txn::new()
-            .when([
-                Compare::create_revision(key.clone(), CompareOp::Equal, held.token.0 as i64),
-                Compare::value(key.clone(), CompareOp::Equal, Value::of(held).encode()),
-            ])
-            .and_then([put, TxnOp::get(key.clone(), None)])
-            .or_else([TxnOp::get(key, None)])
+        pb::TxnRequest {
+            compare: vec![txn::create_revision_is(k, held.token.0 as i64), txn::value_is(k, Value::of(held).encode())],
+            success: vec![put, txn::get(k)],
+            failure: vec![txn::get(k)],
+        }
     }
 
     async fn get_key(&self, election: &str) -> Result<Option<LeaseRecord>, StoreError> {
-        let mut c = self.client().await?;
-        let resp = timed("get", c.get(self.key(election), None)).await?;
-        resp.kvs().first().map(|kv| self.record(kv)).transpose()
+        let c = self.client().await?;
+        let resp = timed("get", c.range(self.key(election).into_bytes(), Vec::new())).await?;
+        resp.kvs.first().map(|kv| self.record(kv)).transpose()
     }
 }
 
@@ -638,7 +695,7 @@ impl LeaseStore for EtcdStore {
         let lease = self.lease(ttl, since).await?;
         let resp = self.txn("renew", self.renew_txn(held, ttl, lease)).await?;
         let current = self.txn_record(&resp)?;
-        Ok(match (resp.succeeded(), current) {
+        Ok(match (resp.succeeded, current) {
             (true, Some(rec)) => Renew::Renewed(rec),
             (_, cur) => Renew::Lost(cur),
         })
@@ -662,13 +719,13 @@ impl LeaseStore for EtcdStore {
         let batchable: Vec<usize> =
             (0..held.len()).filter(|&i| !held[i].evicted && seen.insert(held[i].election.clone())).collect();
         for chunk in batchable.chunks(100) {
-            let ops: Vec<TxnOp> = chunk.iter().map(|&i| TxnOp::txn(self.renew_txn(&held[i], ttl, lease))).collect();
-            match self.txn("renew", Txn::new().and_then(ops)).await {
+            let ops: Vec<pb::RequestOp> =
+                chunk.iter().map(|&i| txn::nested(self.renew_txn(&held[i], ttl, lease))).collect();
+            match self.txn("renew", pb::TxnRequest { compare: Vec::new(), success: ops, failure: Vec::new() }).await {
                 Ok(resp) => {
-                    let inner = resp.op_responses();
-                    for (&i, r) in chunk.iter().zip(inner) {
-                        out[i] = Some(match r {
-                            TxnOpResponse::Txn(t) => self.txn_record(&t).map(|cur| match (t.succeeded(), cur) {
+                    for (&i, r) in chunk.iter().zip(resp.responses) {
+                        out[i] = Some(match r.response {
+                            Some(pb::Response::Txn(t)) => self.txn_record(&t).map(|cur| match (t.succeeded, cur) {
                                 (true, Some(rec)) => Renew::Renewed(rec),
                                 (_, cur) => Renew::Lost(cur),
                             }),
@@ -691,14 +748,22 @@ impl LeaseStore for EtcdStore {
 
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
         let key = self.key(held.election.as_str());
-        let txn = Txn::new()
-            .when([
-                Compare::create_revision(key.clone(), CompareOp::Equal, held.token.0 as i64),
-                Compare::mod_revision(key.clone(), CompareOp::Equal, held.revision.0 as i64),
-                Compare::value(key.clone(), CompareOp::Equal, Value::of(held).encode()),
-            ])
-            .and_then([TxnOp::delete(key, None)]);
-        self.txn("release", txn).await?;
+        let k = key.as_bytes();
+        let t = pb::TxnRequest {
+            compare: vec![
+                txn::create_revision_is(k, held.token.0 as i64),
+                txn::mod_revision_is(k, held.revision.0 as i64),
+                txn::value_is(k, Value::of(held).encode()),
+            ],
+            success: vec![txn::delete(k)],
+            failure: Vec::new(),
+        };
+        if let Err(e) = self.txn("release", t).await {
+            // The key may still be bound to the shared lease: delete it before the next
+            // keep-alive (our work has stopped, so deleting it can only free it sooner).
+            self.inner.abandoned.lock().unwrap().push((key, held.token.0 as i64));
+            return Err(e);
+        }
         Ok(())
     }
 
@@ -707,9 +772,11 @@ impl LeaseStore for EtcdStore {
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
-        let mut c = self.client().await?;
-        let resp = timed("list", c.get(self.key(prefix), Some(GetOptions::new().with_prefix()))).await?;
-        let mut out = resp.kvs().iter().map(|kv| self.record(kv)).collect::<Result<Vec<_>, _>>()?;
+        let c = self.client().await?;
+        let start = self.key(prefix).into_bytes();
+        let end = rpc::prefix_end(&start);
+        let resp = timed("list", c.range(start, end)).await?;
+        let mut out = resp.kvs.iter().map(|kv| self.record(kv)).collect::<Result<Vec<_>, _>>()?;
         out.sort_by(|a, b| a.election.as_str().cmp(b.election.as_str()));
         Ok(out)
     }
@@ -717,9 +784,9 @@ impl LeaseStore for EtcdStore {
     async fn evict(&self, election: &ElectionName, how: Evict) -> Result<Option<LeaseRecord>, StoreError> {
         let key = self.key(election.as_str());
         if how == Evict::Now {
-            let mut c = self.client().await?;
-            let resp = timed("evict", c.delete(key, Some(DeleteOptions::new().with_prev_key()))).await?;
-            return resp.prev_kvs().first().map(|kv| self.record(kv)).transpose();
+            let c = self.client().await?;
+            let resp = timed("evict", c.delete(key.into_bytes())).await?;
+            return resp.prev_kvs.first().map(|kv| self.record(kv)).transpose();
         }
         for _ in 0..5 {
             let Some(cur) = self.get_key(election.as_str()).await? else {
@@ -730,13 +797,16 @@ impl LeaseStore for EtcdStore {
             }
             // Granted after the read, and the write below only lands if nothing renewed
             // since the read: the key outlives every term the holder was granted.
-            let mut c = self.client().await?;
-            let lease = timed("granting a lease", c.lease_grant(lease_secs(cur.ttl), None)).await?.id();
+            let c = self.client().await?;
+            let lease = timed("granting a lease", c.lease_grant(lease_secs(cur.ttl))).await?.id;
             let marked = Value { evicted: true, ..Value::of(&cur) };
-            let txn = Txn::new()
-                .when([Compare::mod_revision(key.clone(), CompareOp::Equal, cur.revision.0 as i64)])
-                .and_then([TxnOp::put(key.clone(), marked.encode(), Some(PutOptions::new().with_lease(lease)))]);
-            if self.txn("evict", txn).await?.succeeded() {
+            let k = key.as_bytes();
+            let t = pb::TxnRequest {
+                compare: vec![txn::mod_revision_is(k, cur.revision.0 as i64)],
+                success: vec![txn::put(k, Some(marked.encode()), lease)],
+                failure: Vec::new(),
+            };
+            if self.txn("evict", t).await?.succeeded {
                 return Ok(Some(cur));
             }
         }
@@ -786,6 +856,23 @@ mod tests {
         assert_eq!(Value::decode(&raw), Some(v));
         assert_eq!(Value::decode(b"other data"), None);
         assert_eq!(Value::decode(b"tenure1 h 1 2 3\n"), None);
+    }
+
+    #[test]
+    fn versions_with_linearizable_renewals_are_told_apart() {
+        for (v, want) in [
+            ("3.4.23", Some(false)),
+            ("3.4.25", Some(true)),
+            ("3.5.7", Some(false)),
+            ("3.5.8", Some(true)),
+            ("3.6.0", Some(true)),
+            ("3.3.27", Some(false)),
+            ("v3.5.12", Some(true)),
+            ("3.4.23-debian", Some(false)),
+            ("garbage", None),
+        ] {
+            assert_eq!(renewals_linearizable(v), want, "{v}");
+        }
     }
 
     #[test]

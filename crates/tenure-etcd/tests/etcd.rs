@@ -74,11 +74,23 @@ async fn five_candidates_survive_killed_connections_and_a_restart() {
     eprintln!("etcd scenario: {} terms, takeover {:?} after the leader was cut off", r.terms, r.takeover);
 }
 
+/// Runs `etcdctl` (Debian package etcd-client) against `endpoint` and returns what it printed.
+fn etcdctl(endpoint: &str, args: &[&str]) -> String {
+    let program = servers::find_program("etcdctl").expect("etcdctl (Debian package etcd-client) is needed");
+    let out = std::process::Command::new(program)
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={endpoint}"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "etcdctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// The etcd leases that exist on the server.
-async fn leases(url: &str) -> Vec<i64> {
-    let ep = url.trim_start_matches("etcd://");
-    let mut c = etcd_client::Client::connect([ep], None).await.unwrap();
-    c.leases().await.unwrap().leases().iter().map(|l| l.id()).collect()
+fn leases(url: &str) -> Vec<String> {
+    let out = etcdctl(url.trim_start_matches("etcd://"), &["lease", "list"]);
+    out.lines().skip(1).map(str::to_string).filter(|l| !l.is_empty()).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -95,7 +107,7 @@ async fn one_process_holds_many_elections_on_one_etcd_lease() {
             Acquire::Held(r) => panic!("held by {}", r.holder),
         }
     }
-    assert_eq!(leases(&etcd.url()).await.len(), 1, "fifty elections, one etcd lease");
+    assert_eq!(leases(&etcd.url()).len(), 1, "fifty elections, one etcd lease");
     // Renewing every election keeps each one, still on the one lease.
     for l in &mut held {
         match store.renew(l, ttl).await.unwrap() {
@@ -103,7 +115,7 @@ async fn one_process_holds_many_elections_on_one_etcd_lease() {
             Renew::Lost(cur) => panic!("lost {}: {cur:?}", l.election),
         }
     }
-    assert_eq!(leases(&etcd.url()).await.len(), 1);
+    assert_eq!(leases(&etcd.url()).len(), 1);
     assert_eq!(store.list("many/").await.unwrap().len(), 50);
 }
 
@@ -132,12 +144,9 @@ async fn a_cut_connection_is_retryable_and_heals_without_a_restart() {
 async fn a_wrong_password_is_a_clear_error() {
     let Some(server) = servers::launch(Kind::Etcd) else { return };
     let ep = format!("127.0.0.1:{}", server.port());
-    {
-        let mut c = etcd_client::Client::connect([&ep], None).await.unwrap();
-        c.user_add("root", "right-password", None).await.unwrap();
-        c.user_grant_role("root", "root").await.unwrap();
-        c.auth_enable().await.unwrap();
-    }
+    etcdctl(&ep, &["user", "add", "root:right-password", "--interactive=false"]);
+    etcdctl(&ep, &["user", "grant-role", "root", "root"]);
+    etcdctl(&ep, &["auth", "enable"]);
     let store = EtcdStore::connect(&format!("etcd://root:wrong-password@{ep}")).await.unwrap();
     let err = store.get(&ElectionName::new("x").unwrap()).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
@@ -155,4 +164,37 @@ async fn an_unreachable_server_is_a_retryable_error() {
     let err = store.get(&ElectionName::new("x").unwrap()).await.unwrap_err();
     assert!(err.is_retryable(), "{err}");
     assert!(err.to_string().contains("etcd"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_whose_release_failed_is_not_kept_alive_by_other_renewals() {
+    let Some(etcd) = Etcd::launch() else { return };
+    let store = EtcdStore::connect(&etcd.url()).await.unwrap();
+    let ttl = Duration::from_secs(2);
+    let holder = HolderId::new("p").unwrap();
+    let grab = |name: &str| AcquireRequest::new(ElectionName::new(name).unwrap(), holder.clone(), ttl);
+    let Acquire::Acquired(left) = store.try_acquire(&grab("abandoned/left")).await.unwrap() else { panic!() };
+    let Acquire::Acquired(mut kept) = store.try_acquire(&grab("abandoned/kept")).await.unwrap() else { panic!() };
+    // The release of one election fails (the connection is cut); this process goes on
+    // leading the other, and its renewals keep the process's shared etcd lease alive.
+    etcd.proxy.set(Mode::Cut);
+    assert!(store.release(&left).await.is_err(), "the release went through a cut connection");
+    etcd.proxy.set(Mode::Pass);
+    let other = EtcdStore::connect(&format!("etcd://127.0.0.1:{}", etcd.server.lock().unwrap().port())).await.unwrap();
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Ok(Renew::Renewed(r)) = store.renew(&kept, ttl).await {
+            kept = r;
+        }
+        let req = AcquireRequest::new(left.election.clone(), HolderId::new("q").unwrap(), ttl);
+        if let Acquire::Acquired(_) = other.try_acquire(&req).await.unwrap() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < ttl * 3,
+            "an election whose release failed was still held {:?} later, kept alive by the process's other renewals",
+            t0.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
