@@ -15,8 +15,11 @@
 //! **The restart guard.** A restart without persistence forgets every lease (and one with
 //! snapshot persistence may restore older ones), while the leader that held one may still
 //! be acting until its deadline. So for one TTL (plus one second, the resolution of
-//! `uptime_in_seconds`) after the server started, no acquire is granted; any leader from
-//! before has passed its deadline by then. With persistence that keeps every write (AOF
+//! `uptime_in_seconds`) after the server started, no acquire is granted, and no record
+//! written before the restart (each carries the `run_id` of the server run that wrote it)
+//! is renewed: a snapshot may bring back a term that has ended since, and its holder's
+//! renewal, or a follower's confirmation of a record naming it, would revive it. Any
+//! leader from before has passed its deadline by then. With persistence that keeps every write (AOF
 //! with `appendfsync always`) the guard can be switched off with `?restart_guard=off`.
 //!
 //! ```no_run
@@ -53,14 +56,27 @@ local function next_value(field)
   redis.call('HSET', meta, field, s)
   return s
 end
-local function guard_wait(ttl, on)
-  -- For one TTL (and a second of uptime rounding) after the server started, grant
-  -- nothing: leases it forgot, or restored from an older snapshot, may still be believed.
-  if on ~= '1' then return 0 end
-  local up = tonumber(string.match(redis.call('INFO', 'server'), 'uptime_in_seconds:(%d+)')) or 0
-  local need = tonumber(ttl) + 1000
+local function server_run()
+  -- This server run's id and uptime: a restart changes the id.
+  local info = redis.call('INFO', 'server')
+  return string.match(info, 'run_id:(%x+)') or '', tonumber(string.match(info, 'uptime_in_seconds:(%d+)')) or 0
+end
+local function guard_wait(guard_ms)
+  -- For one TTL (the longest the client knows of, and a second of uptime rounding) after
+  -- the server started, grant nothing: leases it forgot, or restored from an older
+  -- snapshot, may still be believed. guard_ms '0': the guard is off.
+  if guard_ms == '0' then return 0 end
+  local _, up = server_run()
+  local need = tonumber(guard_ms) + 1000
   if up * 1000 < need then return need - up * 1000 end
   return 0
+end
+local function stamp()
+  -- Which server run wrote the record: a renewal of a record written before the last
+  -- restart (restored from a snapshot, perhaps older than grants made since) waits out
+  -- the guard like an acquire.
+  local run = server_run()
+  redis.call('HSET', lease, 'run', run)
 end
 local function now_ms()
   local t = redis.call('TIME')
@@ -84,12 +100,12 @@ local function publish(channel, election, r)
 end
 "#;
 
-/// ARGV: holder, ttl_ms, metadata, channel, election, guard ('1'/'0').
+/// ARGV: holder, ttl_ms, metadata, channel, election, guard_ms ('0': off).
 const ACQUIRE: &str = r#"
 local holder, ttl = ARGV[1], ARGV[2]
 local cur = redis.call('HMGET', lease, 'holder', 'evicted')
 if cur[1] and (cur[1] ~= holder or cur[2] == '1') then return reply('held') end
-local wait = guard_wait(ttl, ARGV[6])
+local wait = guard_wait(ARGV[6])
 if wait > 0 then return {'guard', wait} end
 local now = now_ms()
 if cur[1] then
@@ -100,13 +116,22 @@ else
     'ttl_ms', ttl, 'acquired_ms', now, 'renewed_ms', now, 'evicted', '0', 'metadata', ARGV[3])
 end
 redis.call('PEXPIRE', lease, ttl)
+if ARGV[6] ~= '0' then stamp() end
 return publish(ARGV[4], ARGV[5], reply('ok'))
 "#;
 
-/// ARGV: holder, token, ttl_ms, channel, election.
+/// ARGV: holder, token, ttl_ms, channel, election, guard_ms ('0': off).
 const RENEW: &str = r#"
-local cur = redis.call('HMGET', lease, 'holder', 'token', 'evicted')
+local cur = redis.call('HMGET', lease, 'holder', 'token', 'evicted', 'run')
 if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] or cur[3] == '1' then return reply('lost') end
+if ARGV[6] ~= '0' then
+  local run = server_run()
+  if cur[4] ~= run then
+    local wait = guard_wait(ARGV[6])
+    if wait > 0 then return {'guard', wait} end
+    redis.call('HSET', lease, 'run', run)
+  end
+end
 redis.call('HSET', lease, 'revision', next_value('revision'), 'ttl_ms', ARGV[3], 'renewed_ms', now_ms())
 redis.call('PEXPIRE', lease, ARGV[3])
 return publish(ARGV[4], ARGV[5], reply('ok'))
@@ -153,6 +178,9 @@ struct Inner {
     scripts: Scripts,
     /// Grant nothing for one TTL to an election with no history (see the crate docs).
     guard: bool,
+    /// The longest TTL this handle has asked for or seen in a record, in ms: the guard
+    /// lasts that long, since a restart may have forgotten a lease of that TTL.
+    longest_ttl_ms: std::sync::atomic::AtomicU64,
     changes: tenure::ChangeHub,
     listening: std::sync::atomic::AtomicBool,
 }
@@ -218,6 +246,7 @@ impl RedisStore {
                 described,
                 scripts: Scripts::new(),
                 guard,
+                longest_ttl_ms: std::sync::atomic::AtomicU64::new(0),
                 changes: tenure::ChangeHub::new(),
                 listening: std::sync::atomic::AtomicBool::new(false),
             }),
@@ -259,7 +288,28 @@ impl RedisStore {
             inv.arg(*a);
         }
         let v: Value = inv.invoke_async(&mut conn).await.map_err(|e| redis_error(what, e))?;
-        Reply::parse(election, v)
+        let reply = Reply::parse(election, v)?;
+        self.saw_ttl(reply.record.as_ref());
+        Ok(reply)
+    }
+
+    /// The scripts' guard argument: how long the guard lasts after a restart, in ms
+    /// (the longest TTL this handle knows of), or "0" when it is off.
+    fn guard_arg(&self, ttl: Duration) -> String {
+        if !self.inner.guard {
+            return "0".into();
+        }
+        let ms = ttl.as_millis().min(u64::MAX as u128) as u64;
+        let longest = self.inner.longest_ttl_ms.fetch_max(ms, std::sync::atomic::Ordering::Relaxed).max(ms);
+        longest.to_string()
+    }
+
+    /// Remembers the TTL of a record this handle saw, for the guard.
+    fn saw_ttl(&self, rec: Option<&LeaseRecord>) {
+        if let Some(r) = rec {
+            let ms = r.ttl.as_millis().min(u64::MAX as u128) as u64;
+            self.inner.longest_ttl_ms.fetch_max(ms, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     async fn renew_pipeline(
@@ -272,6 +322,7 @@ impl RedisStore {
             return Ok(Vec::new());
         }
         let mut conn = self.conn().await?;
+        let guard = self.guard_arg(ttl);
         let (ttl, chan) = (ttl.as_millis().to_string(), self.channel());
         let script = &self.inner.scripts.renew;
         let mut invocations = Vec::with_capacity(held.len());
@@ -283,7 +334,8 @@ impl RedisStore {
                 .arg(l.token.0.to_string())
                 .arg(&ttl)
                 .arg(&chan)
-                .arg(l.election.as_str());
+                .arg(l.election.as_str())
+                .arg(&guard);
             invocations.push(inv);
         }
         let mut pipe = redis::pipe();
@@ -393,8 +445,9 @@ impl Reply {
         if status == "guard" {
             let wait = num(1).unwrap_or(0);
             return Err(StoreError::unavailable(format!(
-                "Redis restarted less than one TTL ago: no lease for {election} is granted for another {wait} ms, \
-                 so that a leader it forgot cannot overlap (restart_guard; see docs/stores/redis.md)"
+                "Redis restarted less than one TTL ago: no lease for {election} is granted, nor one from before \
+                 the restart renewed, for another {wait} ms, so that a leader it forgot or a record it restored \
+                 cannot overlap another term (restart_guard; see docs/stores/redis.md)"
             )));
         }
         let record = match text(1) {
@@ -471,7 +524,7 @@ impl LeaseStore for RedisStore {
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
         req.validate()?;
         let (ttl, chan) = (req.ttl.as_millis().to_string(), self.channel());
-        let guard = if self.inner.guard { "1" } else { "0" };
+        let guard = self.guard_arg(req.ttl);
         let e = req.election.as_str();
         let args: [&[u8]; 6] = [
             req.holder.as_str().as_bytes(),
@@ -488,6 +541,7 @@ impl LeaseStore for RedisStore {
 
     async fn renew(&self, held: &LeaseRecord, ttl: Duration) -> Result<Renew, StoreError> {
         check_ttl(ttl)?;
+        let guard = self.guard_arg(ttl);
         let (ttl, token, chan) = (ttl.as_millis().to_string(), held.token.0.to_string(), self.channel());
         let e = held.election.as_str();
         let r = self
@@ -495,7 +549,14 @@ impl LeaseStore for RedisStore {
                 "renew",
                 &self.inner.scripts.renew,
                 e,
-                &[held.holder.as_str().as_bytes(), token.as_bytes(), ttl.as_bytes(), chan.as_bytes(), e.as_bytes()],
+                &[
+                    held.holder.as_str().as_bytes(),
+                    token.as_bytes(),
+                    ttl.as_bytes(),
+                    chan.as_bytes(),
+                    e.as_bytes(),
+                    guard.as_bytes(),
+                ],
             )
             .await?;
         Ok(match (r.status.as_str(), r.record) {

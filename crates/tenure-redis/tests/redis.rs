@@ -210,3 +210,91 @@ async fn refusals_a_failover_or_a_full_server_can_clear_are_retried() {
         assert!(matches!(renewed, Ok(tenure::Renew::Renewed(_))), "{code} cleared: {renewed:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_snapshot_cannot_revive_an_old_term() {
+    let Some(r) = R::launch() else { return };
+    let ttl = Duration::from_secs(3);
+    let a = RedisStore::connect(&r.url).await.unwrap();
+    let b = RedisStore::connect(&r.url).await.unwrap();
+    let election = ElectionName::new("restored/x").unwrap();
+    let req = |h: &str| AcquireRequest::new(election.clone(), HolderId::new(h).unwrap(), ttl);
+    // A fresh server grants nothing for one TTL (the restart guard).
+    let grant = |s: RedisStore, rq: AcquireRequest| async move {
+        loop {
+            match s.try_acquire(&rq).await {
+                Ok(tenure::Acquire::Acquired(l)) => return l,
+                Ok(tenure::Acquire::Held(h)) => panic!("held by {}", h.holder),
+                Err(e) => assert!(e.is_retryable(), "{e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let old = grant(a.clone(), req("a")).await;
+    // A snapshot while a leads; then a hands over to b.
+    admin(&r.url, &["SAVE"]).await;
+    let data = r.server.lock().unwrap().data_dir();
+    std::fs::copy(data.join("dump.rdb"), data.join("snapshot.rdb")).unwrap();
+    a.release(&old).await.unwrap();
+    let new = grant(b.clone(), req("b")).await;
+    assert!(new.token > old.token);
+    // The server crashes and comes back from the older snapshot: a's record is back.
+    {
+        let mut s = r.server.lock().unwrap();
+        s.kill();
+        std::fs::copy(data.join("snapshot.rdb"), data.join("dump.rdb")).unwrap();
+        s.start();
+    }
+    let mut back = a.get(&election).await;
+    for _ in 0..50 {
+        if back.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await; // the client reconnects
+        back = a.get(&election).await;
+    }
+    let back = back.unwrap().expect("the snapshot's record is back");
+    assert_eq!((back.holder.as_str(), back.token), ("a", old.token));
+    // a finds a record naming it (as after an ambiguous acquire) and confirms it with a
+    // renewal, while b still believes it leads until its deadline: that must not succeed.
+    match a.renew(&back, ttl).await {
+        Ok(tenure::Renew::Renewed(l)) => {
+            panic!("a restored record renewed: token {} leads again while token {} still believes", l.token, new.token)
+        }
+        Ok(tenure::Renew::Lost(_)) => {}
+        Err(e) => assert!(e.is_retryable(), "{e}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_restart_guard_lasts_the_longest_ttl_the_candidate_has_seen() {
+    let Some(r) = R::launch() else { return };
+    let (long, short) = (Duration::from_secs(4), Duration::from_secs(1));
+    let a = RedisStore::connect(&r.url).await.unwrap();
+    let b = RedisStore::connect(&r.url).await.unwrap();
+    let election = ElectionName::new("guard/longest").unwrap();
+    let req = |h: &str, ttl| AcquireRequest::new(election.clone(), HolderId::new(h).unwrap(), ttl);
+    loop {
+        match a.try_acquire(&req("a", long)).await {
+            Ok(tenure::Acquire::Acquired(_)) => break,
+            Ok(tenure::Acquire::Held(h)) => panic!("held by {}", h.holder),
+            Err(e) => assert!(e.is_retryable(), "{e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // b, with a short TTL, sees a's long lease; then the server forgets it in a restart.
+    assert!(matches!(b.try_acquire(&req("b", short)).await, Ok(tenure::Acquire::Held(_))));
+    r.server.lock().unwrap().restart();
+    let restarted = std::time::Instant::now();
+    // a may believe it leads for up to `long` after its last grant: b must wait that out,
+    // not just its own short TTL.
+    loop {
+        match b.try_acquire(&req("b", short)).await {
+            Ok(tenure::Acquire::Acquired(_)) => break,
+            Ok(tenure::Acquire::Held(h)) => panic!("held by {}", h.holder),
+            Err(e) => assert!(e.is_retryable(), "{e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(restarted.elapsed() >= long, "granted {:?} after the restart, within a's {long:?} lease", restarted.elapsed());
+}

@@ -288,6 +288,12 @@ impl Server {
         self.dir.path().join("data")
     }
 
+    /// The server's data directory (Redis: where `SAVE` writes `dump.rdb` and a start
+    /// loads it from), for tests that restore an older state.
+    pub fn data_dir(&self) -> PathBuf {
+        self.data()
+    }
+
     /// Runs `program` (as the server's user when root), waiting for it to finish.
     fn run_setup(&self, program: &Path, args: &[OsString]) {
         let out = self.command(program, args).output().expect("the setup program runs");
