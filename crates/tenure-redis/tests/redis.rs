@@ -296,5 +296,9 @@ async fn the_restart_guard_lasts_the_longest_ttl_the_candidate_has_seen() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(restarted.elapsed() >= long, "granted {:?} after the restart, within a's {long:?} lease", restarted.elapsed());
+    assert!(
+        restarted.elapsed() >= long,
+        "granted {:?} after the restart, within a's {long:?} lease",
+        restarted.elapsed()
+    );
 }

@@ -537,28 +537,42 @@ impl Server {
         }
     }
 
-    /// Whether the server accepts connections (and, for PostgreSQL, queries; for the HTTP
-    /// emulators, answers a request: Azurite accepts connections before it can serve).
+    /// Whether the server serves a real request of its own protocol: an open port is not
+    /// enough (etcd, NATS and Azurite accept connections before they serve, and Redis
+    /// answers LOADING while it reads its data).
     fn answers(&self) -> bool {
+        use std::io::{Read, Write};
         let Ok(mut conn) = TcpStream::connect(("127.0.0.1", self.port)) else {
             return false;
         };
-        match self.kind {
-            Kind::Azurite | Kind::Moto | Kind::FakeGcs => {
-                use std::io::{Read, Write};
-                let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
-                let mut head = [0u8; 8];
-                conn.write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").is_ok()
-                    && conn.read_exact(&mut head).is_ok()
-                    && head.starts_with(b"HTTP/1.")
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+        let mut ask = |request: &[u8], n: usize| -> Option<Vec<u8>> {
+            if !request.is_empty() {
+                conn.write_all(request).ok()?;
             }
+            let mut head = vec![0u8; n];
+            conn.read_exact(&mut head).ok()?;
+            Some(head)
+        };
+        let http = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+        match self.kind {
+            Kind::Azurite | Kind::Moto | Kind::FakeGcs => ask(http, 8).is_some_and(|h| h.starts_with(b"HTTP/1.")),
+            Kind::Etcd => ask(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", 12)
+                .is_some_and(|h| h.starts_with(b"HTTP/1.1 200")),
+            // The banner comes first; a server that is not ready sends nothing.
+            Kind::Nats => ask(b"", 4).is_some_and(|h| h == b"INFO"),
+            // +PONG, or -NOAUTH with a password; -LOADING while it reads its data.
+            Kind::Redis => ask(b"PING\r\n", 5).is_some_and(|h| h == b"+PONG" || h == b"-NOAU"),
+            // The handshake packet: a 4-byte header, then protocol version 10.
+            Kind::MariaDb => ask(b"", 5).is_some_and(|h| h[4] == 10),
+            // After the protocol header, the server's first frame is a method frame (type 1).
+            Kind::RabbitMq => ask(b"AMQP\x00\x00\x09\x01", 1).is_some_and(|h| h[0] == 1),
             Kind::Postgres => find_program("pg_isready").is_none_or(|p| {
                 Command::new(p)
                     .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-q"])
                     .status()
                     .is_ok_and(|s| s.success())
             }),
-            _ => true,
         }
     }
 
