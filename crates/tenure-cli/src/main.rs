@@ -317,9 +317,10 @@ impl CampaignArgs {
     }
 }
 
-fn init_logging(verbose: u8, quiet: bool) {
+fn init_logging(verbose: u8, quiet: bool, errors_only: bool) {
     use tracing_subscriber::EnvFilter;
     let default = match (quiet, verbose) {
+        _ if errors_only => "error",
         (true, _) => "warn",
         (false, 0) => "warn,tenure=info,tenure_cli=info,tenure_sqlite=info,tenure_gossip=info",
         (false, 1) => "info,tenure=debug,tenure_cli=debug,tenure_sqlite=debug,tenure_gossip=debug",
@@ -390,9 +391,10 @@ async fn dispatch(cli: Cli) -> Result<i32> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if !matches!(cli.command, Command::Child { .. } | Command::DemoJob { .. }) {
-        // The benchmark starts and stops hundreds of terms: only warnings unless asked.
-        let quiet = cli.quiet || (matches!(cli.command, Command::Bench(_)) && cli.verbose == 0);
-        init_logging(cli.verbose, quiet);
+        // The benchmark cuts off its own candidates and stops hundreds of terms: the
+        // warnings those faults cause are expected, not the user's. Only errors unless asked.
+        let bench = matches!(cli.command, Command::Bench(_)) && cli.verbose == 0;
+        init_logging(cli.verbose, cli.quiet, bench);
     }
     // One thread: a child's parent-death signal follows the thread that started it.
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {

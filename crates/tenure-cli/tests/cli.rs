@@ -440,28 +440,37 @@ fn tenure_run_on_azure_blob() {
 #[test]
 fn bench_runs_every_scenario_and_reports_json() {
     let env = Env::new();
-    let out = env.tenure(&[
-        "bench",
-        "--scenario",
-        "rtt,acquire,handover,crash,load,scale,contest",
-        "--samples",
-        "5",
-        "--elections",
-        "2",
-        "--candidates",
-        "2",
-        "--duration",
-        "1s",
-        "--scale",
-        "50",
-        "--processes",
-        "2",
-        "--ttl",
-        "1s",
-        "--json",
-    ]);
+    // As a user runs it: no RUST_LOG, so the default log level applies.
+    let out = env
+        .cmd()
+        .env_remove("RUST_LOG")
+        .args([
+            "bench",
+            "--scenario",
+            "rtt,acquire,handover,crash,load,scale,contest",
+            "--samples",
+            "5",
+            "--elections",
+            "2",
+            "--candidates",
+            "2",
+            "--duration",
+            "1s",
+            "--scale",
+            "50",
+            "--processes",
+            "2",
+            "--ttl",
+            "1s",
+            "--json",
+        ])
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}\n{err}");
+    // The crash scenario cuts its own candidates off: those are not the user's warnings.
+    assert!(!err.contains("WARN"), "the benchmark's own faults were reported as warnings:\n{err}");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     for (k, n) in [("rtt", 5), ("acquire", 5), ("handover", 5), ("crash", 5)] {
         assert_eq!(v[k]["n"], n, "{k}: {text}");

@@ -364,7 +364,9 @@ impl EtcdStore {
             let Some(inner) = weak.upgrade() else { return };
             match answer {
                 Ok(Ok(st)) => {
-                    if renewals_linearizable(&st.version) == Some(false) {
+                    // One warning per process, however many stores it opens.
+                    static WARNED: AtomicBool = AtomicBool::new(false);
+                    if renewals_linearizable(&st.version) == Some(false) && !WARNED.swap(true, Ordering::SeqCst) {
                         tracing::warn!(
                             version = %st.version,
                             store = %inner.described,

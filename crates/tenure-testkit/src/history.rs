@@ -25,6 +25,10 @@ pub enum Record {
     Stop { election: String, holder: String, at: u64, graceful: bool },
     /// `holder` was elected with `token` at `at` (leadership handed to its work).
     Elected { election: String, holder: String, token: u64, at: u64 },
+    /// The store refused writes (a failover, a read-only server) for longer than a TTL,
+    /// so every leader stepped down, and served again from `at`: some candidate, any
+    /// one, must be elected within the crash bound.
+    Recovered { election: String, at: u64 },
 }
 
 /// Bounds for the liveness check (I4).
@@ -98,7 +102,8 @@ fn election_of(r: &Record) -> &str {
         | Record::Belief { election, .. }
         | Record::Write { election, .. }
         | Record::Stop { election, .. }
-        | Record::Elected { election, .. } => election,
+        | Record::Elected { election, .. }
+        | Record::Recovered { election, .. } => election,
     }
 }
 
@@ -272,6 +277,27 @@ fn check_liveness(election: &str, recs: &[&Record], l: Liveness, s: &mut Summary
         .collect();
     elections.sort();
     for r in recs {
+        if let Record::Recovered { at, .. } = r {
+            let i = elections.partition_point(|(t, _)| *t < *at);
+            match elections.get(i) {
+                Some((t, _)) if t - at <= l.after_crash => s.takeovers_after_crash.push(t - at),
+                _ if at + l.after_crash > l.until => {}
+                found => s.violations.push(Violation {
+                    invariant: Invariant::I4Liveness,
+                    election: election.into(),
+                    detail: match found {
+                        Some((t, h)) => format!(
+                            "{h} was elected {} ns after the store served again; the bound is {} ns",
+                            t - at,
+                            l.after_crash
+                        ),
+                        None => "nobody was elected after the store served again".into(),
+                    },
+                    records: vec![(*r).clone()],
+                }),
+            }
+            continue;
+        }
         let Record::Stop { holder, at, graceful, .. } = r else {
             continue;
         };
@@ -407,6 +433,15 @@ mod tests {
         // A stop too close to the end of the history is not judged.
         let late = vec![Record::Stop { election: "e".into(), holder: "a".into(), at: 9_950, graceful: false }];
         assert!(check(&late, Some(l)).violations.is_empty());
+        // After a store outage any candidate, the old leader too, must be elected in time.
+        let recovered = |at| Record::Recovered { election: "e".into(), at };
+        let same =
+            vec![recovered(1_000), Record::Elected { election: "e".into(), holder: "a".into(), token: 3, at: 1_050 }];
+        assert!(check(&same, Some(l)).violations.is_empty());
+        assert_eq!(invariants(&check(&[recovered(1_000)], Some(l))), vec![Invariant::I4Liveness]);
+        let slow =
+            vec![recovered(1_000), Record::Elected { election: "e".into(), holder: "a".into(), token: 3, at: 9_000 }];
+        assert_eq!(invariants(&check(&slow, Some(l))), vec![Invariant::I4Liveness]);
     }
 
     #[test]

@@ -1,12 +1,19 @@
 //! `tenure-torture`: real `tenure run` candidates under injected faults, checked.
 //!
-//! Starts N `tenure run` processes against one store. Each runs a probe while it leads:
-//! the probe writes every 10 ms to a fenced resource (a file that accepts a token only if
-//! it is at least the highest accepted so far) and logs every attempt on the host's
-//! monotonic clock. Meanwhile the leader is killed (SIGKILL), frozen (SIGSTOP for longer
-//! than the TTL, then SIGCONT) or stopped (SIGTERM). At the end the history checker judges
-//! the log: one actor at a time (I1), growing tokens (I2), no stale write accepted (I3),
-//! a new leader within TTL + 1 s of a crash or freeze and within 1 s of a stop (I4).
+//! Starts N `tenure run` processes against one store. Each runs, while it leads, a
+//! **process tree** of probes, as real commands are: one under `timeout` (a process
+//! group of its own), one that ignores SIGTERM in the background, and one that ignores
+//! SIGTERM in a new session (`setsid`). Every probe writes every 10 ms to a fenced
+//! resource (a file that accepts a token only if it is at least the highest accepted so
+//! far) and logs every attempt on the host's monotonic clock. Meanwhile the leader is
+//! killed (SIGKILL), frozen (SIGSTOP for longer than the TTL, then SIGCONT) or stopped
+//! (SIGTERM); with a server, its connection is cut, black-holed or slowed, the server
+//! restarts, and the server refuses writes for a while as after a failover (Redis
+//! `REPLICAOF` or `min-replicas-to-write`, PostgreSQL `default_transaction_read_only`,
+//! MariaDB `read_only`). At the end the history checker judges the log: one actor at a
+//! time, counting every process of every term (I1), growing tokens (I2), no stale write
+//! accepted (I3), a new leader within TTL + 1 s of a crash, a freeze or the end of a
+//! refusal, and within 1 s of a stop (I4).
 //!
 //! ```text
 //! cargo build -p tenure-cli -p tenure-testkit --bins
@@ -50,15 +57,16 @@ fn append(path: &Path, line: &str) {
     }
 }
 
-/// The probe a candidate runs while it leads.
-fn probe(dir: &Path) -> ExitCode {
+/// The probe a candidate runs while it leads; with `ignore_term`, it goes on after
+/// SIGTERM, as a careless worker does, until SIGKILL.
+fn probe(dir: &Path, ignore_term: bool) -> ExitCode {
     let holder = std::env::var("TENURE_HOLDER").unwrap_or_default();
     let token: u64 = std::env::var("TENURE_TOKEN").ok().and_then(|t| t.parse().ok()).unwrap_or(0);
     let events = dir.join("events");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let s = stop.clone();
-    // SIGTERM: finish the current write, log, exit.
-    let _ = signal_hook_term(s);
+    // SIGTERM: finish the current write, log, exit; or take it and go on.
+    let _ = signal_hook_term(if ignore_term { Default::default() } else { s });
     append(&events, &format!("start {holder} {token} {}", now_ns()));
     let lock_path = dir.join("fence.lock");
     let fence_path = dir.join("fence");
@@ -220,17 +228,92 @@ fn spawn(a: &Args, store: &str, dir: &Path, id: &str, n: usize) -> std::io::Resu
     if let Some(lib) = &a.skew {
         cmd.env("LD_PRELOAD", lib).env("FAKETIME", skew_of(n));
     }
+    // The command is a tree that leaves its process group and session, and ignores SIGTERM.
+    let tree = r#"P="$0"; D="$1"
+"$P" probe --dir "$D" --ignore-term &
+setsid "$P" probe --dir "$D" --ignore-term &
+timeout 600 "$P" probe --dir "$D"
+wait"#;
     cmd.args(["run", ELECTION, "--store", store, "--id", id])
         .args(["--ttl", &format!("{}ms", a.ttl.as_millis()), "--grace", &format!("{}ms", a.grace.as_millis())])
-        .arg("--")
+        .args(["--", "sh", "-c", tree])
         .arg(me)
-        .args(["probe", "--dir"])
         .arg(dir)
         .env("RUST_LOG", std::env::var("TORTURE_RUST_LOG").unwrap_or_else(|_| "warn".into()))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join(format!("{id}.log")))?)
         .spawn()
+}
+
+/// Makes the server refuse writes, as after a failover, or serve again: for the servers
+/// that can be told to, through their own command-line clients. Returns what it did.
+fn refuse_writes(server: &servers::Server, on: bool, rng: &mut fastrand::Rng) -> Option<&'static str> {
+    let run = |program: &str, args: &[&str]| -> Option<()> {
+        let p = servers::find_program(program)?;
+        let out = Command::new(p).args(args).output().ok()?;
+        if !out.status.success() {
+            eprintln!("torture: {program} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        out.status.success().then_some(())
+    };
+    let port = server.port().to_string();
+    match server.kind() {
+        Kind::Redis => {
+            let cli = |args: &[&str]| {
+                let mut all = vec!["-h", "127.0.0.1", "-p", &port];
+                all.extend_from_slice(args);
+                run("redis-cli", &all)
+            };
+            if !on {
+                cli(&["REPLICAOF", "NO", "ONE"])?;
+                cli(&["CONFIG", "SET", "min-replicas-to-write", "0"])?;
+                return Some("writes taken again");
+            }
+            if rng.bool() {
+                cli(&["REPLICAOF", "127.0.0.1", "1"]).map(|_| "Redis READONLY (REPLICAOF, a failed-over primary)")
+            } else {
+                cli(&["CONFIG", "SET", "min-replicas-to-write", "1"])
+                    .map(|_| "Redis NOREPLICAS (min-replicas-to-write)")
+            }
+        }
+        Kind::Postgres => {
+            let url = server.url();
+            let set = format!("ALTER SYSTEM SET default_transaction_read_only = {}", if on { "on" } else { "off" });
+            run("psql", &["-q", &url, "-c", &set, "-c", "SELECT pg_reload_conf()"])
+                .map(|_| "PostgreSQL read-only (default_transaction_read_only)")
+        }
+        Kind::MariaDb => {
+            let set = format!("SET GLOBAL read_only = {}", if on { "ON" } else { "OFF" });
+            let client = if servers::find_program("mariadb").is_some() { "mariadb" } else { "mysql" };
+            run(client, &["-h", "127.0.0.1", "-P", &port, "-u", "root", "-e", &set]).map(|_| "MariaDB read_only")
+        }
+        _ => None,
+    }
+}
+
+/// Whether [`refuse_writes`] can work on `kind`.
+fn can_refuse(kind: Kind) -> bool {
+    matches!(kind, Kind::Redis | Kind::Postgres | Kind::MariaDb)
+}
+
+/// On MariaDB, a user without the privileges that bypass `read_only`, as applications
+/// have: the candidates connect as it.
+fn mariadb_app_url(server: &servers::Server) -> Result<String, String> {
+    let client = servers::find_program("mariadb")
+        .or_else(|| servers::find_program("mysql"))
+        .ok_or("the mariadb client is not installed")?;
+    let port = server.port().to_string();
+    let sql = "CREATE USER IF NOT EXISTS 'torture'@'127.0.0.1' IDENTIFIED BY 'torture'; \
+               GRANT ALL PRIVILEGES ON mysql.* TO 'torture'@'127.0.0.1'";
+    let out = Command::new(client)
+        .args(["-h", "127.0.0.1", "-P", &port, "-u", "root", "-e", sql])
+        .output()
+        .map_err(|e| format!("cannot run the mariadb client: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("cannot create the torture user: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(format!("mysql://torture:torture@127.0.0.1:{port}/mysql"))
 }
 
 /// The holder whose probe started last: the leader as far as the log tells.
@@ -256,6 +339,7 @@ fn torture(a: Args) -> Result<bool, String> {
     };
     let store = match (&a.store, &server) {
         (Some(url), _) => url.clone(),
+        (None, Some(s)) if s.kind() == Kind::MariaDb => mariadb_app_url(s)?,
         (None, Some(s)) => store_url(s, a.dynamodb),
         (None, None) => format!("sqlite:{}", dir.join("store.db").display()),
     };
@@ -294,8 +378,17 @@ fn torture(a: Args) -> Result<bool, String> {
     let mut records: Vec<Record> = Vec::new();
     let mut faults: BTreeMap<&str, u32> = BTreeMap::new();
     let mut restart_times: Vec<u64> = Vec::new();
+    // While the server refuses writes: until when.
+    let mut refusing_until: Option<Instant> = None;
     while started.elapsed() < a.duration {
         std::thread::sleep(a.ttl.mul_f64(0.75 + 1.5 * rng.f64()));
+        if let Some(s) = server.as_ref()
+            && refusing_until.is_some_and(|t| Instant::now() >= t)
+        {
+            refuse_writes(s, false, &mut rng).ok_or("cannot make the server take writes again")?;
+            refusing_until = None;
+            records.push(Record::Recovered { election: ELECTION.into(), at: now_ns() });
+        }
         // Thaw candidates whose freeze is over; heal their network.
         for c in cands.iter_mut() {
             if c.frozen_until.is_some_and(|t| Instant::now() >= t) {
@@ -325,6 +418,18 @@ fn torture(a: Args) -> Result<bool, String> {
             s.restart();
             restart_times.push(now_ns());
             *faults.entry("server restart").or_default() += 1;
+            continue;
+        }
+        // The server refuses writes for longer than a TTL, as a primary does after a
+        // failover: every leader steps down, and none may give up campaigning.
+        if let Some(s) = server.as_ref()
+            && can_refuse(s.kind())
+            && refusing_until.is_none()
+            && rng.usize(0..5) == 0
+        {
+            let what = refuse_writes(s, true, &mut rng).ok_or("cannot make the server refuse writes")?;
+            refusing_until = Some(Instant::now() + a.ttl.mul_f64(1.2 + 1.3 * rng.f64()));
+            *faults.entry(what).or_default() += 1;
             continue;
         }
         let Some(leader) = current_leader(&events) else {
@@ -389,6 +494,9 @@ fn torture(a: Args) -> Result<bool, String> {
             }
         }
     }
+    if let (Some(s), Some(_)) = (server.as_ref(), refusing_until) {
+        refuse_writes(s, false, &mut rng).ok_or("cannot make the server take writes again")?;
+    }
     let until = now_ns();
     for c in cands.iter_mut() {
         signal(&c.child, Signal::CONT);
@@ -446,7 +554,9 @@ fn torture(a: Args) -> Result<bool, String> {
     // further restart within the bound gave the candidates no fair chance and is not judged.
     let before = records.len();
     records.retain(|r| match r {
-        Record::Stop { at, .. } => !restart_times.iter().any(|t| *t >= *at && *t <= at + liveness.after_crash),
+        Record::Stop { at, .. } | Record::Recovered { at, .. } => {
+            !restart_times.iter().any(|t| *t >= *at && *t <= at + liveness.after_crash)
+        }
         _ => true,
     });
     println!(
@@ -495,11 +605,12 @@ fn main() -> ExitCode {
         let dir = match (args.next().as_deref(), args.next()) {
             (Some("--dir"), Some(d)) => PathBuf::from(d),
             _ => {
-                eprintln!("usage: tenure-torture probe --dir DIR");
+                eprintln!("usage: tenure-torture probe --dir DIR [--ignore-term]");
                 return ExitCode::from(2);
             }
         };
-        return probe(&dir);
+        let ignore_term = args.next().as_deref() == Some("--ignore-term");
+        return probe(&dir, ignore_term);
     }
     match parse_args(args) {
         Err(e) => {
