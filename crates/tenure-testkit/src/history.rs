@@ -94,6 +94,8 @@ pub struct Summary {
     pub takeovers_after_crash: Vec<u64>,
     /// Time from each graceful stop to the next election, in nanoseconds.
     pub handovers_after_stop: Vec<u64>,
+    /// Time from each end of a store outage ([`Record::Recovered`]) to the next election.
+    pub elections_after_recovery: Vec<u64>,
 }
 
 fn election_of(r: &Record) -> &str {
@@ -280,7 +282,7 @@ fn check_liveness(election: &str, recs: &[&Record], l: Liveness, s: &mut Summary
         if let Record::Recovered { at, .. } = r {
             let i = elections.partition_point(|(t, _)| *t < *at);
             match elections.get(i) {
-                Some((t, _)) if t - at <= l.after_crash => s.takeovers_after_crash.push(t - at),
+                Some((t, _)) if t - at <= l.after_crash => s.elections_after_recovery.push(t - at),
                 _ if at + l.after_crash > l.until => {}
                 found => s.violations.push(Violation {
                     invariant: Invariant::I4Liveness,

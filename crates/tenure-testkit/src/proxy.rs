@@ -26,7 +26,8 @@ pub enum Mode {
     Pass,
     /// Close every connection and refuse new ones (a cable pulled, a host down).
     Cut,
-    /// Keep connections open but forward nothing (packets silently dropped).
+    /// Keep connections open but forward nothing until the mode changes (packets dropped
+    /// while TCP retransmits them): what was sent arrives late once it passes again.
     BlackHole,
     /// Forward every chunk after this delay.
     Delay(Duration),
@@ -133,11 +134,17 @@ async fn pump(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
+        // A black hole holds the bytes, as a network that drops packets does while TCP
+        // retransmits them: they arrive late, in order, once it heals, or never if it is
+        // cut. (Dropping them would corrupt the byte stream, which TCP never does, and
+        // leave a pipelining client such as Redis's matching answers to the wrong requests.)
+        while current(&mode) == Mode::BlackHole {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         match current(&mode) {
             Mode::Cut => return,
-            Mode::BlackHole => continue,
             Mode::Delay(d) => tokio::time::sleep(d).await,
-            Mode::Pass => {}
+            Mode::Pass | Mode::BlackHole => {}
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;

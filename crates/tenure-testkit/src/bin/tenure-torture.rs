@@ -316,6 +316,13 @@ fn mariadb_app_url(server: &servers::Server) -> Result<String, String> {
     Ok(format!("mysql://torture:torture@127.0.0.1:{port}/mysql"))
 }
 
+/// Counts a fault and writes it, with the time, to `DIR/faults`: the timeline kept with
+/// the logs when a check fails.
+fn note<'a>(faults: &mut BTreeMap<&'a str, u32>, dir: &Path, what: &'a str) {
+    *faults.entry(what).or_default() += 1;
+    append(&dir.join("faults"), &format!("{} {what}", now_ns()));
+}
+
 /// The holder whose probe started last: the leader as far as the log tells.
 fn current_leader(events: &Path) -> Option<String> {
     let text = std::fs::read_to_string(events).ok()?;
@@ -388,6 +395,7 @@ fn torture(a: Args) -> Result<bool, String> {
             refuse_writes(s, false, &mut rng).ok_or("cannot make the server take writes again")?;
             refusing_until = None;
             records.push(Record::Recovered { election: ELECTION.into(), at: now_ns() });
+            append(&dir.join("faults"), &format!("{} writes taken again", now_ns()));
         }
         // Thaw candidates whose freeze is over; heal their network.
         for c in cands.iter_mut() {
@@ -406,7 +414,7 @@ fn torture(a: Args) -> Result<bool, String> {
         let before = cands.len();
         cands.retain_mut(|c| !matches!(c.child.try_wait(), Ok(Some(_))));
         for _ in cands.len()..before {
-            *faults.entry("exited on its own (unexpected)").or_default() += 1;
+            note(&mut faults, &dir, "exited on its own (unexpected)");
             add(&mut cands)?;
         }
         // moto keeps everything in memory: its restart would wipe the store, which no real
@@ -415,9 +423,11 @@ fn torture(a: Args) -> Result<bool, String> {
             && s.kind() != Kind::Moto
             && rng.usize(0..5) == 0
         {
-            s.restart();
+            // The outage starts now: a server can take seconds to stop (Redis waits up to
+            // its shutdown-timeout with clients paused when it refuses writes).
             restart_times.push(now_ns());
-            *faults.entry("server restart").or_default() += 1;
+            s.restart();
+            note(&mut faults, &dir, "server restart");
             continue;
         }
         // The server refuses writes for longer than a TTL, as a primary does after a
@@ -429,7 +439,9 @@ fn torture(a: Args) -> Result<bool, String> {
         {
             let what = refuse_writes(s, true, &mut rng).ok_or("cannot make the server refuse writes")?;
             refusing_until = Some(Instant::now() + a.ttl.mul_f64(1.2 + 1.3 * rng.f64()));
-            *faults.entry(what).or_default() += 1;
+            // Like a restart, it keeps any candidate from being elected while it lasts.
+            restart_times.push(now_ns());
+            note(&mut faults, &dir, what);
             continue;
         }
         let Some(leader) = current_leader(&events) else {
@@ -457,7 +469,7 @@ fn torture(a: Args) -> Result<bool, String> {
                 }
                 c.network_fault_until = Some(Instant::now() + a.ttl.mul_f64(1.2 + 1.3 * rng.f64()));
                 records.push(Record::Stop { election: ELECTION.into(), holder: c.id.clone(), at, graceful: false });
-                *faults.entry(name).or_default() += 1;
+                note(&mut faults, &dir, name);
             }
             5 => {
                 // A slow network to the leader: it may keep leading or lose the lease.
@@ -467,14 +479,14 @@ fn torture(a: Args) -> Result<bool, String> {
                     p.set(Mode::Delay(delay));
                 }
                 c.network_fault_until = Some(Instant::now() + a.ttl * 2);
-                *faults.entry("network delay").or_default() += 1;
+                note(&mut faults, &dir, "network delay");
             }
             0 => {
                 let mut c = cands.remove(i);
                 signal(&c.child, Signal::KILL);
                 let _ = c.child.wait();
                 records.push(Record::Stop { election: ELECTION.into(), holder: c.id, at, graceful: false });
-                *faults.entry("SIGKILL").or_default() += 1;
+                note(&mut faults, &dir, "SIGKILL");
                 add(&mut cands)?;
             }
             1 => {
@@ -482,14 +494,14 @@ fn torture(a: Args) -> Result<bool, String> {
                 signal(&c.child, Signal::STOP);
                 c.frozen_until = Some(Instant::now() + a.ttl.mul_f64(1.2 + 1.3 * rng.f64()));
                 records.push(Record::Stop { election: ELECTION.into(), holder: c.id.clone(), at, graceful: false });
-                *faults.entry("SIGSTOP").or_default() += 1;
+                note(&mut faults, &dir, "SIGSTOP");
             }
             _ => {
                 let mut c = cands.remove(i);
                 signal(&c.child, Signal::TERM);
                 let _ = c.child.wait();
                 records.push(Record::Stop { election: ELECTION.into(), holder: c.id, at, graceful: true });
-                *faults.entry("SIGTERM").or_default() += 1;
+                note(&mut faults, &dir, "SIGTERM");
                 add(&mut cands)?;
             }
         }
@@ -551,7 +563,8 @@ fn torture(a: Args) -> Result<bool, String> {
     let liveness =
         Liveness { after_crash: crash_bound.as_nanos() as u64, after_stop: stop_bound.as_nanos() as u64, until };
     // The bound allows for one server restart during a takeover; a stop followed by a
-    // further restart within the bound gave the candidates no fair chance and is not judged.
+    // further restart or a refusal of writes within the bound gave the candidates no fair
+    // chance and is not judged (the refusal's end is judged on its own).
     let before = records.len();
     records.retain(|r| match r {
         Record::Stop { at, .. } | Record::Recovered { at, .. } => {
@@ -560,7 +573,7 @@ fn torture(a: Args) -> Result<bool, String> {
         _ => true,
     });
     println!(
-        "liveness excused    {} stops followed by another server restart within the bound",
+        "liveness excused    {} stops followed by another server restart or refusal within the bound",
         before - records.len()
     );
     let s = history::check(&records, Some(liveness));
@@ -582,6 +595,15 @@ fn torture(a: Args) -> Result<bool, String> {
         ratio(percentile(&takeovers, 1.0))
     );
     println!("graceful handover   p50 {:?}  max {:?}", percentile(&handovers, 0.5), percentile(&handovers, 1.0));
+    if !s.elections_after_recovery.is_empty() {
+        let mut after = s.elections_after_recovery.clone();
+        after.sort();
+        println!(
+            "after a refusal     p50 {:?}  max {:?} until a leader, once writes were taken again",
+            percentile(&after, 0.5),
+            percentile(&after, 1.0)
+        );
+    }
     println!(
         "writes              {} accepted, {} stale rejected by the fence",
         s.writes_accepted, s.stale_writes_rejected
