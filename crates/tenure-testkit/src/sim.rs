@@ -1,7 +1,8 @@
 //! Deterministic simulation: the real [`Elector`] on simulated time, against a store
-//! that loses requests and answers, stalls, restarts and jumps its clock, with
-//! candidates whose clocks drift, that crash, stop, and pause between checking
-//! `is_valid()` and writing to a fenced resource.
+//! that loses requests and answers, stalls, restarts, jumps its clock and refuses writes
+//! for a while (a failover), with candidates whose clocks drift, whose hosts suspend
+//! (their monotonic clock stops while the store's runs on), that crash, stop, and pause
+//! between checking `is_valid()` and writing to a fenced resource.
 //!
 //! Each seed runs on its own single-threaded tokio runtime with paused time; every
 //! random choice (the runtime's jitter included) comes from the seed, and the runtime's
@@ -30,6 +31,12 @@ pub enum Mutant {
     DeadlineFromResponse,
     /// The store renews without comparing holder and token.
     RenewWithoutCas,
+    /// Deadlines judged by a clock that stops while the host is suspended
+    /// (`CLOCK_MONOTONIC`), not one that counts the suspend.
+    MonotonicDeadlines,
+    /// A store refusal that clears by itself (read-only after a failover) reported as
+    /// fatal, so the campaign ends.
+    RefusalIsFatal,
 }
 
 /// What one seed covered and found.
@@ -54,20 +61,40 @@ fn ns(origin: Instant) -> u64 {
     Instant::now().duration_since(origin).as_nanos() as u64
 }
 
-/// A candidate's clock: runs at `rate` times real (simulated) time.
+/// A candidate's clock: runs at `rate` times real (simulated) time. With
+/// `stops_in_suspend`, it stands still while its host is suspended, as
+/// `CLOCK_MONOTONIC` does; otherwise it counts the suspend, as the runtime's clock does.
 struct DriftClock {
     origin: Instant,
     rate: f64,
+    stops_in_suspend: bool,
+    /// The host's suspend, in real ns since `origin`: (from, until).
+    suspend: Mutex<Option<(u64, u64)>>,
+}
+
+impl DriftClock {
+    /// Real time the clock did not count by `real` (ns since origin).
+    fn lost(&self, real: u64) -> u64 {
+        match *self.suspend.lock().unwrap() {
+            Some((from, until)) if self.stops_in_suspend => real.clamp(from, until) - from,
+            _ => 0,
+        }
+    }
 }
 
 impl Clock for DriftClock {
     fn now(&self) -> Instant {
-        self.origin + Instant::now().duration_since(self.origin).mul_f64(self.rate)
+        let real = ns(self.origin);
+        self.origin + Duration::from_nanos(real - self.lost(real)).mul_f64(self.rate)
     }
     fn sleep_until(&self, deadline: Instant) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
-        let real =
-            self.origin + deadline.saturating_duration_since(self.origin).div_f64(self.rate) + Duration::from_micros(1);
-        Box::pin(tokio::time::sleep_until(real))
+        let counted = deadline.saturating_duration_since(self.origin).div_f64(self.rate).as_nanos() as u64;
+        // Back to real time: past a suspend's start, the clock stood still for its length.
+        let real = match *self.suspend.lock().unwrap() {
+            Some((from, until)) if self.stops_in_suspend && counted > from => counted + (until - from),
+            _ => counted,
+        };
+        Box::pin(tokio::time::sleep_until(self.origin + Duration::from_nanos(real) + Duration::from_micros(1)))
     }
 }
 
@@ -94,6 +121,8 @@ struct World {
     store_clock: Arc<JumpClock>,
     /// Until when (ns) the store is down.
     down_until: AtomicU64,
+    /// Until when (ns) the store refuses writes (read-only, as after a failover).
+    refusing_until: AtomicU64,
     /// How hard faults hit, 0 (calm) to 1; set to 0 at the end of a run.
     chaos: Mutex<f64>,
     ttl: Duration,
@@ -161,6 +190,27 @@ impl SimStore {
         ns(self.world.origin) < self.cut_until.load(Ordering::SeqCst)
     }
 
+    /// Sends `op`, a write, to the store: refused while the store takes no writes.
+    async fn write<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        op: impl Future<Output = Result<T, StoreError>> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let w = self.world.clone();
+        self.call(what, async move {
+            if ns(w.origin) < w.refusing_until.load(Ordering::SeqCst) {
+                let why = format!("{what}: the store is read-only (a failover)");
+                return Err(if w.mutant == Some(Mutant::RefusalIsFatal) {
+                    StoreError::new(tenure::ErrorKind::Misconfigured, why)
+                } else {
+                    StoreError::unavailable(why)
+                });
+            }
+            op.await
+        })
+        .await
+    }
+
     /// Sends `op` to the store. It travels in a task of its own, so a request the
     /// caller gave up on (timed out) may still be applied later, as on a real network.
     async fn call<T: Send + 'static>(
@@ -216,7 +266,7 @@ impl LeaseStore for SimStore {
         let w = self.world.clone();
         let req = req.clone();
         let requested = ns(w.origin);
-        self.call("acquire", async move {
+        self.write("acquire", async move {
             let before = w.store.get(&req.election).await?;
             let r = w.store.try_acquire(&req).await?;
             if let Acquire::Acquired(l) = &r
@@ -238,7 +288,7 @@ impl LeaseStore for SimStore {
     async fn renew(&self, held: &LeaseRecord, ttl: Duration) -> Result<Renew, StoreError> {
         let w = self.world.clone();
         let held = held.clone();
-        self.call("renew", async move {
+        self.write("renew", async move {
             match w.store.renew(&held, ttl).await? {
                 Renew::Lost(_) if w.mutant == Some(Mutant::RenewWithoutCas) => {
                     // The bug: overwrite whatever is there with the caller's lease.
@@ -255,7 +305,7 @@ impl LeaseStore for SimStore {
 
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
         let (store, held) = (self.world.store.clone(), held.clone());
-        self.call("release", async move { store.release(&held).await }).await
+        self.write("release", async move { store.release(&held).await }).await
     }
 
     async fn get(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {
@@ -270,7 +320,7 @@ impl LeaseStore for SimStore {
 
     async fn evict(&self, election: &ElectionName, how: Evict) -> Result<Option<LeaseRecord>, StoreError> {
         let (store, e) = (self.world.store.clone(), election.clone());
-        self.call("evict", async move { store.evict(&e, how).await }).await
+        self.write("evict", async move { store.evict(&e, how).await }).await
     }
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
@@ -307,6 +357,7 @@ const ELECTION: &str = "sim/job";
 
 struct Candidate {
     name: String,
+    clock: Arc<DriftClock>,
     elector: Elector,
     dead: Arc<AtomicBool>,
     cut_until: Arc<AtomicU64>,
@@ -341,6 +392,7 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
         store: MemoryStore::with_clock(store_clock.clone()),
         store_clock,
         down_until: AtomicU64::new(0),
+        refusing_until: AtomicU64::new(0),
         chaos: Mutex::new(chaos),
         ttl,
         mutant: cfg.mutant,
@@ -372,12 +424,17 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
         let dead = Arc::new(AtomicBool::new(false));
         let cut_until = Arc::new(AtomicU64::new(0));
         let rate = 1.0 + max_drift * (rng.f64() * 2.0 - 1.0);
-        let clock = Arc::new(DriftClock { origin, rate });
+        let clock = Arc::new(DriftClock {
+            origin,
+            rate,
+            stops_in_suspend: cfg.mutant == Some(Mutant::MonotonicDeadlines),
+            suspend: Mutex::new(None),
+        });
         let store = Arc::new(SimStore { world: world.clone(), dead: dead.clone(), cut_until: cut_until.clone() });
         let elector = Elector::builder(store, ELECTION)
             .holder(&name)
             .config(runtime_cfg.clone())
-            .clock(clock)
+            .clock(clock.clone())
             .build()
             .expect("a valid simulation config");
         let w = world.clone();
@@ -437,7 +494,7 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
                 })
                 .await;
         });
-        Candidate { name, elector, dead, cut_until, work, work_stopped }
+        Candidate { name, clock, elector, dead, cut_until, work, work_stopped }
     };
     let n = 2 + rng.usize(0..3);
     for _ in 0..n {
@@ -445,6 +502,11 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
         next_id += 1;
     }
 
+    // TTL on the slowest clock, the store's answer, the follower's expiry wake-up.
+    let crash_bound = ttl.mul_f64(1.0 + 2.0 * max_drift) + world.max_latency * 2 + ttl / 10;
+    // The last crash or stop (ns): a refusal of writes right after it would leave the
+    // candidates no chance to take over in time, so none starts within the bound.
+    let mut last_stop = 0u64;
     // The fault schedule: every so often, one event.
     let end = origin + cfg.duration;
     while Instant::now() < end {
@@ -453,7 +515,24 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
         let leader_id = leader
             .as_ref()
             .and_then(|l| candidates.iter().find(|(_, c)| c.name == l.holder.as_str()).map(|(id, _)| *id));
-        match rng.usize(0..10) {
+        let now = ns(origin);
+        let refusing = now < world.refusing_until.load(Ordering::SeqCst);
+        // Liveness is judged only when some other candidate can take over: one whose host
+        // is not suspended, or, after a crash or stop, the fresh one started when fewer
+        // than two remain.
+        let others: Vec<&Candidate> =
+            candidates.iter().filter(|(id, _)| Some(**id) != leader_id).map(|(_, c)| c).collect();
+        let other_awake = others.iter().any(|c| c.cut_until.load(Ordering::SeqCst) <= now);
+        let judged = others.len() < 2 || other_awake;
+        let anyone_cut = candidates.values().any(|c| c.cut_until.load(Ordering::SeqCst) > now);
+        let fault = rng.usize(0..12);
+        if refusing && matches!(fault, 0..=2 | 8) {
+            continue; // nobody could take over while the store refuses writes
+        }
+        if matches!(fault, 0..=2 | 8) && leader_id.is_some() {
+            last_stop = now;
+        }
+        match fault {
             0 | 1 => {
                 // Crash the leader: no release, its work stops at once.
                 if let Some(id) = leader_id {
@@ -461,12 +540,14 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
                     c.dead.store(true, Ordering::SeqCst);
                     c.work.abort();
                     world.fault("crash");
-                    world.record(Record::Stop {
-                        election: ELECTION.into(),
-                        holder: c.name.clone(),
-                        at: ns(origin),
-                        graceful: false,
-                    });
+                    if judged {
+                        world.record(Record::Stop {
+                            election: ELECTION.into(),
+                            holder: c.name.clone(),
+                            at: ns(origin),
+                            graceful: false,
+                        });
+                    }
                     drop(c.elector);
                 }
             }
@@ -476,11 +557,13 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
                     let c = candidates.remove(&id).unwrap();
                     world.note(format!("stop {}", c.name));
                     let asked = ns(origin);
+                    // A host that is suspended (cut off) cannot hand over at once.
+                    let reachable = c.cut_until.load(Ordering::SeqCst) <= asked;
                     c.elector.shutdown().await;
                     let _ = c.work.await;
                     // The handover starts once the guarded work has stopped (a paused
                     // task delays it); judged for liveness only without store faults.
-                    if calm {
+                    if calm && reachable && judged {
                         let at = asked.max(c.work_stopped.load(Ordering::SeqCst));
                         world.record(Record::Stop {
                             election: ELECTION.into(),
@@ -501,6 +584,43 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
                 world.fault("store clock jump");
                 let jump = margin.mul_f64(0.5 * rng.f64()).as_nanos() as u64;
                 world.store_clock.jumped.fetch_add(jump, Ordering::SeqCst);
+            }
+            8 => {
+                // The leader's host suspends for longer than a TTL: nothing of it runs, its
+                // monotonic clock stands still, the store's clock runs on.
+                if let Some(c) = leader_id.and_then(|id| candidates.get(&id))
+                    && c.clock.suspend.lock().unwrap().is_none()
+                {
+                    world.fault("host suspend");
+                    let until = now + ttl.mul_f64(1.2 + 1.8 * rng.f64()).as_nanos() as u64;
+                    *c.clock.suspend.lock().unwrap() = Some((now, until));
+                    c.cut_until.store(until, Ordering::SeqCst);
+                    if other_awake {
+                        world.record(Record::Stop {
+                            election: ELECTION.into(),
+                            holder: c.name.clone(),
+                            at: now,
+                            graceful: false,
+                        });
+                    }
+                }
+            }
+            // Not within the bound after a crash, a stop or the end of the last refusal,
+            // each of which is still being judged for liveness.
+            9 if !anyone_cut
+                && now
+                    >= last_stop.max(world.refusing_until.load(Ordering::SeqCst)) + crash_bound.as_nanos() as u64 =>
+            {
+                // The store takes no writes for longer than a TTL (a primary that became a
+                // replica in a failover); then every candidate must campaign on.
+                world.fault("store refuses writes");
+                let until = now + ttl.mul_f64(1.2 + 1.3 * rng.f64()).as_nanos() as u64;
+                world.refusing_until.store(until, Ordering::SeqCst);
+                let w = world.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep_until(origin + Duration::from_nanos(until)).await;
+                    w.record(Record::Recovered { election: ELECTION.into(), at: until });
+                });
             }
             5..=7 if !calm => {
                 // A partition: the leader (or, in one case of three, anyone) loses the store.
@@ -530,9 +650,10 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
     let records = world.records.lock().unwrap().clone();
     let until = ns(origin);
     let liveness = calm.then_some(Liveness {
-        // TTL on the slowest clock, the store's answer, the follower's expiry wake-up.
-        after_crash: (ttl.mul_f64(1.0 + 2.0 * max_drift) + world.max_latency * 2 + ttl / 10).as_nanos() as u64,
-        after_stop: (world.max_latency * 4 + Duration::from_millis(5)).as_nanos() as u64,
+        after_crash: crash_bound.as_nanos() as u64,
+        // The release and the next acquire (four legs), plus, for a leader stopped while
+        // its grant was still on its way back, that answer and its shutdown (two more).
+        after_stop: (world.max_latency * 6 + Duration::from_millis(5)).as_nanos() as u64,
         until,
     });
     let summary = history::check(&records, liveness);

@@ -33,6 +33,16 @@ fn caught(mutant: Mutant) {
 }
 
 #[test]
+fn deadlines_on_a_clock_that_stops_in_suspend_are_caught() {
+    caught(Mutant::MonotonicDeadlines);
+}
+
+#[test]
+fn a_passing_refusal_taken_as_fatal_is_caught() {
+    caught(Mutant::RefusalIsFatal);
+}
+
+#[test]
 fn zero_safety_margin_is_caught() {
     caught(Mutant::ZeroSafetyMargin);
 }

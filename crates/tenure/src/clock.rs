@@ -2,6 +2,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::OnceLock;
+use std::time::Duration;
 
 pub use tokio::time::Instant;
 
@@ -17,16 +19,73 @@ pub trait Clock: Send + Sync + 'static {
     fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 }
 
-/// tokio's monotonic clock (paused in tests that pause it).
+/// tokio's monotonic clock (paused in tests that pause it), plus the time the host has
+/// spent suspended since the process started.
+///
+/// `CLOCK_MONOTONIC`, which tokio's `Instant` reads, stops while the host is suspended
+/// (a laptop lid, a VM snapshot, hibernation), but the store's clock does not: a leader
+/// that judged its deadline by it would, after a resume, believe it still leads for as
+/// long as the host slept, while the store has handed the lease on. This clock adds the
+/// growth of `CLOCK_BOOTTIME - CLOCK_MONOTONIC` (the time spent suspended) to tokio's
+/// `Instant`, so deadlines judged by it pass during a suspend, as the store's do; a
+/// timer set before a suspend still fires late (tokio's timers follow the monotonic
+/// clock), but every check of [`Clock::now`] after the resume sees the time that passed.
+/// A frozen VM that the hypervisor does not report as suspended keeps its clocks running
+/// or not as the hypervisor chooses: there only fencing tokens protect the resource.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TokioClock;
 
 impl Clock for TokioClock {
     fn now(&self) -> Instant {
-        Instant::now()
+        Instant::now() + host_suspended()
     }
 
     fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
-        Box::pin(tokio::time::sleep_until(deadline))
+        let real = deadline.checked_sub(host_suspended()).unwrap_or_else(Instant::now);
+        Box::pin(tokio::time::sleep_until(real))
+    }
+}
+
+/// How long the host has been suspended since this process first asked (zero where the
+/// system cannot tell).
+pub fn host_suspended() -> Duration {
+    static BASE: OnceLock<u64> = OnceLock::new();
+    let gap = boottime_gap_ns();
+    let base = *BASE.get_or_init(|| gap);
+    Duration::from_nanos(gap.saturating_sub(base))
+}
+
+/// `CLOCK_BOOTTIME - CLOCK_MONOTONIC` in nanoseconds: the time the host has spent
+/// suspended since it booted.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn boottime_gap_ns() -> u64 {
+    use rustix::time::{ClockId, clock_gettime};
+    let ns = |id| {
+        let t = clock_gettime(id);
+        t.tv_sec as i128 * 1_000_000_000 + t.tv_nsec as i128
+    };
+    // The monotonic clock first: a suspend between the two readings then makes the gap
+    // look larger, never smaller (deadlines pass early, never late).
+    let mono = ns(ClockId::Monotonic);
+    let boot = ns(ClockId::Boottime);
+    (boot - mono).max(0) as u64
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn boottime_gap_ns() -> u64 {
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_suspended_time_never_shrinks() {
+        let a = host_suspended();
+        let b = host_suspended();
+        assert!(b >= a);
+        // Both clocks run at the same rate while the host is awake: no suspend here.
+        assert!(b < Duration::from_millis(50), "{b:?}");
     }
 }

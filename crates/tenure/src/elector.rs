@@ -310,9 +310,12 @@ impl Elector {
     /// it again on the next election.
     ///
     /// The lease is released only after the task has finished. When the task
-    /// finishes on its own while still leading, the elector releases the lease, shuts
-    /// down, and this returns the task's output. If the elector is shut down first, it
-    /// returns [`ElectError::ShutDown`] once the lease has been released.
+    /// finishes on its own while still leading (its term still valid), the elector
+    /// releases the lease, shuts down, and this returns the task's output; a task that
+    /// returns after its term ended (a `while leadership.is_valid()` loop) is taken to
+    /// have stopped for the loss, and is started again on the next election. If the
+    /// elector is shut down first, it returns [`ElectError::ShutDown`] once the lease
+    /// has been released.
     pub async fn run_while_leader<F, Fut, T>(&self, mut task: F) -> Result<T, ElectError>
     where
         F: FnMut(Leadership) -> Fut,
@@ -333,8 +336,12 @@ impl Elector {
                 biased;
                 out = &mut fut => {
                     drop(fut);
+                    // A task that returns once its term is over (a `while is_valid()`
+                    // loop whose check came before the runtime's step-down) ended because
+                    // leadership ended, not because its work is done: campaign on.
+                    let done = !cancel.is_cancelled() && leadership.is_valid();
                     drop(leadership);
-                    if !cancel.is_cancelled() {
+                    if done {
                         self.shutdown().await;
                         return Ok(out);
                     }

@@ -47,7 +47,7 @@ pub mod url;
 mod watch;
 
 pub use batch::{Batched, DEFAULT_MAX_BATCH, DEFAULT_WINDOW};
-pub use clock::{Clock, Instant, TokioClock};
+pub use clock::{Clock, Instant, TokioClock, host_suspended};
 pub use config::{Config, ConfigError, TermTimes};
 pub use elector::{BuildError, ElectError, Elector, ElectorBuilder, Event, Leadership, OustReason};
 pub use memory::MemoryStore;

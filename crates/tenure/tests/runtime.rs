@@ -414,3 +414,33 @@ async fn a_term_past_its_deadline_is_never_handed_out() {
     assert!(next.is_valid(), "leadership() handed out a term past its deadline");
     assert!(next.remaining() > TTL / 2, "a renewed term has most of a TTL left");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_task_that_ends_with_its_term_runs_again_on_the_next_one() {
+    let clock = Arc::new(JumpClock::default());
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let a =
+        Elector::builder(store, "jobs/sweeper").holder("a").ttl(TTL).jitter(0.0).clock(clock.clone()).build().unwrap();
+    let runs = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let r = runs.clone();
+    let task = tokio::spawn(async move {
+        a.run_while_leader(|l| {
+            let r = r.clone();
+            async move {
+                r.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                // README's loop: work while the term is valid.
+                while l.is_valid() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        })
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // Frozen past the deadline: the loop sees the term is over before the runtime does.
+    clock.jump(TTL * 2);
+    tokio::time::sleep(TTL * 3).await;
+    assert!(!task.is_finished(), "run_while_leader took the end of a term for the end of the work and gave up");
+    assert!(runs.load(std::sync::atomic::Ordering::SeqCst) >= 2, "the task was not started again on the next term");
+}

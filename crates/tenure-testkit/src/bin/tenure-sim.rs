@@ -45,9 +45,11 @@ fn parse() -> Result<Args, String> {
                     "zero-margin" => Mutant::ZeroSafetyMargin,
                     "deadline-from-response" => Mutant::DeadlineFromResponse,
                     "renew-without-cas" => Mutant::RenewWithoutCas,
+                    "monotonic-deadlines" => Mutant::MonotonicDeadlines,
+                    "refusal-is-fatal" => Mutant::RefusalIsFatal,
                     other => {
                         return Err(format!(
-                            "unknown mutant {other:?}; one of zero-margin, deadline-from-response, renew-without-cas"
+                            "unknown mutant {other:?}; one of zero-margin, deadline-from-response, renew-without-cas, monotonic-deadlines, refusal-is-fatal"
                         ));
                     }
                 })
@@ -56,7 +58,7 @@ fn parse() -> Result<Args, String> {
             "--log" => a.cfg.keep_log = true,
             "-h" | "--help" => {
                 return Err("usage: tenure-sim [--seeds N] [--first-seed S] [--duration 60s] [--threads T] \
-                            [--mutant zero-margin|deadline-from-response|renew-without-cas] [-v] [--log]"
+                            [--mutant zero-margin|deadline-from-response|renew-without-cas|monotonic-deadlines|refusal-is-fatal] [-v] [--log]"
                     .into());
             }
             other => return Err(format!("unknown argument {other:?}; see --help")),
