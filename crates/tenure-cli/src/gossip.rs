@@ -2,14 +2,21 @@
 
 use std::time::Duration;
 
-use crate::{duration, store_url};
-use anyhow::{Context, Result, bail};
+use crate::duration;
+#[cfg(feature = "gossip")]
+use crate::store_url;
+use anyhow::Result;
+#[cfg(feature = "gossip")]
+use anyhow::{Context, bail};
 use clap::Args;
+#[cfg(feature = "gossip")]
 use tenure_gossip::{Claim, Client, CommandHandler, Config, Event, GossipError, Handlers, Worker};
 
 /// Exit code of `elect` when the winner did not start the action.
+#[cfg(feature = "gossip")]
 pub const EXIT_NOT_STARTED: i32 = 3;
 /// Exit code of `elect` when no outcome came in time.
+#[cfg(feature = "gossip")]
 pub const EXIT_NO_OUTCOME: i32 = 4;
 
 /// Where the group is.
@@ -54,6 +61,7 @@ pub struct WorkerArgs {
     pub claim_ttl: Duration,
 }
 
+#[cfg(feature = "gossip")]
 /// `tenure gossip worker`: joins the group and runs won actions until SIGINT/SIGTERM,
 /// then leaves cleanly. Prints one line per decision on stdout.
 pub async fn worker(s: WorkerArgs, store: Option<&str>) -> Result<i32> {
@@ -124,6 +132,7 @@ pub async fn worker(s: WorkerArgs, store: Option<&str>) -> Result<i32> {
     Ok(0)
 }
 
+#[cfg(feature = "gossip")]
 /// `tenure gossip elect`: asks the group to elect a worker for `id` and prints the winner.
 pub async fn elect(
     broker: &str,
@@ -161,6 +170,7 @@ pub async fn elect(
     Ok(if outcome.started { 0 } else { EXIT_NOT_STARTED })
 }
 
+#[cfg(feature = "gossip")]
 /// `tenure gossip members`: lists the live workers of the group.
 pub async fn members(broker: &str, group: &str, wait: Duration, json: bool) -> Result<i32> {
     let transport = tenure_gossip::connect(broker, group)?;
@@ -176,4 +186,10 @@ pub async fn members(broker: &str, group: &str, wait: Duration, json: bool) -> R
         }
     }
     Ok(0)
+}
+
+/// Without the `gossip` feature: every `tenure gossip` command says so.
+#[cfg(not(feature = "gossip"))]
+pub fn missing() -> Result<i32> {
+    Err(crate::store_url::missing("`tenure gossip`", "gossip"))
 }

@@ -5,13 +5,14 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Result;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use tenure::ElectionName;
 
 mod bench;
 mod child;
 mod cron;
 mod demo;
+mod docs;
 mod gossip;
 mod inspect;
 mod run;
@@ -156,6 +157,26 @@ Example:
         #[arg(long, default_value = "2s", value_parser = duration)]
         ttl: Duration,
     },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    #[command(after_help = "\
+Examples:
+  tenure completions bash > /etc/bash_completion.d/tenure
+  tenure completions zsh > \"${fpath[1]}/_tenure\"
+  tenure completions fish > ~/.config/fish/completions/tenure.fish")]
+    Completions {
+        /// The shell
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page, or write one per command into a directory
+    #[command(after_help = "\
+Examples:
+  tenure man | man -l -
+  tenure man --dir /usr/local/share/man/man1   # tenure.1, tenure-run.1, …")]
+    Man {
+        /// Write tenure.1 and tenure-COMMAND.1 pages into this directory
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
     /// Measure speed and store load of elections on the store, with baselines
     #[command(after_help = "\
 Runs the scenarios in one process against --store and prints a table (or --json):
@@ -190,7 +211,21 @@ Exit codes of elect: 0 the winner started the action (or had, for a repeated id)
         #[command(subcommand)]
         command: GossipCommand,
     },
-    #[command(name = "__child", hide = true)]
+}
+
+/// What `tenure` runs for itself: never offered to users, so kept out of [`Cli`] (and so
+/// out of `--help`, completions and man pages).
+#[derive(Parser)]
+#[command(name = "tenure")]
+struct Internal {
+    #[command(subcommand)]
+    command: InternalCommand,
+}
+
+#[derive(Subcommand)]
+enum InternalCommand {
+    /// The supervisor of a `tenure run` command (see child.rs).
+    #[command(name = "__child")]
     Child {
         parent: i32,
         deadline_file: PathBuf,
@@ -198,7 +233,8 @@ Exit codes of elect: 0 the winner started the action (or had, for a repeated id)
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
     },
-    #[command(name = "__demo-job", hide = true)]
+    /// The job `tenure demo` runs.
+    #[command(name = "__demo-job")]
     DemoJob { dir: PathBuf },
 }
 
@@ -338,10 +374,11 @@ fn init_logging(verbose: u8, quiet: bool, errors_only: bool) {
 async fn dispatch(cli: Cli) -> Result<i32> {
     let store = cli.store.as_deref();
     match cli.command {
-        Command::Child { parent, deadline_file, grace_ms, cmd } => {
-            Ok(child::supervisor(parent, &deadline_file, Duration::from_millis(grace_ms), &cmd).await)
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "tenure", &mut std::io::stdout());
+            Ok(0)
         }
-        Command::DemoJob { dir } => demo::job(&dir).await,
+        Command::Man { dir } => docs::man(Cli::command(), dir.as_deref()).map(|()| 0),
         Command::Demo { candidates, ttl } => demo::demo(candidates, ttl).await.map(|()| 0),
         Command::Run(a) => {
             let c = a.campaign.campaign();
@@ -366,6 +403,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 None => bench::bench(|| store_url::open(store), &settings).await,
             }
         }
+        #[cfg(feature = "gossip")]
         Command::Gossip { command } => match command {
             GossipCommand::Worker(args) => gossip::worker(args, store).await,
             GossipCommand::Elect { id, broker, topic, action, wait, json } => {
@@ -375,6 +413,8 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 gossip::members(&broker.broker, &broker.group, wait, json).await
             }
         },
+        #[cfg(not(feature = "gossip"))]
+        Command::Gossip { .. } => gossip::missing(),
         Command::Status { election, json } => {
             inspect::status(store_url::open(store).await?, &election, json).await.map(|()| 0)
         }
@@ -388,14 +428,32 @@ async fn dispatch(cli: Cli) -> Result<i32> {
     }
 }
 
+async fn dispatch_internal(i: Internal) -> Result<i32> {
+    match i.command {
+        InternalCommand::Child { parent, deadline_file, grace_ms, cmd } => {
+            Ok(child::supervisor(parent, &deadline_file, Duration::from_millis(grace_ms), &cmd).await)
+        }
+        InternalCommand::DemoJob { dir } => demo::job(&dir).await,
+    }
+}
+
 fn main() -> ExitCode {
+    let internal = std::env::args_os().nth(1).is_some_and(|a| a.to_string_lossy().starts_with("__"));
+    if internal {
+        return block_on(dispatch_internal(Internal::parse()));
+    }
     let cli = Cli::parse();
-    if !matches!(cli.command, Command::Child { .. } | Command::DemoJob { .. }) {
+    if !matches!(cli.command, Command::Completions { .. } | Command::Man { .. }) {
         // The benchmark cuts off its own candidates and stops hundreds of terms: the
         // warnings those faults cause are expected, not the user's. Only errors unless asked.
         let bench = matches!(cli.command, Command::Bench(_)) && cli.verbose == 0;
         init_logging(cli.verbose, cli.quiet, bench);
     }
+    block_on(dispatch(cli))
+}
+
+/// Runs `work` and turns its outcome into the exit code, printing the whole error chain.
+fn block_on(work: impl std::future::Future<Output = Result<i32>>) -> ExitCode {
     // One thread: a child's parent-death signal follows the thread that started it.
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -404,7 +462,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match rt.block_on(dispatch(cli)) {
+    match rt.block_on(work) {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {
             eprintln!("tenure: error: {e:#}");

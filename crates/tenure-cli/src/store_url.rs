@@ -31,6 +31,25 @@ pub fn default_sqlite_path() -> Result<PathBuf> {
     Ok(base.join("tenure").join("tenure.db"))
 }
 
+/// Connects to a store whose crate is behind `feature`, or says which feature is missing.
+macro_rules! connect {
+    ($feature:literal, $name:literal, $store:path, $url:expr) => {{
+        #[cfg(feature = $feature)]
+        {
+            use $store as Store;
+            let store = Store::connect($url)
+                .await
+                .with_context(|| format!("cannot use the {} store {}", $name, redact($url)))?;
+            return Ok(Arc::new(store));
+        }
+        #[cfg(not(feature = $feature))]
+        {
+            let _ = $url;
+            return Err(missing(concat!("the ", $name, " store"), $feature));
+        }
+    }};
+}
+
 /// Opens the store `url` names, or the default SQLite database when `url` is `None`.
 pub async fn open(url: Option<&str>) -> Result<Arc<dyn LeaseStore>> {
     let url = url.map(str::trim).filter(|u| !u.is_empty());
@@ -55,68 +74,43 @@ pub async fn open(url: Option<&str>) -> Result<Arc<dyn LeaseStore>> {
                     }
                     PathBuf::from(path)
                 }
-                "postgres" | "postgresql" => {
-                    let store = tenure_postgres::PostgresStore::connect(url)
-                        .await
-                        .with_context(|| format!("cannot use the PostgreSQL store {}", redact(url)))?;
-                    return Ok(Arc::new(store));
-                }
-                "redis" | "rediss" => {
-                    let store = tenure_redis::RedisStore::connect(url)
-                        .await
-                        .with_context(|| format!("cannot use the Redis store {}", redact(url)))?;
-                    return Ok(Arc::new(store));
-                }
-                "mysql" | "mariadb" => {
-                    let store = tenure_mysql::MysqlStore::connect(url)
-                        .await
-                        .with_context(|| format!("cannot use the MySQL store {}", redact(url)))?;
-                    return Ok(Arc::new(store));
-                }
-                "etcd" | "etcds" => {
-                    let store = tenure_etcd::EtcdStore::connect(url)
-                        .await
-                        .with_context(|| format!("cannot use the etcd store {}", redact(url)))?;
-                    return Ok(Arc::new(store));
-                }
-                "nats" => {
-                    let store = tenure_nats::NatsStore::connect(url)
-                        .await
-                        .with_context(|| format!("cannot use the NATS store {}", redact(url)))?;
-                    return Ok(Arc::new(store));
-                }
-                "azblob" => {
-                    let store = tenure_cloud::AzureStore::connect(url)
-                        .await
-                        .with_context(|| format!("cannot use the Azure Blob store {url}"))?;
-                    return Ok(Arc::new(store));
-                }
-                "s3" => {
-                    let store = tenure_cloud::S3Store::connect(url)
-                        .await
-                        .with_context(|| format!("cannot use the S3 store {url}"))?;
-                    return Ok(Arc::new(store));
-                }
-                "gs" => {
-                    let store = tenure_cloud::GcsStore::connect(url)
-                        .await
-                        .with_context(|| format!("cannot use the GCS store {url}"))?;
-                    return Ok(Arc::new(store));
-                }
-                "dynamodb" => {
-                    let store = tenure_cloud::DynamoStore::connect(url)
-                        .await
-                        .with_context(|| format!("cannot use the DynamoDB store {url}"))?;
-                    return Ok(Arc::new(store));
-                }
+                "postgres" | "postgresql" => connect!("postgres", "PostgreSQL", tenure_postgres::PostgresStore, url),
+                "redis" | "rediss" => connect!("redis", "Redis", tenure_redis::RedisStore, url),
+                "mysql" | "mariadb" => connect!("mysql", "MySQL", tenure_mysql::MysqlStore, url),
+                "etcd" | "etcds" => connect!("etcd", "etcd", tenure_etcd::EtcdStore, url),
+                "nats" => connect!("nats", "NATS", tenure_nats::NatsStore, url),
+                "azblob" => connect!("cloud", "Azure Blob", tenure_cloud::AzureStore, url),
+                "s3" => connect!("cloud", "S3", tenure_cloud::S3Store, url),
+                "gs" => connect!("cloud", "GCS", tenure_cloud::GcsStore, url),
+                "dynamodb" => connect!("cloud", "DynamoDB", tenure_cloud::DynamoStore, url),
                 other => bail!("unknown store scheme {other:?} in {:?}; supported: {SCHEMES}", redact(url)),
             }
         }
     };
-    let store = tenure_sqlite::SqliteStore::open(&path)
+    open_sqlite(&path).await
+}
+
+#[cfg(feature = "sqlite")]
+async fn open_sqlite(path: &std::path::Path) -> Result<Arc<dyn LeaseStore>> {
+    let store = tenure_sqlite::SqliteStore::open(path)
         .await
         .with_context(|| format!("cannot open the SQLite store at {}", path.display()))?;
     Ok(Arc::new(store))
+}
+
+#[cfg(not(feature = "sqlite"))]
+async fn open_sqlite(path: &std::path::Path) -> Result<Arc<dyn LeaseStore>> {
+    Err(missing("the SQLite store", "sqlite"))
+        .with_context(|| format!("cannot open {}: pass --store URL for a store this build has", path.display()))
+}
+
+/// The error for a part (`what`: "the PostgreSQL store") this build was compiled without.
+#[allow(dead_code)] // unused when every part is built in
+pub fn missing(what: &str, feature: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "{what} is not in this build of tenure: it was built without the `{feature}` feature \
+         (cargo install tenure-cli --features {feature}, or build with the default features)"
+    )
 }
 
 #[cfg(test)]
@@ -131,6 +125,18 @@ mod tests {
         assert_eq!(redact("etcd://h1:2379,h2:2379"), "etcd://h1:2379,h2:2379");
     }
 
+    #[cfg(not(feature = "postgres"))]
+    #[tokio::test]
+    async fn a_store_left_out_of_the_build_is_refused_by_name() {
+        let err = format!("{:#}", open(Some("postgres://app:pw@127.0.0.1/db")).await.err().unwrap());
+        assert!(
+            err.contains("the PostgreSQL store is not in this build") && err.contains("`postgres` feature"),
+            "{err}"
+        );
+        assert!(!err.contains("pw"), "{err}");
+    }
+
+    #[cfg(all(feature = "etcd", feature = "nats", feature = "sqlite"))]
     #[tokio::test]
     async fn unknown_schemes_list_the_supported_ones() {
         let err = open(Some("ftp://x")).await.err().unwrap().to_string();

@@ -496,3 +496,52 @@ fn bench_runs_every_scenario_and_reports_json() {
     assert!(leading > 0, "{text}");
     assert!(per.iter().all(|p| p["renewal_latency"]["n"].as_u64().is_some()), "{text}");
 }
+
+/// Shell completions and man pages come from the same definitions as `--help`.
+#[test]
+fn completions_load_in_their_shells_and_man_pages_cover_every_command() {
+    let env = Env::new();
+    let bash = env.tenure(&["completions", "bash"]);
+    assert!(bash.status.success(), "{}", String::from_utf8_lossy(&bash.stderr));
+    let script = env.dir.path().join("tenure.bash");
+    std::fs::write(&script, &bash.stdout).unwrap();
+    let check = Command::new("bash").arg("-n").arg(&script).output().unwrap();
+    assert!(check.status.success(), "bash -n: {}", String::from_utf8_lossy(&check.stderr));
+    // Loaded, it registers a completion for `tenure` that offers the subcommands.
+    let probe = format!(
+        "source {}; complete -p tenure || exit 1; COMP_WORDS=(tenure ru); COMP_CWORD=1; COMP_LINE='tenure ru'; \
+         COMP_POINT=9; _tenure tenure ru tenure; echo \"${{COMPREPLY[@]}}\"",
+        script.display()
+    );
+    let out = Command::new("bash").arg("-c").arg(&probe).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("run"), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let all = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "source {}; COMP_WORDS=(tenure ''); COMP_CWORD=1; _tenure tenure '' tenure; echo \"${{COMPREPLY[@]}}\"",
+            script.display()
+        ))
+        .output()
+        .unwrap();
+    let all = String::from_utf8_lossy(&all.stdout);
+    assert!(all.contains("schedule") && !all.contains("__"), "internal commands are not offered: {all}");
+    for shell in ["zsh", "fish", "elvish", "powershell"] {
+        let out = env.tenure(&["completions", shell]);
+        assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("schedule"), "{shell}");
+    }
+    let bad = env.tenure(&["completions", "tcsh"]);
+    assert_eq!(bad.status.code(), Some(2), "an unknown shell is a usage error");
+
+    let man = env.tenure(&["man"]);
+    let page = String::from_utf8_lossy(&man.stdout);
+    assert!(man.status.success() && page.contains(".TH tenure") && page.contains("schedule"), "{page}");
+    let dir = env.dir.path().join("man1");
+    let out = env.tenure(&["man", "--dir", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for name in ["tenure", "tenure-run", "tenure-schedule", "tenure-status", "tenure-evict", "tenure-gossip"] {
+        let page = std::fs::read_to_string(dir.join(format!("{name}.1"))).unwrap_or_default();
+        assert!(page.starts_with(".ie") || page.contains(".TH"), "{name}.1 is missing or empty");
+    }
+    assert!(!dir.join("tenure-__child.1").exists(), "hidden commands get no page");
+}
