@@ -298,8 +298,9 @@ struct CampaignArgs {
     #[arg(long, default_value = "10s", value_parser = duration)]
     ttl: Duration,
     /// How long the command gets between SIGTERM and SIGKILL when leadership ends
-    #[arg(long, default_value = "3s", value_parser = duration)]
-    grace: Duration,
+    /// [default: 3s, or for a short --ttl three quarters of the most that fits: about 1.5s at 5s]
+    #[arg(long, value_parser = duration)]
+    grace: Option<Duration>,
     /// Text published with the lease for observers (e.g. host:port), at most 4 KiB
     #[arg(long)]
     metadata: Option<String>,
@@ -347,7 +348,7 @@ impl CampaignArgs {
             election: self.election.to_string(),
             id: self.id.clone(),
             ttl: self.ttl,
-            grace: self.grace,
+            grace: self.grace.unwrap_or_else(|| run::default_grace(self.ttl)),
             metadata: self.metadata.clone(),
         }
     }

@@ -12,6 +12,20 @@ use crate::cron::Schedule;
 /// Time kept between killing the command and the lease deadline, for the kill itself.
 const KILL_MARGIN: Duration = Duration::from_millis(200);
 
+/// The grace periods that fit `cfg`'s TTL lie below this: after the first renewal
+/// attempt, at least two retries must fit before the step-down (or one slow answer would
+/// end every term), and the step-down must leave the grace and the kill margin.
+fn grace_budget(cfg: &Config) -> Duration {
+    cfg.deadline_offset().saturating_sub(cfg.renew_interval + KILL_MARGIN + cfg.retry_period * 2)
+}
+
+/// The grace period when none is given: 3 s, or for a TTL too short for that, three
+/// quarters of the most that fits (in whole milliseconds).
+pub fn default_grace(ttl: Duration) -> Duration {
+    let budget = grace_budget(&Config::new(ttl));
+    Duration::from_millis((budget.as_millis() as u64 * 3 / 4).max(1)).min(Duration::from_secs(3))
+}
+
 /// Settings shared by `run` and `schedule`.
 pub struct Campaign {
     pub election: String,
@@ -42,9 +56,7 @@ impl Campaign {
         if let Err(e) = cfg.validate() {
             bail!("invalid --ttl {}: {}", humantime::format_duration(self.ttl), e.reason);
         }
-        // After the first renewal attempt, at least two retries must fit before the
-        // step-down, or one slow answer would end every term.
-        let budget = cfg.deadline_offset().saturating_sub(cfg.renew_interval + KILL_MARGIN + cfg.retry_period * 2);
+        let budget = grace_budget(&cfg);
         if self.grace.is_zero() || self.grace >= budget {
             bail!(
                 "--grace {} does not fit inside --ttl {}: the command must be stopped before the lease \
@@ -244,5 +256,33 @@ pub async fn schedule(store: Arc<dyn LeaseStore>, c: &Campaign, schedule: &Sched
         if following.is_some() && following < next {
             tracing::warn!("ticks passed while the command was still running; they were skipped");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn campaign(ttl: Duration, grace: Duration) -> Campaign {
+        Campaign { election: "e".into(), id: None, ttl, grace, metadata: None }
+    }
+
+    #[test]
+    fn the_default_grace_fits_every_ttl_and_is_three_seconds_from_ten() {
+        for ms in [500, 1000, 2000, 3000, 5000, 7000, 10_000, 60_000] {
+            let ttl = Duration::from_millis(ms);
+            let grace = default_grace(ttl);
+            assert!(grace <= Duration::from_secs(3) && !grace.is_zero(), "{ttl:?}: {grace:?}");
+            assert!(campaign(ttl, grace).renew_deadline().is_ok(), "the default {grace:?} does not fit {ttl:?}");
+        }
+        assert_eq!(default_grace(Duration::from_secs(10)), Duration::from_secs(3));
+        assert_eq!(default_grace(Duration::from_secs(5)), Duration::from_millis(1487));
+    }
+
+    #[test]
+    fn a_grace_that_leaves_no_room_to_retry_renewals_is_refused() {
+        let err = campaign(Duration::from_secs(10), Duration::from_secs(5)).renew_deadline().unwrap_err();
+        assert!(err.to_string().contains("renewals need time to retry"), "{err}");
+        assert!(campaign(Duration::from_secs(10), Duration::from_secs(4)).renew_deadline().is_ok());
     }
 }
