@@ -383,7 +383,7 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
     let ttl = Duration::from_millis([500, 1000, 2000, 3000][rng.usize(0..4)]);
     let store_clock = Arc::new(JumpClock { jumped: AtomicU64::new(0) });
     // Calm seeds have no store faults, so that liveness can be judged on them.
-    let calm = seed % 4 == 0;
+    let calm = seed.is_multiple_of(4);
     let chaos = if calm { 0.0 } else { 0.3 + 0.7 * rng.f64() };
     let max_latency = ttl / [20, 50, 200, 1000][rng.usize(0..4)];
     let world = Arc::new(World {

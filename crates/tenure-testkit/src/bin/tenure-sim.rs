@@ -103,7 +103,7 @@ fn main() -> ExitCode {
                     }
                     let r = run_seed(seed, &args.cfg);
                     // Every 100th seed runs twice: the event logs must be identical.
-                    if seed % 100 == 0 {
+                    if seed.is_multiple_of(100) {
                         let cfg = SimConfig { keep_log: true, ..args.cfg.clone() };
                         let (a, b) = (run_seed(seed, &cfg), run_seed(seed, &cfg));
                         if a.log_hash != r.log_hash || b.log_hash != r.log_hash {

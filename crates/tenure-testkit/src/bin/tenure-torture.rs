@@ -196,7 +196,7 @@ fn signal(child: &Child, sig: Signal) {
 /// The clock skew of candidate `n` with `--skew`: alternately 0.5 % slow and 2 h ahead,
 /// 0.5 % fast and 90 min behind (monotonic clocks included), within the default 1 % bound.
 fn skew_of(n: usize) -> &'static str {
-    if n % 2 == 0 { "+2h x0.995" } else { "-90m x1.005" }
+    if n.is_multiple_of(2) { "+2h x0.995" } else { "-90m x1.005" }
 }
 
 /// The store URL for a throwaway server; the emulators' credentials go in the environment
