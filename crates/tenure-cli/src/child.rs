@@ -63,6 +63,16 @@ fn write_stop_at(path: &Path, stop_at_ns: u64) -> std::io::Result<()> {
     std::fs::rename(tmp, path)
 }
 
+/// Removes the directory `tenure run` made for the deadline file (only one it made:
+/// named `tenure-run-…`).
+fn remove_deadline_dir(deadline_file: &Path) {
+    if let Some(dir) = deadline_file.parent()
+        && dir.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("tenure-run-"))
+    {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
 /// Every live descendant of `root`, found through `/proc` (parents before children).
 pub fn descendants(root: Pid) -> Vec<Pid> {
     let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
@@ -174,7 +184,12 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, cmd:
                 }
                 Ok(None) => break,
                 Err(rustix::io::Errno::CHILD) => {
-                    return if parent_gone { 137 } else { code.unwrap_or(1) };
+                    if parent_gone {
+                        // `tenure run` cannot clean up after itself: its directory goes too.
+                        remove_deadline_dir(deadline_file);
+                        return 137;
+                    }
+                    return code.unwrap_or(1);
                 }
                 Err(rustix::io::Errno::INTR) => {}
                 Err(_) => break,

@@ -126,6 +126,35 @@ fn a_killed_tenure_run_takes_processes_in_other_groups_and_sessions_with_it() {
 }
 
 #[test]
+fn a_killed_tenure_run_leaves_nothing_in_the_temporary_directory() {
+    let env = Env::new();
+    let tmp = env.path("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let (pids, log) = (env.path("pids"), env.path("log"));
+    let _reap = Reap(pids.clone());
+    let w = worker(&pids, &log, false);
+    let mut leader = Command::new(TENURE)
+        .env("TENURE_STORE", env.sqlite())
+        .env("TMPDIR", &tmp)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .args(["run", "jobs/tmp", "--ttl", "2s", "--grace", "300ms", "--", "sh", "-c", &w])
+        .spawn()
+        .map(Proc)
+        .unwrap();
+    let started = wait_pids(&pids, 1);
+    assert_eq!(std::fs::read_dir(&tmp).unwrap().count(), 1, "tenure run keeps its deadline file there");
+    signal(leader.id(), rustix::process::Signal::KILL);
+    leader.wait().unwrap();
+    wait_dead(&started, TTL);
+    let t0 = Instant::now();
+    while std::fs::read_dir(&tmp).unwrap().count() > 0 {
+        assert!(t0.elapsed() < TTL, "left behind: {:?}", std::fs::read_dir(&tmp).unwrap().collect::<Vec<_>>());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
 fn a_frozen_tenure_run_stops_workers_that_ignore_sigterm_before_the_deadline() {
     let env = Env::new();
     let (pids, log) = (env.path("pids"), env.path("log"));
