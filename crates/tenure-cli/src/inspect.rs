@@ -30,6 +30,19 @@ fn leader_json(r: &LeaseRecord) -> Value {
     })
 }
 
+/// The leader object when the record could not be read: the same fields, the times null.
+fn leader_json_without_record(l: &Leader) -> Value {
+    json!({
+        "holder": l.holder.as_str(),
+        "token": l.token.0,
+        "acquired_at": null,
+        "renewed_at": null,
+        "expires_in_ms": null,
+        "evicted": false,
+        "metadata": text(&l.metadata),
+    })
+}
+
 fn status_json(election: &str, r: Option<&LeaseRecord>) -> Value {
     json!({ "election": election, "leader": r.map(leader_json) })
 }
@@ -179,12 +192,18 @@ pub async fn watch(store: Arc<dyn LeaseStore>, election: &ElectionName, as_json:
         };
         let now = humantime::format_rfc3339_millis(SystemTime::now());
         let line = match (&leader, as_json) {
-            (_, true) => json!({
-                "time": now.to_string(),
-                "election": election.as_str(),
-                "leader": leader.as_ref().map(|l| json!({"holder": l.holder.as_str(), "token": l.token.0, "metadata": text(&l.metadata)})),
-            })
-            .to_string(),
+            (_, true) => {
+                // The same leader object as `status --json`: the record as it stands, when
+                // it is still this term's (one read per change of leader).
+                let leader_obj = match &leader {
+                    None => Value::Null,
+                    Some(l) => match store.get(election).await {
+                        Ok(Some(r)) if r.holder == l.holder && r.token == l.token => leader_json(&r),
+                        _ => leader_json_without_record(l),
+                    },
+                };
+                json!({ "time": now.to_string(), "election": election.as_str(), "leader": leader_obj }).to_string()
+            }
             (Some(l), false) => format!("{now}  {election}  leader {} (token {})", l.holder, l.token),
             (None, false) => format!("{now}  {election}  no leader"),
         };
@@ -202,5 +221,23 @@ mod tests {
     fn status_json_has_the_documented_shape() {
         let v = status_json("a/b", None);
         assert_eq!(v, json!({"election": "a/b", "leader": null}));
+    }
+
+    #[test]
+    fn a_leader_without_its_record_has_the_same_fields() {
+        let rec = LeaseRecord {
+            election: ElectionName::new("a").unwrap(),
+            holder: tenure::HolderId::new("h").unwrap(),
+            token: tenure::FencingToken(7),
+            revision: tenure::Revision(1),
+            ttl: Duration::from_secs(1),
+            acquired_at: None,
+            renewed_at: None,
+            remaining: None,
+            evicted: false,
+            metadata: b"m".to_vec(),
+        };
+        let leader = Leader { holder: rec.holder.clone(), token: rec.token, metadata: rec.metadata.clone() };
+        assert_eq!(leader_json(&rec), leader_json_without_record(&leader));
     }
 }

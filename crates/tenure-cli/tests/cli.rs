@@ -545,3 +545,34 @@ fn completions_load_in_their_shells_and_man_pages_cover_every_command() {
     }
     assert!(!dir.join("tenure-__child.1").exists(), "hidden commands get no page");
 }
+
+/// `status`, `list` and `watch` describe a leader with one and the same object.
+#[test]
+fn status_list_and_watch_print_the_same_leader_object() {
+    let env = Env::new();
+    let _leader = env.run("a", "5s");
+    wait_starts(&env.log(), 1, Duration::from_secs(20));
+    let status: serde_json::Value =
+        serde_json::from_slice(&env.tenure(&["status", "jobs/report", "--json"]).stdout).unwrap();
+    let list: serde_json::Value = serde_json::from_slice(&env.tenure(&["list", "--json"]).stdout).unwrap();
+    let mut watch =
+        env.cmd().args(["watch", "jobs/report", "--json"]).stdout(Stdio::piped()).spawn().map(Proc).unwrap();
+    let mut line = String::new();
+    BufReader::new(watch.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let watched: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let keys = |v: &serde_json::Value| {
+        let mut k: Vec<String> = v["leader"].as_object().expect("a leader object").keys().cloned().collect();
+        k.sort();
+        k
+    };
+    let expected = ["acquired_at", "evicted", "expires_in_ms", "holder", "metadata", "renewed_at", "token"];
+    for (what, v) in [("status", &status), ("list", &list[0]), ("watch", &watched)] {
+        assert_eq!(keys(v), expected, "{what}: {v}");
+        assert_eq!(
+            (v["leader"]["holder"].as_str(), v["leader"]["token"].as_u64()),
+            (Some("a"), status["leader"]["token"].as_u64()),
+            "{what}"
+        );
+        assert!(v["leader"]["acquired_at"].is_string(), "{what}: {v}");
+    }
+}

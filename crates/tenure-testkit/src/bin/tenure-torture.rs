@@ -10,7 +10,8 @@
 //! (SIGTERM); with a server, its connection is cut, black-holed or slowed, the server
 //! restarts, and the server refuses writes for a while as after a failover (Redis
 //! `REPLICAOF` or `min-replicas-to-write`, PostgreSQL `default_transaction_read_only`,
-//! MariaDB `read_only`). At the end the history checker judges the log: one actor at a
+//! MariaDB `read_only`); Redis is sometimes restarted from a snapshot taken a while
+//! before, bringing back records of terms that have ended since. At the end the history checker judges the log: one actor at a
 //! time, counting every process of every term (I1), growing tokens (I2), no stale write
 //! accepted (I3), a new leader within TTL + 1 s of a crash, a freeze or the end of a
 //! refusal, and within 1 s of a stop (I4).
@@ -426,9 +427,36 @@ fn torture(a: Args) -> Result<bool, String> {
             // The outage starts now: a server can take seconds to stop (Redis waits up to
             // its shutdown-timeout with clients paused when it refuses writes).
             restart_times.push(now_ns());
-            s.restart();
-            note(&mut faults, &dir, "server restart");
+            let snapshot = s.data_dir().join("older.rdb");
+            if s.kind() == Kind::Redis && snapshot.exists() && rng.bool() {
+                // A crash, and a start from a snapshot taken a while ago: records of terms
+                // that have ended since come back.
+                s.kill();
+                let dump = s.data_dir().join("dump.rdb");
+                std::fs::copy(&snapshot, &dump).map_err(|e| format!("cannot restore the snapshot: {e}"))?;
+                s.start();
+                // Later plain restarts lose everything again.
+                let _ = std::fs::remove_file(dump);
+                note(&mut faults, &dir, "Redis restart from an older snapshot");
+            } else {
+                s.restart();
+                note(&mut faults, &dir, "server restart");
+            }
             continue;
+        }
+        // Redis: now and then a snapshot, which a later restart may bring back.
+        if let Some(s) = server.as_ref()
+            && s.kind() == Kind::Redis
+            && rng.usize(0..3) == 0
+        {
+            let saved = Command::new(servers::find_program("redis-cli").ok_or("redis-cli is not installed")?)
+                .args(["-h", "127.0.0.1", "-p", &s.port().to_string(), "SAVE"])
+                .output()
+                .is_ok_and(|o| o.status.success());
+            let dump = s.data_dir().join("dump.rdb");
+            if saved && dump.exists() {
+                let _ = std::fs::rename(dump, s.data_dir().join("older.rdb"));
+            }
         }
         // The server refuses writes for longer than a TTL, as a primary does after a
         // failover: every leader steps down, and none may give up campaigning.
@@ -556,7 +584,9 @@ fn torture(a: Args) -> Result<bool, String> {
     // TTL + 1 s after a crash. When the server itself restarts among the faults, a crash
     // can fall into its outage, and Redis's restart guard then withholds grants for one
     // more TTL: allow two TTLs and the restart.
-    let restarts = faults.get("server restart").copied().unwrap_or(0) > 0;
+    let restarts = faults.get("server restart").copied().unwrap_or(0)
+        + faults.get("Redis restart from an older snapshot").copied().unwrap_or(0)
+        > 0;
     let crash_bound = if restarts { a.ttl * 2 + Duration::from_secs(2) } else { a.ttl + Duration::from_secs(1) };
     let stop_bound = if restarts { crash_bound } else { Duration::from_secs(1) };
     println!("liveness bound      {crash_bound:?} after a crash or freeze, {stop_bound:?} after a stop");
