@@ -155,6 +155,32 @@ fn a_killed_tenure_run_leaves_nothing_in_the_temporary_directory() {
 }
 
 #[test]
+fn the_supervisor_stops_the_command_when_its_deadline_cannot_be_read() {
+    let env = Env::new();
+    let tmp = env.path("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let (pids, log) = (env.path("pids"), env.path("log"));
+    let _reap = Reap(pids.clone());
+    let mut leader = Command::new(TENURE)
+        .env("TENURE_STORE", env.sqlite())
+        .env("TMPDIR", &tmp)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .args(["run", "jobs/tmp", "--ttl", "10s", "--grace", "300ms", "--", "sh", "-c", &worker(&pids, &log, false)])
+        .spawn()
+        .map(Proc)
+        .unwrap();
+    let started = wait_pids(&pids, 1);
+    let dir = std::fs::read_dir(&tmp).unwrap().next().unwrap().unwrap().path();
+    // Fail closed: no readable deadline means the deadline has passed.
+    std::fs::remove_file(dir.join("deadline")).unwrap();
+    let took = wait_dead(&started[..1], Duration::from_secs(3));
+    assert!(took < Duration::from_secs(1), "stopped {took:?} after the deadline became unreadable");
+    signal(leader.id(), rustix::process::Signal::TERM);
+    leader.wait().unwrap();
+}
+
+#[test]
 fn a_frozen_tenure_run_stops_workers_that_ignore_sigterm_before_the_deadline() {
     let env = Env::new();
     let (pids, log) = (env.path("pids"), env.path("log"));
