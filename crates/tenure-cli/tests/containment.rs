@@ -89,6 +89,18 @@ impl Env {
             .map(Proc)
             .unwrap()
     }
+    /// `tenure run` on SQLite with TTL `ttl` and its temporary files in `tmp`.
+    fn run_in(&self, tmp: &Path, ttl: &str, script: &str) -> Proc {
+        Command::new(TENURE)
+            .env("TENURE_STORE", self.sqlite())
+            .env("TMPDIR", tmp)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .args(["run", "jobs/tmp", "--ttl", ttl, "--grace", "300ms", "--", "sh", "-c", script])
+            .spawn()
+            .map(Proc)
+            .unwrap()
+    }
     fn sqlite(&self) -> String {
         format!("sqlite:{}", self.path("t.db").display())
     }
@@ -132,16 +144,7 @@ fn a_killed_tenure_run_leaves_nothing_in_the_temporary_directory() {
     std::fs::create_dir(&tmp).unwrap();
     let (pids, log) = (env.path("pids"), env.path("log"));
     let _reap = Reap(pids.clone());
-    let w = worker(&pids, &log, false);
-    let mut leader = Command::new(TENURE)
-        .env("TENURE_STORE", env.sqlite())
-        .env("TMPDIR", &tmp)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .args(["run", "jobs/tmp", "--ttl", "2s", "--grace", "300ms", "--", "sh", "-c", &w])
-        .spawn()
-        .map(Proc)
-        .unwrap();
+    let mut leader = env.run_in(&tmp, "2s", &worker(&pids, &log, false));
     let started = wait_pids(&pids, 1);
     assert_eq!(std::fs::read_dir(&tmp).unwrap().count(), 1, "tenure run keeps its deadline file there");
     signal(leader.id(), rustix::process::Signal::KILL);
@@ -161,15 +164,7 @@ fn the_supervisor_stops_the_command_when_its_deadline_cannot_be_read() {
     std::fs::create_dir(&tmp).unwrap();
     let (pids, log) = (env.path("pids"), env.path("log"));
     let _reap = Reap(pids.clone());
-    let mut leader = Command::new(TENURE)
-        .env("TENURE_STORE", env.sqlite())
-        .env("TMPDIR", &tmp)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .args(["run", "jobs/tmp", "--ttl", "10s", "--grace", "300ms", "--", "sh", "-c", &worker(&pids, &log, false)])
-        .spawn()
-        .map(Proc)
-        .unwrap();
+    let mut leader = env.run_in(&tmp, "10s", &worker(&pids, &log, false));
     let started = wait_pids(&pids, 1);
     let dir = std::fs::read_dir(&tmp).unwrap().next().unwrap().unwrap().path();
     // Fail closed: no readable deadline means the deadline has passed.
