@@ -262,3 +262,27 @@ fn a_redis_failover_does_not_end_the_campaign() {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+#[test]
+fn a_short_ttl_needs_no_grace_flag_and_its_command_stops_before_the_deadline() {
+    let env = Env::new();
+    let (pids, log) = (env.path("pids"), env.path("log"));
+    let _reap = Reap(pids.clone());
+    let ttl = Duration::from_secs(3);
+    let mut leader = Command::new(TENURE)
+        .env("TENURE_STORE", env.sqlite())
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .args(["run", "jobs/short", "--ttl", "3s", "--", "sh", "-c", &worker(&pids, &log, false)])
+        .spawn()
+        .map(Proc)
+        .unwrap();
+    let started = wait_pids(&pids, 1);
+    // Frozen right after the start: the supervisor must stop the command within the TTL.
+    signal(leader.id(), rustix::process::Signal::STOP);
+    let took = wait_dead(&started, ttl * 2);
+    assert!(took < ttl, "the command ran {took:?} after tenure froze, with a {ttl:?} lease");
+    signal(leader.id(), rustix::process::Signal::KILL);
+    signal(leader.id(), rustix::process::Signal::CONT);
+    leader.wait().unwrap();
+}
