@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub use tokio::time::Instant;
@@ -50,10 +51,19 @@ impl Clock for TokioClock {
 /// system cannot tell).
 pub fn host_suspended() -> Duration {
     static BASE: OnceLock<u64> = OnceLock::new();
+    static COUNTED: AtomicU64 = AtomicU64::new(0);
     let gap = boottime_gap_ns();
     let base = *BASE.get_or_init(|| gap);
-    Duration::from_nanos(gap.saturating_sub(base))
+    let grown = gap.saturating_sub(base);
+    // Reading two clocks one after the other makes the gap jitter by the time between the
+    // readings (well under a millisecond); a suspend lasts seconds. Count growth only past
+    // a threshold, and never less than before, so the clock never steps back.
+    let grown = if grown < SUSPEND_THRESHOLD_NS { 0 } else { grown };
+    Duration::from_nanos(COUNTED.fetch_max(grown, Ordering::SeqCst).max(grown))
 }
+
+/// Growth of `CLOCK_BOOTTIME - CLOCK_MONOTONIC` below this is reading jitter, not a suspend.
+const SUSPEND_THRESHOLD_NS: u64 = 10_000_000;
 
 /// `CLOCK_BOOTTIME - CLOCK_MONOTONIC` in nanoseconds: the time the host has spent
 /// suspended since it booted.
@@ -81,11 +91,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_suspended_time_never_shrinks() {
-        let a = host_suspended();
-        let b = host_suspended();
-        assert!(b >= a);
-        // Both clocks run at the same rate while the host is awake: no suspend here.
-        assert!(b < Duration::from_millis(50), "{b:?}");
+    fn reading_jitter_is_not_a_suspend() {
+        // Both clocks run at the same rate while the host is awake: thousands of readings
+        // must all say no time was spent suspended, exactly (paused-time tests rely on it).
+        for _ in 0..10_000 {
+            assert_eq!(host_suspended(), Duration::ZERO);
+        }
     }
 }
