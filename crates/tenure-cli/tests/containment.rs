@@ -208,7 +208,7 @@ fn a_command_that_exits_leaves_nothing_behind_and_its_code_is_kept() {
     let _reap = Reap(pids.clone());
     let w = sh_quote(&worker(&pids, &log, true));
     let script = format!(
-        "setsid sh -c {w} & sh -c {w} & while [ $(wc -l < {p}) -lt 2 ]; do sleep 0.01; done; exit 3",
+        "setsid sh -c {w} & sh -c {w} & while [ \"$(cat {p} 2>/dev/null | wc -l)\" -lt 2 ]; do sleep 0.01; done; exit 3",
         p = pids.display()
     );
     let mut leader = env.run(&env.sqlite(), "a", &script);
