@@ -113,6 +113,12 @@ pub fn signal_tree(root: Pid, sig: Signal) -> usize {
     all.len()
 }
 
+/// Whether the planted bug `name` is switched on (`TENURE_MUTANT=NAME[,NAME…]`); only a
+/// build with the `mutants` feature has any, for CI to prove its checks catch them.
+fn mutant(name: &str) -> bool {
+    cfg!(feature = "mutants") && std::env::var("TENURE_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
+}
+
 /// The exit code a shell would report for a wait status.
 fn wait_code(st: rustix::process::WaitStatus) -> i32 {
     st.exit_status().or_else(|| st.terminating_signal().map(|s| 128 + s)).unwrap_or(1)
@@ -180,6 +186,10 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, cmd:
                 Ok(Some((pid, st))) => {
                     if pid.as_raw_pid() == command {
                         code = Some(wait_code(st));
+                        if mutant("supervisor-exits-with-command") {
+                            // Planted: what the supervisor did before it was a subreaper.
+                            return wait_code(st);
+                        }
                     }
                 }
                 Ok(None) => break,

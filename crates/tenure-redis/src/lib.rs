@@ -482,6 +482,12 @@ impl Reply {
     }
 }
 
+/// Whether the planted bug `name` is switched on (`TENURE_MUTANT=NAME[,NAME…]`); only a
+/// build with the `mutants` feature has any, for CI to prove its checks catch them.
+fn mutant(name: &str) -> bool {
+    cfg!(feature = "mutants") && std::env::var("TENURE_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
+}
+
 /// Maps a client error to a store error that says whether a retry can help.
 ///
 /// Only what no retry mends is fatal: credentials and permissions, a bad URL, a key of
@@ -511,6 +517,8 @@ fn redis_error(what: &str, e: redis::RedisError) -> StoreError {
         (ErrorKind::Misconfigured, "a key under the prefix is not tenure's; is another program writing there?")
     } else if text.contains("unknown command") {
         (ErrorKind::Misconfigured, "the server lacks a command tenure needs")
+    } else if code("READONLY") && mutant("readonly-is-fatal") {
+        (ErrorKind::Misconfigured, "the server does not take writes")
     } else if code("READONLY") || code("NOREPLICAS") || code("MASTERDOWN") {
         (ErrorKind::Unavailable, "the server does not take writes now (a failover?); retrying")
     } else {
