@@ -37,6 +37,9 @@ use rustix::process::{Pid, Signal, WaitOptions};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
 
+/// How often the supervisor reads its deadline file (and checks that `tenure` lives).
+pub const CHECK_EVERY: Duration = Duration::from_millis(20);
+
 /// The host's boot-time clock in nanoseconds (`CLOCK_BOOTTIME`): shared by every process
 /// on the host, never stepped, and, unlike `CLOCK_MONOTONIC`, still counting while the
 /// host is suspended, as the store's clock does.
@@ -178,7 +181,7 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, cmd:
     let mut code: Option<i32> = None;
     let mut phase = Phase::Running;
     let mut parent_gone = false;
-    let mut check = tokio::time::interval(Duration::from_millis(20));
+    let mut check = tokio::time::interval(CHECK_EVERY);
     loop {
         // Reap whatever ended; no child left means no descendant left (we are a subreaper).
         loop {

@@ -298,7 +298,7 @@ struct CampaignArgs {
     #[arg(long, default_value = "10s", value_parser = duration)]
     ttl: Duration,
     /// How long the command gets between SIGTERM and SIGKILL when leadership ends
-    /// [default: 3s, or for a short --ttl three quarters of the most that fits: about 1.5s at 5s]
+    /// [default: 3s, or for a short --ttl three quarters of the most that fits: about 1.4s at 5s]
     #[arg(long, value_parser = duration)]
     grace: Option<Duration>,
     /// Text published with the lease for observers (e.g. host:port), at most 4 KiB

@@ -12,11 +12,21 @@ use crate::cron::Schedule;
 /// Time kept between killing the command and the lease deadline, for the kill itself.
 const KILL_MARGIN: Duration = Duration::from_millis(200);
 
+/// How often `tenure run` passes a renewal on to the supervisor's deadline file.
+const EXTEND_EVERY: Duration = Duration::from_millis(10);
+
+/// How long before the supervisor's own stop instant the runtime stops taking renewals
+/// (it steps down then). A renewal that lands at the last instant the runtime takes it
+/// must still reach the supervisor before its switch fires: tenure run's tick, an atomic
+/// file write and the supervisor's next read, twice over for a loaded host.
+const SWITCH_SLACK: Duration = Duration::from_millis(2 * (10 + 20));
+const _: () = assert!(SWITCH_SLACK.as_millis() >= 2 * (EXTEND_EVERY.as_millis() + crate::child::CHECK_EVERY.as_millis()));
+
 /// The grace periods that fit `cfg`'s TTL lie below this: after the first renewal
 /// attempt, at least two retries must fit before the step-down (or one slow answer would
 /// end every term), and the step-down must leave the grace and the kill margin.
 fn grace_budget(cfg: &Config) -> Duration {
-    cfg.deadline_offset().saturating_sub(cfg.renew_interval + KILL_MARGIN + cfg.retry_period * 2)
+    cfg.deadline_offset().saturating_sub(cfg.renew_interval + KILL_MARGIN + SWITCH_SLACK + cfg.retry_period * 2)
 }
 
 /// The grace period when none is given: 3 s, or for a TTL too short for that, three
@@ -67,7 +77,7 @@ impl Campaign {
                 humantime::format_duration(Duration::from_millis(budget.as_millis() as u64)),
             );
         }
-        Ok(cfg.deadline_offset() - self.grace - KILL_MARGIN)
+        Ok(cfg.deadline_offset() - self.grace - KILL_MARGIN - SWITCH_SLACK)
     }
 }
 
@@ -128,10 +138,10 @@ async fn supervise(l: &Leadership, cmd: &[String], grace: Duration, stop: &Cance
     let mut child = Supervised::spawn(cmd, &child_env(l), stop_at_ns(l, grace), grace)?;
     tracing::info!(token = %l.token(), pid = child.pid(), "leading; started the command");
     // Tell the supervisor of every renewal, so that it stops the command on its own
-    // only if this process stops renewing (frozen or stuck). Checked every 10 ms: a
-    // renewal that lands just before the supervisor's instant must reach it in time.
+    // only if this process stops renewing (frozen or stuck). The runtime steps down
+    // SWITCH_SLACK before the supervisor's instant, so its last renewal reaches it in time.
     let mut deadline = l.deadline();
-    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    let mut tick = tokio::time::interval(EXTEND_EVERY);
     loop {
         tokio::select! {
             biased;
@@ -269,14 +279,32 @@ mod tests {
 
     #[test]
     fn the_default_grace_fits_every_ttl_and_is_three_seconds_from_ten() {
-        for ms in [500, 1000, 2000, 3000, 5000, 7000, 10_000, 60_000] {
+        for ms in [1000, 2000, 3000, 5000, 7000, 10_000, 60_000] {
             let ttl = Duration::from_millis(ms);
             let grace = default_grace(ttl);
             assert!(grace <= Duration::from_secs(3) && !grace.is_zero(), "{ttl:?}: {grace:?}");
             assert!(campaign(ttl, grace).renew_deadline().is_ok(), "the default {grace:?} does not fit {ttl:?}");
         }
         assert_eq!(default_grace(Duration::from_secs(10)), Duration::from_secs(3));
-        assert_eq!(default_grace(Duration::from_secs(5)), Duration::from_millis(1487));
+        assert_eq!(default_grace(Duration::from_secs(5)), Duration::from_millis(1442));
+    }
+
+    #[test]
+    fn a_renewal_taken_at_the_last_instant_reaches_the_supervisor_before_its_switch() {
+        for (ttl, grace) in [(2000, 300), (5000, 1000), (10_000, 3000), (1000, 100)] {
+            let c = campaign(Duration::from_millis(ttl), Duration::from_millis(grace));
+            let step_down = c.renew_deadline().unwrap();
+            // The supervisor's switch, counted like the step-down from the renewal's send time.
+            let switch = Config::new(c.ttl).deadline_offset() - c.grace - KILL_MARGIN;
+            let delivery = EXTEND_EVERY + crate::child::CHECK_EVERY;
+            assert!(
+                switch >= step_down + delivery * 2,
+                "TTL {ttl} ms: the runtime takes renewals until {step_down:?}, the supervisor stops the command at \
+                 {switch:?}, and passing a renewal on takes up to {delivery:?}"
+            );
+            // And the switch still leaves the grace and the kill margin before the lease ends.
+            assert!(switch + c.grace + KILL_MARGIN <= Config::new(c.ttl).deadline_offset());
+        }
     }
 
     #[test]
