@@ -20,7 +20,8 @@ const EXTEND_EVERY: Duration = Duration::from_millis(10);
 /// must still reach the supervisor before its switch fires: tenure run's tick, an atomic
 /// file write and the supervisor's next read, twice over for a loaded host.
 const SWITCH_SLACK: Duration = Duration::from_millis(2 * (10 + 20));
-const _: () = assert!(SWITCH_SLACK.as_millis() >= 2 * (EXTEND_EVERY.as_millis() + crate::child::CHECK_EVERY.as_millis()));
+const _: () =
+    assert!(SWITCH_SLACK.as_millis() >= 2 * (EXTEND_EVERY.as_millis() + crate::child::CHECK_EVERY.as_millis()));
 
 /// The grace periods that fit `cfg`'s TTL lie below this: after the first renewal
 /// attempt, at least two retries must fit before the step-down (or one slow answer would

@@ -34,12 +34,32 @@ impl Reply {
         cut
     }
 
-    /// An error for a status the caller did not expect: 401/403 are credentials, 429 and
-    /// 503 ask to come back later, other 5xx after a write may have been applied.
+    /// Whether the body names one of the services' codes for "come back later" that they
+    /// send with a status that otherwise means a mistake (S3's `RequestTimeout` is a 400,
+    /// GCS's `rateLimitExceeded` can come as a 403), as an XML element or a JSON string.
+    fn names_a_passing_refusal(&self) -> bool {
+        const CODES: [&str; 8] = [
+            "RequestTimeout",
+            "SlowDown",
+            "Throttling",
+            "TooManyRequests",
+            "ServerBusy",
+            "OperationTimedOut",
+            "rateLimitExceeded",
+            "userRateLimitExceeded",
+        ];
+        let text = String::from_utf8_lossy(&self.body);
+        CODES.iter().any(|c| text.contains(&format!(">{c}<")) || text.contains(&format!("\"{c}\"")))
+    }
+
+    /// An error for a status the caller did not expect: 401/403 are credentials, 408, 429
+    /// and 503 (and a "come back later" code in the body) ask to come back later, other
+    /// 5xx after a write may have been applied.
     pub fn error(&self, what: &str, writes: bool) -> StoreError {
         let kind = match self.status {
+            _ if self.status < 500 && self.names_a_passing_refusal() => ErrorKind::Unavailable,
             401 | 403 => ErrorKind::Unauthorized,
-            429 | 503 => ErrorKind::Unavailable,
+            408 | 429 | 503 => ErrorKind::Unavailable,
             500..=599 if writes => ErrorKind::Ambiguous,
             500..=599 => ErrorKind::Unavailable,
             _ => ErrorKind::Misconfigured,

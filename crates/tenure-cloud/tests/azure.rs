@@ -67,3 +67,17 @@ async fn bad_urls_ttls_and_keys_give_clear_errors() {
     let err = AzureStore::connect_with(wrong).await.err().expect("a wrong key is refused");
     assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttling_and_server_errors_are_retried() {
+    let Some(azurite) = azurite() else { return };
+    let xml = |code: &str| {
+        format!("<?xml version=\"1.0\" encoding=\"utf-8\"?><Error><Code>{code}</Code><Message>m</Message></Error>")
+    };
+    let replies = [
+        (common::http_reply("503 The server is busy.", "application/xml", &xml("ServerBusy")), "HTTP 503"),
+        (common::http_reply("500 Operation timed out.", "application/xml", &xml("OperationTimedOut")), "HTTP 500"),
+        (common::http_reply("429 Too Many Requests", "application/xml", &xml("ServerBusy")), "HTTP 429"),
+    ];
+    azurite.refusals_are_retried("refusals", &replies).await;
+}

@@ -54,3 +54,20 @@ fn bad_urls_give_clear_errors() {
         assert!(err.to_string().contains(says), "{url}: {err}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttling_and_server_errors_are_retried() {
+    let Some(moto) = moto() else { return };
+    let json = |t: &str| format!("{{\"__type\":\"com.amazonaws.dynamodb.v20120810#{t}\",\"message\":\"m\"}}");
+    let amz = "application/x-amz-json-1.0";
+    let replies = [
+        (common::http_reply("400 Bad Request", amz, &json("ThrottlingException")), "ThrottlingException"),
+        (
+            common::http_reply("400 Bad Request", amz, &json("ProvisionedThroughputExceededException")),
+            "ProvisionedThroughputExceededException",
+        ),
+        (common::http_reply("500 Internal Server Error", amz, &json("InternalServerError")), "HTTP 500"),
+        (common::http_reply("503 Service Unavailable", amz, &json("ServiceUnavailable")), "HTTP 503"),
+    ];
+    moto.refusals_are_retried("refusals", &replies).await;
+}

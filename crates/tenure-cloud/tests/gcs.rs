@@ -66,3 +66,21 @@ async fn bad_urls_and_missing_buckets_give_clear_errors() {
     assert_eq!(err.kind(), ErrorKind::Misconfigured);
     assert!(err.to_string().contains("does not exist"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttling_and_server_errors_are_retried() {
+    let Some(gcs) = fake_gcs() else { return };
+    let json = |code: u16, reason: &str| {
+        format!("{{\"error\":{{\"code\":{code},\"message\":\"m\",\"errors\":[{{\"reason\":\"{reason}\"}}]}}}}")
+    };
+    let replies = [
+        (common::http_reply("429 Too Many Requests", "application/json", &json(429, "rateLimitExceeded")), "HTTP 429"),
+        (common::http_reply("503 Service Unavailable", "application/json", &json(503, "backendError")), "HTTP 503"),
+        (common::http_reply("500 Internal Server Error", "application/json", &json(500, "backendError")), "HTTP 500"),
+        (
+            common::http_reply("403 Forbidden", "application/json", &json(403, "userRateLimitExceeded")),
+            "userRateLimitExceeded",
+        ),
+    ];
+    gcs.refusals_are_retried("refusals", &replies).await;
+}

@@ -86,3 +86,16 @@ async fn bad_urls_and_unreachable_services_give_clear_errors() {
         .expect("nothing listens there");
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttling_and_server_errors_are_retried() {
+    let Some(moto) = moto() else { return };
+    let xml = |code: &str| format!("<?xml version=\"1.0\"?><Error><Code>{code}</Code><Message>m</Message></Error>");
+    let replies = [
+        (common::http_reply("503 Slow Down", "application/xml", &xml("SlowDown")), "HTTP 503"),
+        (common::http_reply("500 Internal Server Error", "application/xml", &xml("InternalError")), "HTTP 500"),
+        (common::http_reply("429 Too Many Requests", "application/xml", &xml("TooManyRequests")), "HTTP 429"),
+        (common::http_reply("400 Bad Request", "application/xml", &xml("RequestTimeout")), "RequestTimeout"),
+    ];
+    moto.refusals_are_retried("refusals", &replies).await;
+}

@@ -198,3 +198,59 @@ async fn a_key_whose_release_failed_is_not_kept_alive_by_other_renewals() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_database_is_retried_and_served_again_once_cleared() {
+    // A 64 KiB quota: a few puts fill it and etcd raises its NOSPACE alarm, refusing
+    // every write (ResourceExhausted, "database space exceeded") until an operator
+    // frees space and disarms the alarm: a refusal that clears, never a fatal one.
+    let Some(server) = servers::launch_configured(Kind::Etcd, None, &["--quota-backend-bytes", "65536"]) else {
+        return;
+    };
+    let endpoint = format!("127.0.0.1:{}", server.port());
+    let store = EtcdStore::connect(&server.url()).await.unwrap();
+    let ttl = Duration::from_secs(2);
+    let req = |name: &str| AcquireRequest::new(ElectionName::new(name).unwrap(), HolderId::new("p").unwrap(), ttl);
+    let Acquire::Acquired(_) = store.try_acquire(&req("full/before")).await.unwrap() else { panic!() };
+    let filler = "x".repeat(2000);
+    let program = servers::find_program("etcdctl").expect("etcdctl (Debian package etcd-client) is needed");
+    let put = |i: usize| {
+        std::process::Command::new(&program)
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={endpoint}"))
+            .args(["put", &format!("filler/{i}"), &filler])
+            .output()
+            .unwrap()
+    };
+    let mut i = 0;
+    while put(i).status.success() {
+        i += 1;
+        assert!(i < 1000, "etcd took 2 MB past a 64 KiB quota");
+    }
+    assert!(etcdctl(&endpoint, &["alarm", "list"]).contains("NOSPACE"));
+    let err = match store.try_acquire(&req("full/during")).await {
+        Err(e) => e,
+        Ok(a) => panic!("a write went through a full database: {a:?}"),
+    };
+    assert!(err.is_retryable(), "a full database must be retried, not end the campaign: {err}");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    // The operator's remedy: free space, compact, defragment, disarm.
+    etcdctl(&endpoint, &["del", "--prefix", "filler/"]);
+    let rev = etcdctl(&endpoint, &["endpoint", "status", "-w", "json"]);
+    let rev = rev.split("\"revision\":").nth(1).and_then(|r| r.split([',', '}']).next()).unwrap().trim().to_string();
+    etcdctl(&endpoint, &["compact", &rev]);
+    etcdctl(&endpoint, &["defrag"]);
+    etcdctl(&endpoint, &["alarm", "disarm"]);
+    let t0 = std::time::Instant::now();
+    loop {
+        match store.try_acquire(&req("full/during")).await {
+            Ok(Acquire::Acquired(_)) => break,
+            Ok(other) => panic!("nobody else campaigns, yet: {other:?}"),
+            Err(e) => {
+                assert!(e.is_retryable(), "{e}");
+                assert!(t0.elapsed() < Duration::from_secs(10), "still refused 10 s after the alarm was disarmed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}

@@ -213,8 +213,10 @@ fn nats_error(what: &str, e: impl std::error::Error + Send + Sync + 'static, wri
         (ErrorKind::Unauthorized, "check the user and password or token in the store URL")
     } else if text.contains("permissions violation") {
         (ErrorKind::Unauthorized, "the user may not use this bucket")
-    } else if text.contains("no responders") {
-        (ErrorKind::Unavailable, "JetStream does not answer: is the server up and started with -js?")
+    } else if text.contains("no responders") || text.contains("stream not found") || text.contains("no stream found") {
+        // Nothing took the request (a write included): JetStream is off or not yet up, or
+        // the bucket's stream is gone. It can come back, so retry.
+        (ErrorKind::Unavailable, "JetStream does not answer, or the bucket is gone: is the server started with -js?")
     } else if text.contains("timed out") || text.contains("timeout") {
         if write {
             (ErrorKind::Ambiguous, "no answer in time; the request may have been applied")

@@ -138,3 +138,51 @@ async fn an_unreachable_server_is_a_retryable_error() {
     assert!(err.is_retryable(), "{err}");
     assert!(err.to_string().contains("NATS"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_jetstream_is_retried_and_served_again_once_it_is_back() {
+    // The server comes back from a restart without JetStream (a configuration mistake
+    // being fixed, JetStream disabled for lack of resources): requests find no
+    // responders. That clears once JetStream is back, so it must never be fatal.
+    let Some(mut server) = servers::launch(Kind::Nats) else { return };
+    let url = format!("nats://127.0.0.1:{}/nojs", server.port());
+    let store = NatsStore::connect(&url).await.unwrap();
+    let ttl = Duration::from_secs(2);
+    let req = |name: &str| AcquireRequest::new(ElectionName::new(name).unwrap(), HolderId::new("p").unwrap(), ttl);
+    let Acquire::Acquired(_) = store.try_acquire(&req("before")).await.unwrap() else { panic!() };
+    server.kill();
+    let program = servers::find_program("nats-server").unwrap();
+    let mut plain = std::process::Command::new(program)
+        .args(["-a", "127.0.0.1", "-p", &server.port().to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let err = loop {
+        match store.try_acquire(&req("during")).await {
+            Err(e) if e.to_string().contains("JetStream") => break e,
+            Err(e) => assert!(e.is_retryable(), "{e}"),
+            Ok(a) => panic!("a write went through without JetStream: {a:?}"),
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "the client never reached the server without JetStream");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(err.is_retryable(), "JetStream being away must be retried, not end the campaign: {err}");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    plain.kill().unwrap();
+    plain.wait().unwrap();
+    server.start();
+    let t0 = std::time::Instant::now();
+    loop {
+        match store.try_acquire(&req("during")).await {
+            Ok(Acquire::Acquired(_)) => break,
+            Ok(other) => panic!("nobody else campaigns, yet: {other:?}"),
+            Err(e) => {
+                assert!(e.is_retryable(), "{e}");
+                assert!(t0.elapsed() < Duration::from_secs(20), "still refused 20 s after JetStream came back: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}

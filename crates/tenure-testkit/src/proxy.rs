@@ -1,4 +1,5 @@
-//! A small TCP proxy for fault tests: pass traffic, cut it, black-hole it, or delay it.
+//! A small TCP proxy for fault tests: pass traffic, cut it, black-hole it, delay it, or
+//! answer every request itself.
 //!
 //! It runs on a thread of its own, so that a test or tool without an async runtime can
 //! use it.
@@ -31,6 +32,10 @@ pub enum Mode {
     BlackHole,
     /// Forward every chunk after this delay.
     Delay(Duration),
+    /// Answer every request with these bytes (a whole HTTP response, with `Connection:
+    /// close`) without passing it on, then close: a service that throttles or fails in
+    /// front of a healthy one. Open connections are closed, so clients reconnect to it.
+    Answer(&'static [u8]),
 }
 
 /// A running proxy; dropping it stops it.
@@ -97,9 +102,16 @@ fn current(mode: &Mutex<Mode>) -> Mode {
 async fn accept_loop(listener: TcpListener, target: SocketAddr, mode: Arc<Mutex<Mode>>) {
     loop {
         let Ok((client, _)) = listener.accept().await else { continue };
-        if current(&mode) == Mode::Cut {
-            drop(client);
-            continue;
+        match current(&mode) {
+            Mode::Cut => {
+                drop(client);
+                continue;
+            }
+            Mode::Answer(reply) => {
+                tokio::spawn(answer(client, reply));
+                continue;
+            }
+            _ => {}
         }
         let mode = mode.clone();
         tokio::spawn(async move {
@@ -114,6 +126,20 @@ async fn accept_loop(listener: TcpListener, target: SocketAddr, mode: Arc<Mutex<
     }
 }
 
+/// Reads a request's head (up to its blank line), sends `reply` and closes.
+async fn answer(mut client: TcpStream, reply: &'static [u8]) {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match client.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    let _ = client.write_all(reply).await;
+    let _ = client.shutdown().await;
+}
+
 /// Copies one direction, applying the mode to every chunk; ends on a cut or a close.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
@@ -126,7 +152,7 @@ async fn pump(
             r = from.read(&mut buf) => r,
             // Notice a cut even on an idle connection.
             _ = tokio::time::sleep(Duration::from_millis(20)) => {
-                if current(&mode) == Mode::Cut { return }
+                if matches!(current(&mode), Mode::Cut | Mode::Answer(_)) { return }
                 continue;
             }
         };
@@ -142,7 +168,7 @@ async fn pump(
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         match current(&mode) {
-            Mode::Cut => return,
+            Mode::Cut | Mode::Answer(_) => return,
             Mode::Delay(d) => tokio::time::sleep(d).await,
             Mode::Pass | Mode::BlackHole => {}
         }

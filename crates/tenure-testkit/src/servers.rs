@@ -188,6 +188,8 @@ pub struct Server {
     program: PathBuf,
     child: Option<Child>,
     password: Option<String>,
+    /// Server flags added to the launcher's own (e.g. etcd's `--quota-backend-bytes`).
+    extra: Vec<OsString>,
 }
 
 /// Starts a server of `kind`, or returns `None` (after saying why) if its binary is not
@@ -201,6 +203,12 @@ pub fn launch(kind: Kind) -> Option<Server> {
 /// RabbitMQ ignores it: its user is always `guest`/`guest` (a wrong password is tested by
 /// changing the URL).
 pub fn launch_with(kind: Kind, password: Option<&str>) -> Option<Server> {
+    launch_configured(kind, password, &[])
+}
+
+/// Like [`launch_with`], with `extra` flags added to the server's command line (e.g. a
+/// small etcd `--quota-backend-bytes`, for a test that fills it).
+pub fn launch_configured(kind: Kind, password: Option<&str>, extra: &[&str]) -> Option<Server> {
     // Debian's /usr/sbin/rabbitmq-server only switches to the rabbitmq user and runs this one.
     let rabbit = Path::new("/usr/lib/rabbitmq/bin/rabbitmq-server");
     let found = match kind {
@@ -226,6 +234,7 @@ pub fn launch_with(kind: Kind, password: Option<&str>) -> Option<Server> {
         program,
         child: None,
         password: password.map(String::from),
+        extra: extra.iter().map(OsString::from).collect(),
     };
     s.init();
     s.start();
@@ -401,6 +410,12 @@ impl Server {
     }
 
     fn args(&self) -> Vec<OsString> {
+        let mut v = self.own_args();
+        v.extend(self.extra.iter().cloned());
+        v
+    }
+
+    fn own_args(&self) -> Vec<OsString> {
         let data = self.data();
         let p = self.port.to_string();
         let s = |v: &str| OsString::from(v);

@@ -1,4 +1,4 @@
-//! The proxy passes, cuts, black-holes and delays traffic.
+//! The proxy passes, cuts, black-holes and delays traffic, and answers requests itself.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -55,4 +55,27 @@ fn passes_delays_blackholes_and_cuts() {
     proxy.set(Mode::Pass);
     let mut again = TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
     roundtrip(&mut again).expect("traffic passes again");
+}
+
+#[test]
+fn answers_requests_itself_without_passing_them_on_and_closes_open_connections() {
+    let proxy = Proxy::start(("127.0.0.1", echo())).unwrap();
+    let mut open = TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
+    roundtrip(&mut open).unwrap();
+    let reply: &'static [u8] = b"HTTP/1.1 503 Slow Down\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    proxy.set(Mode::Answer(reply));
+    // The open connection is closed (the proxy notices within 20 ms of idling).
+    open.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 16];
+    assert_eq!(open.read(&mut buf).unwrap_or(0), 0, "an open connection went on passing traffic");
+    // A new one gets the answer to its request, not an echo, and is closed after it.
+    let mut s = TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).unwrap();
+    assert_eq!(got, reply);
+    proxy.set(Mode::Pass);
+    let mut s = TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
+    roundtrip(&mut s).unwrap();
 }

@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tenure::LeaseStore;
+use tenure::{AcquireRequest, ElectionName, HolderId, LeaseStore};
 use tenure_testkit::conformance::Harness;
 use tenure_testkit::proxy::{Mode, Proxy};
 use tenure_testkit::scenario::ScenarioHarness;
@@ -85,6 +85,61 @@ impl ScenarioHarness for Emulator {
     async fn restart(&self) {
         if self.durable {
             self.server.lock().unwrap().restart();
+        }
+    }
+}
+
+/// A whole HTTP response with `status` (e.g. "503 Slow Down") and `body`, that closes the
+/// connection after it.
+pub fn http_reply(status: &str, content_type: &str, body: &str) -> &'static [u8] {
+    let text = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    Box::leak(text.into_bytes().into_boxed_slice())
+}
+
+impl Emulator {
+    /// Makes the service answer every request with each of `replies` in turn (what a
+    /// throttling or failing service sends: 429, 503, 500, DynamoDB's 400 throttling),
+    /// and checks that a store on it reports each as an error that a retry can mend,
+    /// naming `expect` (the status or the service's code); then that the store, after
+    /// the service serves again, takes a lease as if nothing had happened.
+    pub async fn refusals_are_retried(&self, bucket: &'static str, replies: &[(&'static [u8], &str)]) {
+        let store = self.open(bucket).await;
+        let req = |name: &str| {
+            AcquireRequest::new(ElectionName::new(name).unwrap(), HolderId::new("p").unwrap(), self.short_ttl)
+        };
+        assert!(matches!(store.try_acquire(&req("before")).await.unwrap(), tenure::Acquire::Acquired(_)));
+        for &(reply, expect) in replies {
+            self.proxy.set(Mode::Answer(reply));
+            // Let the proxy close the pooled connections first (it looks every 20 ms), so
+            // that every request meets the answer rather than a closing connection.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            for (op, result) in [
+                ("acquire", store.try_acquire(&req("during")).await.map(|_| ())),
+                ("get", store.get(&ElectionName::new("before").unwrap()).await.map(|_| ())),
+            ] {
+                let err = result.expect_err(&format!("{op} went through while the service refused everything"));
+                assert!(err.is_retryable(), "{op}: {expect} must be retried, not end the campaign: {err}");
+                assert!(err.to_string().contains(expect), "{op}: the error does not name {expect}: {err}");
+            }
+        }
+        self.proxy.set(Mode::Pass);
+        let t0 = std::time::Instant::now();
+        loop {
+            match store.try_acquire(&req("during")).await {
+                Ok(tenure::Acquire::Acquired(_)) => break,
+                Ok(other) => panic!("nobody else campaigns, yet: {other:?}"),
+                Err(e) => {
+                    assert!(e.is_retryable(), "{e}");
+                    assert!(
+                        t0.elapsed() < Duration::from_secs(20),
+                        "still refused after the service served again: {e}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
         }
     }
 }
