@@ -154,6 +154,10 @@ pub async fn elect(
             eprintln!("tenure: error: {e}");
             return Ok(EXIT_NO_OUTCOME);
         }
+        Err(e @ GossipError::IdInUse { .. }) => {
+            eprintln!("tenure: error: {e}");
+            return Ok(EXIT_NOT_STARTED);
+        }
         Err(e) => return Err(e.into()),
     };
     if json {

@@ -73,9 +73,11 @@ impl Client {
     /// Asks the group to elect one worker to run `action` under `topic`, and waits up to
     /// `wait` for the outcome: who won, and whether it started the action. An id that was
     /// decided before (and is still remembered) answers with that earlier outcome, marked
-    /// [`Outcome::repeat`].
+    /// [`Outcome::repeat`]; if that election was for another topic or action, the answer
+    /// is [`GossipError::IdInUse`] (nothing ran for this request).
     pub async fn elect(&self, id: &str, topic: &str, action: &str, wait: Duration) -> Result<Outcome, GossipError> {
         let request = checked_request(id, topic, action)?;
+        let digest = request.digest();
         let mut heard = self.heard.resubscribe();
         self.send(Body::Elect(request)).await?;
         let mut answered = BTreeSet::new();
@@ -97,8 +99,13 @@ impl Client {
                 }
             };
             match env.body {
-                Body::Outcome(o) if o.id == id => return Ok(o),
-                Body::Candidate { request, .. } | Body::Abstain { request } if request.id == id => {
+                Body::Outcome(o) if o.id == id && o.digest == digest => return Ok(o),
+                Body::Outcome(o) if o.id == id => {
+                    return Err(GossipError::IdInUse { id: id.into(), topic: o.topic, winner: o.winner });
+                }
+                Body::Candidate { election, .. } | Body::Abstain { election }
+                    if election.id == id && election.digest == digest =>
+                {
                     answered.insert(env.from);
                 }
                 _ => {}

@@ -90,6 +90,21 @@ pub enum GossipError {
         /// How long the client waited.
         wait: std::time::Duration,
     },
+    /// The election id was used before for another topic or action: nothing ran for
+    /// this request.
+    #[error(
+        "election id {id} was used before for another action (topic {topic:?}, run by {}); nothing was run \
+         for this request: give each action an id of its own",
+        winner.as_deref().unwrap_or("no worker")
+    )]
+    IdInUse {
+        /// The election id.
+        id: String,
+        /// The topic of the earlier election under this id.
+        topic: String,
+        /// Who won the earlier election.
+        winner: Option<String>,
+    },
     /// The worker has stopped.
     #[error("the worker has stopped")]
     Stopped,

@@ -3,7 +3,9 @@
 use serde::{Deserialize, Serialize};
 
 /// The protocol version every message carries; messages of other versions are ignored.
-pub(crate) const VERSION: u8 = 1;
+/// Version 2: answers name their election by id and digest instead of repeating the
+/// request, and outcomes carry the election's topic and digest.
+pub(crate) const VERSION: u8 = 2;
 
 /// One message on the group's channel.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,16 +41,15 @@ pub(crate) enum Body {
     Elect(Request),
     /// A worker stands in an election (the "worker-elect" event); its envelope's clock is its
     /// bid. `handles` says whether it has a handler for the topic.
-    Candidate { request: Request, handles: bool },
+    Candidate { election: Ref, handles: bool },
     /// A worker answers an election without standing (it is joining or leaving).
-    Abstain { request: Request },
+    Abstain { election: Ref },
     /// What came of an election, from its winner (or, if nobody could run it, from the
     /// worker the rule ranks first).
     Outcome(Outcome),
 }
 
-/// An election request, repeated in every answer so that a worker that hears an answer
-/// before the request itself still knows the whole election.
+/// An election request.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Request {
     /// The election id (an election name: at most one run per id).
@@ -59,11 +60,52 @@ pub(crate) struct Request {
     pub action: String,
 }
 
+impl Request {
+    /// The digest of what this request asks for (its topic and action).
+    pub fn digest(&self) -> String {
+        digest(&self.topic, &self.action)
+    }
+
+    /// How answers name this election.
+    pub fn reference(&self) -> Ref {
+        Ref { id: self.id.clone(), digest: self.digest() }
+    }
+}
+
+/// How an answer names its election: the id, and the digest of the request it answers,
+/// so that an answer to another request under the same id is never counted for this one.
+/// An answer alone never opens an election (a late answer for a forgotten id starts
+/// nothing).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Ref {
+    /// The election id.
+    pub id: String,
+    /// [`digest`] of the request's topic and action.
+    pub digest: String,
+}
+
+/// A digest of a topic and an action (64-bit FNV-1a over both, as 16 hex digits): tells
+/// two requests under one id apart. It guards against mistakes, not against someone who
+/// can publish on the group (who can run commands anyway).
+pub(crate) fn digest(topic: &str, action: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in topic.bytes().chain([0u8]).chain(action.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
 /// What came of an election.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Outcome {
     /// The election id.
     pub id: String,
+    /// The election's topic.
+    pub topic: String,
+    /// The digest of the election's topic and action: an initiator whose own request
+    /// under this id has another digest learns that the id was used for something else.
+    pub digest: String,
     /// The worker that won, if any worker could run the topic.
     pub winner: Option<String>,
     /// Whether the winner started the action.
@@ -99,7 +141,7 @@ mod tests {
             incarnation: 7,
             clock: 12,
             body: Body::Candidate {
-                request: Request { id: "nightly".into(), topic: "command".into(), action: "true".into() },
+                election: Request { id: "nightly".into(), topic: "command".into(), action: "true".into() }.reference(),
                 handles: true,
             },
         };
@@ -108,7 +150,17 @@ mod tests {
         assert!(text.contains(r#""type":"candidate""#), "{text}");
         assert_eq!(Envelope::decode(&bytes), Some(env.clone()));
         assert_eq!(Envelope::decode(b"not json"), None);
-        let other_version = text.replace(r#""v":1"#, r#""v":2"#);
+        let other_version = text.replace(r#""v":2"#, r#""v":1"#);
         assert_eq!(Envelope::decode(other_version.as_bytes()), None);
+    }
+
+    #[test]
+    fn digests_tell_topics_and_actions_apart_and_are_stable() {
+        assert_eq!(digest("command", "true"), digest("command", "true"));
+        assert_ne!(digest("command", "true"), digest("command", "false"));
+        // The separator keeps "ab"+"c" apart from "a"+"bc".
+        assert_ne!(digest("ab", "c"), digest("a", "bc"));
+        // Fixed, so that workers of any build agree.
+        assert_eq!(digest("", ""), "af63bd4c8601b7df");
     }
 }

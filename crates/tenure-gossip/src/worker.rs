@@ -1,6 +1,6 @@
 //! The worker: membership, elections, and running the won ones.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,13 +10,15 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::handler::{Claim, Handlers, Job};
-use crate::message::{Body, Envelope, Outcome, Request, VERSION};
+use crate::message::{Body, Envelope, Outcome, Ref, Request, VERSION};
 use crate::rule::{self, Bid};
 use crate::transport::{Link, Publisher, Transport};
 use crate::{GossipError, check_topic};
 
 /// How many decided election ids a worker remembers at most (besides [`Config::retention`]).
 const MAX_REMEMBERED: usize = 100_000;
+/// How many answers heard before their request a worker keeps at most.
+const MAX_EARLY: usize = 10_000;
 /// The longest worker id (a holder id is at most 200 characters; a claim adds an attempt).
 const MAX_ID: usize = 150;
 /// The longest time setting.
@@ -31,7 +33,7 @@ pub struct Config {
     /// How often the worker says it is alive (2 s).
     pub heartbeat: Duration,
     /// How long a member may be silent before it counts as lost (5 s: two missed
-    /// heartbeats and half an interval of slack).
+    /// heartbeats and half an interval of slack). At least twice the heartbeat.
     pub lost_after: Duration,
     /// How long a joining worker collects the members' clocks before it stands in
     /// elections (500 ms).
@@ -65,6 +67,21 @@ impl Config {
         self.election_timeout + self.lost_after + self.heartbeat
     }
 
+    /// How long a worker may go without running before it counts itself as stalled (a
+    /// frozen process, a paused VM, a publish that hung): half of [`Config::lost_after`].
+    /// It wakes at least every half heartbeat, and a shorter stall leaves the others no
+    /// time to lose it. It then gives up the elections under way and joins again.
+    pub fn stall_limit(&self) -> Duration {
+        self.lost_after / 2
+    }
+
+    /// How long a worker may go without the broker delivering its own messages back (its
+    /// heartbeats among them) before it counts itself as cut off: half a heartbeat before
+    /// the others could lose it. It then gives up the elections under way and joins again.
+    pub fn echo_limit(&self) -> Duration {
+        self.lost_after.saturating_sub(self.heartbeat / 2)
+    }
+
     fn check(&self) -> Result<(), GossipError> {
         let bad = |m: String| Err(GossipError::Invalid(m));
         // The id names the worker's store claims too, so it follows the holder-id rule, with
@@ -86,9 +103,9 @@ impl Config {
                 return bad(format!("{what} {d:?} must be more than zero and at most {MAX_SETTING:?}"));
             }
         }
-        if self.lost_after <= self.heartbeat {
+        if self.lost_after < self.heartbeat * 2 {
             return bad(format!(
-                "lost-after ({:?}) must be longer than the heartbeat interval ({:?})",
+                "lost-after ({:?}) must be at least twice the heartbeat interval ({:?})",
                 self.lost_after, self.heartbeat
             ));
         }
@@ -162,8 +179,16 @@ pub enum Event {
         /// Who sent that outcome.
         from: String,
     },
-    /// The broker connection was lost; the worker reconnects and joins again.
+    /// The broker connection was lost; the worker gives up the elections under way,
+    /// reconnects and joins again.
     LinkLost,
+    /// This worker was stalled (it did not run for longer than [`Config::stall_limit`]:
+    /// a frozen process, a paused VM) or cut off (it stopped hearing its own messages
+    /// back): it gave up the elections under way and joins again.
+    Rejoining {
+        /// What happened.
+        reason: String,
+    },
 }
 
 enum Command {
@@ -211,17 +236,22 @@ impl Worker {
             left: HashMap::new(),
             joined: false,
             join_done: now,
+            hello_clock: 0,
+            hello_echoed: false,
+            last_awake: now,
+            last_echo: now,
             joined_tx: Some(joined_tx),
             draining: false,
             elections: BTreeMap::new(),
             finished: HashMap::new(),
             finished_order: VecDeque::new(),
+            early: HashMap::new(),
+            early_order: VecDeque::new(),
             next_heartbeat: now,
             ran_tx,
             pending_runs: 0,
             attempts: 0,
             running: Vec::new(),
-            abstained: HashSet::new(),
             cfg: config.clone(),
         };
         let task = tokio::spawn(actor.run(link, rx, ran_rx));
@@ -314,10 +344,13 @@ enum Answer {
     Abstain,
 }
 
+/// An election this worker stands in and has not decided yet.
 struct Election {
     request: Request,
-    /// The live set when this worker first heard of the election, itself included.
+    digest: String,
+    /// The live set when this worker heard the request, itself included.
     members: BTreeSet<String>,
+    /// The answers heard back from the broker, this worker's own included.
     answers: BTreeMap<String, Answer>,
     /// An outcome another worker reported before this one decided: checked at the decision.
     reported: Option<(String, Outcome)>,
@@ -325,14 +358,31 @@ struct Election {
     give_up: Instant,
 }
 
+/// An election id this worker is done with.
 struct Finished {
+    /// Whether this worker decided it (rather than gave it up or only abstained).
+    decided: bool,
     winner: Option<String>,
     /// The outcome this worker published (as winner or reporter), to repeat on request.
     outcome: Option<Outcome>,
 }
 
+impl Finished {
+    /// Given up, or answered with an abstention only: nothing to repeat or compare.
+    fn undecided() -> Self {
+        Finished { decided: false, winner: None, outcome: None }
+    }
+}
+
+/// An answer heard before its request (a broker without one order for all senders).
+struct Early {
+    from: String,
+    digest: String,
+    answer: Answer,
+}
+
 struct Ran {
-    election: String,
+    request: Request,
     result: Result<Option<JoinHandle<()>>, String>,
 }
 
@@ -349,20 +399,30 @@ struct Actor {
     members: BTreeMap<String, Member>,
     /// Members that said goodbye, and when.
     left: HashMap<String, Instant>,
+    /// Standing in elections: the join wait is over and the latest `hello` came back.
     joined: bool,
     join_done: Instant,
+    /// The clock of the latest `hello`, and whether the broker has delivered it back:
+    /// everything queued before it was sent before this worker (re)joined.
+    hello_clock: u64,
+    hello_echoed: bool,
+    /// When this worker last ran (a longer gap than [`Config::stall_limit`] is a stall).
+    last_awake: Instant,
+    /// When the broker last delivered one of this worker's own messages back.
+    last_echo: Instant,
     joined_tx: Option<oneshot::Sender<()>>,
     draining: bool,
     elections: BTreeMap<String, Election>,
     finished: HashMap<String, Finished>,
     finished_order: VecDeque<(Instant, String)>,
+    /// Answers to elections not heard of yet, by id; dropped after the give-up time.
+    early: HashMap<String, Vec<Early>>,
+    early_order: VecDeque<(Instant, String)>,
     next_heartbeat: Instant,
     ran_tx: mpsc::Sender<Ran>,
     pending_runs: usize,
     attempts: u64,
     running: Vec<JoinHandle<()>>,
-    /// Elections answered with an abstention while leaving (not tracked further).
-    abstained: HashSet<String>,
 }
 
 impl Actor {
@@ -377,42 +437,57 @@ impl Actor {
         loop {
             let wake = self.next_wake();
             tokio::select! {
-                m = link.messages.recv() => match m {
-                    Some(bytes) => self.on_bytes(&bytes).await,
-                    None => {
-                        warn!(broker = %self.transport.describe(), "lost the broker connection; reconnecting");
-                        self.emit(Event::LinkLost);
-                        match self.reconnect(&mut commands, &mut shutdown).await {
-                            Some(l) => {
-                                link = l;
-                                self.begin_join().await;
-                            }
-                            None => {
-                                // Leaving without a broker: nothing more can be decided.
-                                if let Some(reply) = shutdown {
-                                    let _ = reply.send(());
+                m = link.messages.recv() => {
+                    // First: was this worker stalled? Then what waited in the queue is
+                    // read as by a worker that is joining again.
+                    self.awake().await;
+                    match m {
+                        Some(bytes) => self.on_bytes(&bytes).await,
+                        None => {
+                            warn!(broker = %self.transport.describe(), "lost the broker connection; reconnecting");
+                            self.emit(Event::LinkLost);
+                            // Answers may have been lost both ways, and the others may
+                            // decide without this worker: decide nothing under way.
+                            self.abandon_all("the broker connection was lost");
+                            match self.reconnect(&mut commands, &mut shutdown).await {
+                                Some(l) => {
+                                    link = l;
+                                    self.rejoin().await;
                                 }
-                                return Ok(());
+                                None => {
+                                    // Leaving without a broker: nothing more can be decided.
+                                    if let Some(reply) = shutdown {
+                                        let _ = reply.send(());
+                                    }
+                                    return Ok(());
+                                }
                             }
                         }
                     }
-                },
-                Some(c) = commands.recv() => match c {
-                    Command::Elect(request, done) => {
-                        self.send(Body::Elect(request.clone())).await;
-                        self.on_request(request, None).await;
-                        let _ = done.send(Ok(()));
+                }
+                Some(c) = commands.recv() => {
+                    self.awake().await;
+                    match c {
+                        Command::Elect(request, done) => {
+                            // Opened when the broker delivers it back, at its place among
+                            // the others' messages, as every other worker opens it.
+                            self.send(Body::Elect(request)).await;
+                            let _ = done.send(Ok(()));
+                        }
+                        Command::Members(reply) => {
+                            let _ = reply.send(self.member_ids());
+                        }
+                        Command::Shutdown(reply) => {
+                            info!(worker = %self.cfg.id, elections = self.elections.len(), "leaving: finishing elections under way");
+                            self.draining = true;
+                            shutdown = Some(reply);
+                        }
                     }
-                    Command::Members(reply) => {
-                        let _ = reply.send(self.member_ids());
-                    }
-                    Command::Shutdown(reply) => {
-                        info!(worker = %self.cfg.id, elections = self.elections.len(), "leaving: finishing elections under way");
-                        self.draining = true;
-                        shutdown = Some(reply);
-                    }
-                },
-                Some(r) = ran.recv() => self.on_ran(r).await,
+                }
+                Some(r) = ran.recv() => {
+                    self.awake().await;
+                    self.on_ran(r).await;
+                }
                 _ = tokio::time::sleep_until(wake) => {}
             }
             self.tick().await;
@@ -506,9 +581,57 @@ impl Actor {
     async fn begin_join(&mut self) {
         let now = Instant::now();
         self.joined = false;
+        self.hello_echoed = false;
         self.join_done = now + self.cfg.join_wait;
         self.next_heartbeat = now + self.cfg.heartbeat;
-        self.send(Body::Hello).await;
+        self.hello_clock = self.send(Body::Hello).await;
+    }
+
+    /// Checks, before anything else is done, whether this worker was stalled: it did not
+    /// run for longer than [`Config::stall_limit`] (a frozen process, a paused VM, a
+    /// publish that hung). The others may have lost it meanwhile and decided without it,
+    /// and what it would judge now (members silent for that long) is its own silence.
+    async fn awake(&mut self) {
+        let now = Instant::now();
+        let gap = now.duration_since(self.last_awake);
+        self.last_awake = now;
+        if gap > self.cfg.stall_limit() {
+            self.cut_off(format!("stalled for {gap:?}")).await;
+        }
+    }
+
+    /// Stalled or cut off: give up the elections under way (the others may decide them
+    /// without this worker's answer, or have done so) and join again, judging no member
+    /// by the silence this worker itself caused.
+    async fn cut_off(&mut self, reason: String) {
+        warn!(worker = %self.cfg.id, %reason, "giving up the elections under way and joining again");
+        self.abandon_all(&reason);
+        self.emit(Event::Rejoining { reason });
+        self.rejoin().await;
+    }
+
+    /// Gives up every election under way; none of them will run here.
+    fn abandon_all(&mut self, why: &str) {
+        for (id, e) in std::mem::take(&mut self.elections) {
+            let waiting: Vec<String> = e.members.iter().filter(|w| !e.answers.contains_key(*w)).cloned().collect();
+            warn!(election = %id, %why, "gave the election up");
+            self.remember(&id, Finished::undecided());
+            self.emit(Event::Abandoned { election: id, waiting });
+        }
+        self.early.clear();
+        self.early_order.clear();
+    }
+
+    /// Joins again after a stall or a reconnect: the members get a fresh `lost_after` to
+    /// be heard from, and this worker abstains until its new `hello` comes back.
+    async fn rejoin(&mut self) {
+        let now = Instant::now();
+        for m in self.members.values_mut() {
+            m.last_seen = now;
+        }
+        self.last_awake = now;
+        self.last_echo = now;
+        self.begin_join().await;
     }
 
     async fn on_bytes(&mut self, bytes: &[u8]) {
@@ -519,7 +642,9 @@ impl Actor {
         if env.from == self.cfg.id {
             if env.incarnation != self.incarnation {
                 tracing::error!(id = %env.from, "another process uses this worker id; give each worker its own id");
+                return;
             }
+            self.on_echo(env).await;
             return;
         }
         self.clock = self.clock.max(env.clock).saturating_add(1);
@@ -543,12 +668,28 @@ impl Actor {
                 }
                 self.left.insert(from, Instant::now());
             }
-            Body::Elect(request) => self.on_request(request, None).await,
-            Body::Candidate { request, handles } => {
-                self.on_request(request, Some((from, Answer::Candidate { clock: env.clock, handles }))).await;
+            Body::Elect(request) => self.on_request(request).await,
+            Body::Candidate { election, handles } => {
+                self.on_answer(from, election, Answer::Candidate { clock: env.clock, handles }).await;
             }
-            Body::Abstain { request } => self.on_request(request, Some((from, Answer::Abstain))).await,
+            Body::Abstain { election } => self.on_answer(from, election, Answer::Abstain).await,
             Body::Outcome(outcome) => self.on_outcome(&from, outcome),
+        }
+    }
+
+    /// One of this worker's own messages, delivered back by the broker: proof that the
+    /// others can hear it, and the moment it counts. A request this worker sent opens
+    /// here, and its own answer counts only now (one that failed to publish never does).
+    async fn on_echo(&mut self, env: Envelope) {
+        self.last_echo = Instant::now();
+        match env.body {
+            Body::Hello if env.clock == self.hello_clock => self.hello_echoed = true,
+            Body::Elect(request) => self.on_request(request).await,
+            Body::Candidate { election, handles } => {
+                let me = self.cfg.id.clone();
+                self.on_answer(me, election, Answer::Candidate { clock: env.clock, handles }).await;
+            }
+            _ => {}
         }
     }
 
@@ -567,61 +708,84 @@ impl Actor {
         }
     }
 
-    async fn on_request(&mut self, request: Request, answer: Option<(String, Answer)>) {
+    /// A request: this worker stands in it (fixing its member set now) or, while joining
+    /// or leaving, abstains once and follows it no further.
+    async fn on_request(&mut self, request: Request) {
         let id = request.id.clone();
         if let Some(f) = self.finished.get(&id) {
-            // A repeated request for a decided id: whoever published its outcome repeats it.
-            if answer.is_none()
-                && let Some(outcome) = &f.outcome
-            {
+            // A repeated request for a decided id: whoever published its outcome repeats it
+            // (with the first request's topic and digest, so a different action under the
+            // same id is told so).
+            if let Some(outcome) = &f.outcome {
                 let repeat = Outcome { repeat: true, ..outcome.clone() };
                 self.send(Body::Outcome(repeat)).await;
             }
+            return;
+        }
+        if self.elections.contains_key(&id) {
             return;
         }
         if checked_request(&request.id, &request.topic, &request.action).is_err() {
             warn!(election = %request.id, "ignoring an election with an invalid id, topic or action");
             return;
         }
-        if self.draining && !self.elections.contains_key(&id) {
-            // Leaving: answer once so nobody waits for us, and follow it no further.
-            if self.abstained.insert(id) {
-                self.send(Body::Abstain { request }).await;
+        let early = self.early.remove(&id).unwrap_or_default();
+        if !self.joined || self.draining {
+            // Answer once so that nobody waits for this worker; never stand in it later,
+            // never decide or report it.
+            self.send(Body::Abstain { election: request.reference() }).await;
+            self.remember(&id, Finished::undecided());
+            return;
+        }
+        let now = Instant::now();
+        let mut members: BTreeSet<String> = self.members.keys().cloned().collect();
+        members.insert(self.cfg.id.clone());
+        let handles = self.handlers.get(&request.topic).is_some();
+        let digest = request.digest();
+        self.send(Body::Candidate { election: request.reference(), handles }).await;
+        debug!(election = %id, members = members.len(), "election started");
+        let mut answers = BTreeMap::new();
+        for a in early.into_iter().filter(|a| a.digest == digest) {
+            answers.entry(a.from).or_insert(a.answer);
+        }
+        let election = Election {
+            request,
+            digest,
+            members,
+            answers,
+            reported: None,
+            deadline: now + self.cfg.election_timeout,
+            give_up: now + self.cfg.give_up_after(),
+        };
+        self.elections.insert(id.clone(), election);
+        self.check(&id).await;
+    }
+
+    /// An answer: counted for the election it names if this worker stands in it with the
+    /// same request; kept a while if its request has not come yet; never opens one.
+    async fn on_answer(&mut self, from: String, election: Ref, answer: Answer) {
+        if let Some(e) = self.elections.get_mut(&election.id) {
+            if e.digest == election.digest {
+                e.answers.entry(from).or_insert(answer);
+                self.check(&election.id).await;
+            } else {
+                debug!(election = %election.id, %from, "ignoring an answer to another request under the same id");
             }
             return;
         }
-        if !self.elections.contains_key(&id) {
-            let now = Instant::now();
-            let mut members: BTreeSet<String> = self.members.keys().cloned().collect();
-            members.insert(self.cfg.id.clone());
-            let stand = self.joined && !self.draining;
-            let own = if stand {
-                let handles = self.handlers.get(&request.topic).is_some();
-                let clock = self.send(Body::Candidate { request: request.clone(), handles }).await;
-                Answer::Candidate { clock, handles }
-            } else {
-                self.send(Body::Abstain { request: request.clone() }).await;
-                Answer::Abstain
-            };
-            debug!(election = %id, members = members.len(), ?own, "election started");
-            let mut answers = BTreeMap::new();
-            answers.insert(self.cfg.id.clone(), own);
-            let election = Election {
-                request,
-                members,
-                answers,
-                reported: None,
-                deadline: now + self.cfg.election_timeout,
-                give_up: now + self.cfg.give_up_after(),
-            };
-            self.elections.insert(id.clone(), election);
+        if self.finished.contains_key(&election.id) || !self.joined {
+            return;
         }
-        if let Some((from, a)) = answer
-            && let Some(e) = self.elections.get_mut(&id)
-        {
-            e.answers.entry(from).or_insert(a);
+        while self.early_order.len() >= MAX_EARLY {
+            if let Some((_, old)) = self.early_order.pop_front() {
+                self.early.remove(&old);
+            }
         }
-        self.check(&id).await;
+        let list = self.early.entry(election.id.clone()).or_default();
+        if list.is_empty() {
+            self.early_order.push_back((Instant::now(), election.id));
+        }
+        list.push(Early { from, digest: election.digest, answer });
     }
 
     fn is_live(&self, worker: &str) -> bool {
@@ -645,7 +809,7 @@ impl Actor {
         } else if now >= e.give_up {
             let e = self.elections.remove(id).expect("present");
             warn!(election = %id, ?waiting, "gave the election up: live members never answered");
-            self.remember(id, Finished { winner: None, outcome: None });
+            self.remember(id, Finished::undecided());
             self.emit(Event::Abandoned { election: e.request.id, waiting });
         }
     }
@@ -667,11 +831,9 @@ impl Actor {
         }
         bids.sort();
         let winner = rule::winner(&bids).map(|b| b.worker.clone());
-        // Who tells the initiator when nobody can run it: the first by the same rule.
-        let reporter = winner
-            .clone()
-            .or_else(|| rule::winner(&all).map(|b| b.worker.clone()))
-            .or_else(|| e.answers.keys().find(|w| e.members.contains(*w)).cloned());
+        // Who tells the initiator when nobody can run it: the first candidate by the same
+        // rule (this worker stood, so there is one).
+        let reporter = winner.clone().or_else(|| rule::winner(&all).map(|b| b.worker.clone()));
         let request = e.request;
         info!(
             election = %request.id,
@@ -689,22 +851,26 @@ impl Actor {
             without,
         }));
         if let Some((from, outcome)) = &e.reported
+            && outcome.digest == e.digest
             && outcome.winner != winner
         {
             self.disagree(from, outcome.clone(), winner.clone());
         }
         let mine = reporter.as_deref() == Some(self.cfg.id.as_str());
-        self.remember(id, Finished { winner: winner.clone(), outcome: None });
+        self.remember(id, Finished { decided: true, winner: winner.clone(), outcome: None });
         if winner.as_deref() == Some(self.cfg.id.as_str()) {
             self.start_action(request);
         } else if winner.is_none() && mine {
-            let error = if all.is_empty() {
-                "no worker stood: every live worker was joining or leaving".to_string()
-            } else {
-                format!("no live worker has a handler for topic {:?}", request.topic)
+            let error = format!("no live worker has a handler for topic {:?}", request.topic);
+            let outcome = Outcome {
+                id: request.id.clone(),
+                topic: request.topic.clone(),
+                digest: e.digest,
+                winner: None,
+                started: false,
+                error: Some(error),
+                repeat: false,
             };
-            let outcome =
-                Outcome { id: request.id.clone(), winner: None, started: false, error: Some(error), repeat: false };
             self.publish_outcome(outcome).await;
         }
     }
@@ -717,9 +883,9 @@ impl Actor {
         let claim = self.claim.clone();
         let ran = self.ran_tx.clone();
         let mut job = Job {
-            election: request.id,
-            topic: request.topic,
-            action: request.action,
+            election: request.id.clone(),
+            topic: request.topic.clone(),
+            action: request.action.clone(),
             worker: self.cfg.id.clone(),
             token: None,
         };
@@ -734,26 +900,35 @@ impl Actor {
             if result.is_ok() {
                 result = handler.start(&job).await;
             }
-            let _ = ran.send(Ran { election: job.election, result }).await;
+            let _ = ran.send(Ran { request, result }).await;
         });
     }
 
     async fn on_ran(&mut self, ran: Ran) {
         self.pending_runs -= 1;
+        let election = ran.request.id.clone();
         let (started, error) = match ran.result {
             Ok(task) => {
-                info!(election = %ran.election, "won; action started");
+                info!(%election, "won; action started");
                 self.running.extend(task);
-                self.emit(Event::Started { election: ran.election.clone() });
+                self.emit(Event::Started { election: election.clone() });
                 (true, None)
             }
             Err(e) => {
-                warn!(election = %ran.election, error = %e, "won; action not started");
-                self.emit(Event::NotStarted { election: ran.election.clone(), error: e.clone() });
+                warn!(%election, error = %e, "won; action not started");
+                self.emit(Event::NotStarted { election: election.clone(), error: e.clone() });
                 (false, Some(e))
             }
         };
-        let outcome = Outcome { id: ran.election, winner: Some(self.cfg.id.clone()), started, error, repeat: false };
+        let outcome = Outcome {
+            id: election,
+            topic: ran.request.topic.clone(),
+            digest: ran.request.digest(),
+            winner: Some(self.cfg.id.clone()),
+            started,
+            error,
+            repeat: false,
+        };
         self.publish_outcome(outcome).await;
     }
 
@@ -771,7 +946,7 @@ impl Actor {
             return;
         }
         let Some(f) = self.finished.get(&outcome.id) else { return };
-        if f.outcome.is_none() && f.winner != outcome.winner {
+        if f.decided && f.outcome.is_none() && f.winner != outcome.winner {
             let ours = f.winner.clone();
             self.disagree(from, outcome, ours);
         }
@@ -799,8 +974,15 @@ impl Actor {
     }
 
     async fn tick(&mut self) {
+        self.awake().await;
+        let silent = Instant::now().duration_since(self.last_echo);
+        if silent > self.cfg.echo_limit() {
+            // The broker has not delivered this worker's own messages back (its heartbeats
+            // included): the others may not hear it either, and may soon lose it.
+            self.cut_off(format!("its own messages have not come back for {silent:?}")).await;
+        }
         let now = Instant::now();
-        if !self.joined && now >= self.join_done {
+        if !self.joined && self.hello_echoed && now >= self.join_done {
             self.joined = true;
             let members: Vec<String> = self.members.keys().cloned().collect();
             info!(worker = %self.cfg.id, clock = self.clock, ?members, "joined");
@@ -813,10 +995,15 @@ impl Actor {
             self.send(Body::Heartbeat).await;
             self.next_heartbeat = now + self.cfg.heartbeat;
         }
+        // Lost: silent for lost_after, while this worker heard itself well after the
+        // member's last word (so the silence is the member's, not this worker's deafness).
+        let heard_since = self.cfg.lost_after.saturating_sub(self.cfg.heartbeat);
         let lost: Vec<String> = self
             .members
             .iter()
-            .filter(|(_, m)| now.duration_since(m.last_seen) > self.cfg.lost_after)
+            .filter(|(_, m)| {
+                now.duration_since(m.last_seen) > self.cfg.lost_after && self.last_echo >= m.last_seen + heard_since
+            })
             .map(|(id, _)| id.clone())
             .collect();
         for id in lost {
@@ -837,16 +1024,30 @@ impl Actor {
             self.finished_order.pop_front();
         }
         let give_up = self.cfg.give_up_after();
+        while let Some((at, id)) = self.early_order.front() {
+            if now.duration_since(*at) < give_up {
+                break;
+            }
+            self.early.remove(id);
+            self.early_order.pop_front();
+        }
         self.left.retain(|_, at| now.duration_since(*at) < give_up);
         self.running.retain(|t| !t.is_finished());
     }
 
     fn next_wake(&self) -> Instant {
-        let mut wake = self.next_heartbeat;
-        if !self.joined {
+        // At least every half heartbeat, so that a gap of stall_limit means a stall.
+        let mut wake = self
+            .next_heartbeat
+            .min(self.last_awake + self.cfg.heartbeat / 2)
+            .min(self.last_echo + self.cfg.echo_limit() + Duration::from_millis(1));
+        if !self.joined && self.hello_echoed {
             wake = wake.min(self.join_done);
         }
-        for m in self.members.values() {
+        // A member can be lost once silent for lost_after, if this worker has heard itself
+        // since (otherwise the next echo, a message, wakes it).
+        let heard_since = self.cfg.lost_after.saturating_sub(self.cfg.heartbeat);
+        for m in self.members.values().filter(|m| self.last_echo >= m.last_seen + heard_since) {
             wake = wake.min(m.last_seen + self.cfg.lost_after + Duration::from_millis(1));
         }
         for e in self.elections.values() {
@@ -854,6 +1055,9 @@ impl Actor {
         }
         if let Some((at, _)) = self.finished_order.front() {
             wake = wake.min(*at + self.cfg.retention);
+        }
+        if let Some((at, _)) = self.early_order.front() {
+            wake = wake.min(*at + self.cfg.give_up_after());
         }
         wake
     }

@@ -239,7 +239,7 @@ async fn an_election_a_live_member_never_answers_is_given_up_and_forgotten() {
         let hub = hub.clone();
         tokio::spawn(async move {
             for clock in 1.. {
-                raw(&hub, serde_json::json!({"v":1,"from":"mute.9","incarnation":1,"clock":clock,"type":"heartbeat"}))
+                raw(&hub, serde_json::json!({"v":2,"from":"mute.9","incarnation":1,"clock":clock,"type":"heartbeat"}))
                     .await;
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
@@ -284,8 +284,8 @@ async fn duplicate_and_late_messages_change_nothing() {
     // A candidate for the election from a worker that was never in it, arriving late.
     raw(
         &hub,
-        serde_json::json!({"v":1,"from":"late.0","incarnation":1,"clock":0,"type":"candidate",
-            "request":{"id":"dup","topic":"job","action":"go"},"handles":true}),
+        serde_json::json!({"v":2,"from":"late.0","incarnation":1,"clock":0,"type":"candidate",
+            "election":{"id":"dup","digest":first.digest},"handles":true}),
     )
     .await;
     tokio::time::sleep(Duration::from_secs(10)).await;
@@ -337,4 +337,313 @@ async fn bad_ids_and_settings_are_refused() {
     // Nobody in the group: the initiator says so.
     let e = client.elect("alone", "job", "", Duration::from_secs(3)).await.unwrap_err();
     assert!(matches!(e, GossipError::NoWorkers { .. }), "{e}");
+}
+
+/// Faults one worker's link to the hub: its publishes hang (the worker is stuck, as a
+/// frozen process is, while messages queue for it), or fail, or its link is down (the
+/// subscription closes and reconnecting fails).
+#[derive(Clone)]
+struct Faults {
+    hang: Arc<std::sync::atomic::AtomicBool>,
+    fail: Arc<std::sync::atomic::AtomicBool>,
+    down: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Faults {
+    fn new() -> Self {
+        Self {
+            hang: Default::default(),
+            fail: Default::default(),
+            down: Arc::new(tokio::sync::watch::channel(false).0),
+        }
+    }
+    fn set(flag: &std::sync::atomic::AtomicBool, on: bool) {
+        flag.store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+    fn get(flag: &std::sync::atomic::AtomicBool) -> bool {
+        flag.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+struct Faulty {
+    hub: MemoryHub,
+    faults: Faults,
+}
+
+struct FaultyPublisher {
+    inner: Arc<dyn tenure_gossip::Publisher>,
+    faults: Faults,
+}
+
+#[async_trait]
+impl tenure_gossip::Publisher for FaultyPublisher {
+    async fn publish(&self, payload: Vec<u8>) -> Result<(), GossipError> {
+        while Faults::get(&self.faults.hang) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if Faults::get(&self.faults.fail) || *self.faults.down.borrow() {
+            return Err(GossipError::Broker { message: "publish failed (injected)".into(), source: None });
+        }
+        self.inner.publish(payload).await
+    }
+}
+
+#[async_trait]
+impl Transport for Faulty {
+    async fn open(&self) -> Result<tenure_gossip::Link, GossipError> {
+        if *self.faults.down.borrow() {
+            return Err(GossipError::Broker { message: "the broker is down (injected)".into(), source: None });
+        }
+        let mut inner = self.hub.open().await?;
+        let (tx, rx) = tokio::sync::mpsc::channel(4096);
+        let mut down = self.faults.down.subscribe();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    m = inner.messages.recv() => match m {
+                        Some(m) => if tx.send(m).await.is_err() { break },
+                        None => break,
+                    },
+                    _ = down.changed() => if *down.borrow() { break },
+                }
+            }
+        });
+        let publisher = Arc::new(FaultyPublisher { inner: inner.publisher, faults: self.faults.clone() });
+        Ok(tenure_gossip::Link { publisher, messages: rx })
+    }
+    fn describe(&self) -> String {
+        "a faulty hub".into()
+    }
+}
+
+async fn faulty_worker(hub: &MemoryHub, id: &str, recorder: &Recorder, faults: &Faults) -> Worker {
+    let mut handlers = Handlers::new();
+    handlers.insert("job", recorder.clone()).unwrap();
+    let transport = Arc::new(Faulty { hub: hub.clone(), faults: faults.clone() });
+    Worker::start(transport, config(id), handlers, None).await.unwrap()
+}
+
+/// Starts `n` elections at once from a client, and returns each one's result.
+async fn burst(hub: &MemoryHub, prefix: &str, n: usize, wait: Duration) -> Vec<Result<tenure_gossip::Outcome, String>> {
+    let client = Arc::new(Client::connect(hub).await.unwrap());
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let client = client.clone();
+            let id = format!("{prefix}{i}");
+            tokio::spawn(async move { client.elect(&id, "job", "go", wait).await.map_err(|e| e.to_string()) })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+/// No election ran twice, and every one the initiator was told started did run, on the
+/// worker named.
+fn at_most_once_and_started_means_ran(
+    rec: &Recorder,
+    prefix: &str,
+    results: &[Result<tenure_gossip::Outcome, String>],
+) {
+    let runs = rec.runs();
+    for (id, ran_on) in &runs {
+        assert!(ran_on.len() <= 1, "{id} ran {} times, on {ran_on:?}", ran_on.len());
+    }
+    for (i, r) in results.iter().enumerate() {
+        let id = format!("{prefix}{i}");
+        if let Ok(o) = r
+            && o.started
+        {
+            assert_eq!(runs.get(&id), Some(&vec![o.winner.clone().unwrap()]), "{id}: told started by {:?}", o.winner);
+        }
+        if let Ok(o) = r
+            && !o.started
+        {
+            assert!(!runs.contains_key(&id), "{id} was reported not started, yet it ran on {:?}", runs[&id]);
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_worker_gives_up_and_rejoins_instead_of_deciding_alone() {
+    let hub = MemoryHub::new();
+    let rec = Recorder::default();
+    let fa = Faults::new();
+    let mut a = faulty_worker(&hub, "a.1", &rec, &fa).await;
+    let _b = worker(&hub, "b.2", &rec).await;
+    let _c = worker(&hub, "c.3", &rec).await;
+    let mut events = a.events();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // a freezes at its next publish (its answer to the first election), for 8 s, while
+    // messages queue for it; b and c lose it and decide without it.
+    Faults::set(&fa.hang, true);
+    let thaw = {
+        let fa = fa.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(8)).await;
+            Faults::set(&fa.hang, false);
+        })
+    };
+    let results = burst(&hub, "p", 5, Duration::from_secs(20)).await;
+    thaw.await.unwrap();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    at_most_once_and_started_means_ran(&rec, "p", &results);
+    // b and c decided every one without a, once they lost it.
+    assert!(results.iter().all(|r| r.as_ref().is_ok_and(|o| o.started)), "{results:?}");
+    let rejoined = std::iter::from_fn(|| events.try_recv().ok()).any(|e| matches!(e, Event::Rejoining { .. }));
+    assert!(rejoined, "a did not notice it had been stalled");
+    // And a stands again afterwards.
+    assert_eq!(a.members().await.unwrap().len(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_whose_answers_fail_to_publish_and_whose_link_drops_decides_nothing() {
+    // A broker outage for one worker, longer than lost_after: its candidates fail to
+    // publish, then its link drops and it cannot reconnect for 8 s. It must not count
+    // its own unpublished candidates, nor decide on what it had when the link dropped.
+    let hub = MemoryHub::new();
+    let rec = Recorder::default();
+    let fa = Faults::new();
+    let _a = faulty_worker(&hub, "a.1", &rec, &fa).await;
+    let _b = worker(&hub, "b.2", &rec).await;
+    let _c = worker(&hub, "c.3", &rec).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    Faults::set(&fa.fail, true);
+    let outage = {
+        let fa = fa.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            fa.down.send_replace(true);
+            tokio::time::sleep(Duration::from_secs(8)).await;
+            fa.down.send_replace(false);
+            Faults::set(&fa.fail, false);
+        })
+    };
+    let results = burst(&hub, "q", 20, Duration::from_secs(30)).await;
+    outage.await.unwrap();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    at_most_once_and_started_means_ran(&rec, "q", &results);
+    assert_eq!(rec.runs().len(), 20, "b and c decide every one without a");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_broker_outage_for_everyone_longer_than_lost_after_runs_nothing_twice() {
+    let hub = MemoryHub::new();
+    let rec = Recorder::default();
+    let faults: Vec<Faults> = (0..3).map(|_| Faults::new()).collect();
+    let mut workers = Vec::new();
+    for (i, f) in faults.iter().enumerate() {
+        workers.push(faulty_worker(&hub, &format!("w{i}.{i}"), &rec, f).await);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // One worker (the first by the tie rule) is slow to answer (its publishes hang), so
+    // elections are under way when every link drops for 8 s.
+    Faults::set(&faults[0].hang, true);
+    let outage = {
+        let faults = faults.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            for f in &faults {
+                f.down.send_replace(true);
+            }
+            Faults::set(&faults[0].hang, false);
+            tokio::time::sleep(Duration::from_secs(8)).await;
+            for f in &faults {
+                f.down.send_replace(false);
+            }
+        })
+    };
+    let results = burst(&hub, "r", 10, Duration::from_secs(30)).await;
+    outage.await.unwrap();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    at_most_once_and_started_means_ran(&rec, "r", &results);
+    // After the outage the group works again.
+    let after = burst(&hub, "s", 5, Duration::from_secs(30)).await;
+    at_most_once_and_started_means_ran(&rec, "s", &after);
+    assert!(after.iter().all(|r| r.as_ref().is_ok_and(|o| o.started)), "{after:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_joining_worker_never_reports_an_outcome() {
+    let hub = MemoryHub::new();
+    let rec = Recorder::default();
+    let fa = Faults::new();
+    let _a = faulty_worker(&hub, "a.1", &rec, &fa).await;
+    let client = Client::connect(&hub).await.unwrap();
+    let mut tap = hub.open().await.unwrap();
+    for n in 0..20 {
+        // b starts, and the election is asked for as soon as its hello is out, while a's
+        // heartbeat in answer is held back: b hears the request before any member's
+        // heartbeat, while joining; a counts b as a member and waits for its answer.
+        Faults::set(&fa.hang, true);
+        let joining = {
+            let hub = hub.clone();
+            let rec = rec.clone();
+            tokio::spawn(async move { worker(&hub, &format!("b{n}.2"), &rec).await })
+        };
+        loop {
+            let m = String::from_utf8(tap.messages.recv().await.unwrap()).unwrap();
+            if m.contains(&format!("\"from\":\"b{n}.2\"")) && m.contains("\"hello\"") {
+                break;
+            }
+        }
+        let release = {
+            let fa = fa.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                Faults::set(&fa.hang, false);
+            })
+        };
+        let id = format!("j{n}");
+        let outcome = client.elect(&id, "job", "go", WAIT).await.unwrap();
+        release.await.unwrap();
+        assert!(outcome.started && outcome.error.is_none(), "{id}: {outcome:?}");
+        let b = joining.await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(rec.runs()[&id].len(), 1);
+        b.shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_late_answer_for_a_forgotten_election_starts_nothing() {
+    let hub = MemoryHub::new();
+    let rec = Recorder::default();
+    let cfg = Config { retention: Duration::from_secs(60), ..config("a.1") };
+    let mut handlers = Handlers::new();
+    handlers.insert("job", rec.clone()).unwrap();
+    let _a = Worker::start(Arc::new(hub.clone()), cfg, handlers, None).await.unwrap();
+    let client = Client::connect(&hub).await.unwrap();
+    let first = client.elect("old", "job", "go", WAIT).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    // A candidate for it, delayed past the retention (and one heard before any request).
+    raw(
+        &hub,
+        serde_json::json!({"v":2,"from":"late.0","incarnation":1,"clock":1,"type":"candidate",
+            "election":{"id":"old","digest":first.digest},"handles":true}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(rec.runs()["old"].len(), 1, "a late answer started the election again");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_id_used_for_another_action_is_a_clear_error_and_runs_nothing() {
+    let hub = MemoryHub::new();
+    let rec = Recorder::default();
+    let _a = worker(&hub, "a.1", &rec).await;
+    let _b = worker(&hub, "b.2", &rec).await;
+    let client = Client::connect(&hub).await.unwrap();
+    let first = client.elect("shared", "job", "one thing", WAIT).await.unwrap();
+    assert!(first.started);
+    let err = client.elect("shared", "job", "another thing", WAIT).await.unwrap_err();
+    assert!(matches!(&err, GossipError::IdInUse { id, .. } if id == "shared"), "{err}");
+    assert!(err.to_string().contains("used before for another action"), "{err}");
+    let runs = rec.0.lock().unwrap().clone();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].action, "one thing");
+    // The same action again is a plain repeat.
+    assert!(client.elect("shared", "job", "one thing", WAIT).await.unwrap().repeat);
 }
