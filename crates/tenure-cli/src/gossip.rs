@@ -47,7 +47,7 @@ pub struct WorkerArgs {
     /// How often the worker says it is alive
     #[arg(long, default_value = "2s", value_parser = duration)]
     pub heartbeat: Duration,
-    /// Silence after which a worker is lost (default: 2.5 heartbeats)
+    /// Silence after which a worker is lost (default: 2.5 heartbeats; at least 2)
     #[arg(long, value_parser = duration)]
     pub lost_after: Option<Duration>,
     /// How long an election waits for a silent member before it waits only for live ones

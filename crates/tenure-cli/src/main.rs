@@ -195,8 +195,14 @@ Examples:
     Bench(bench::Settings),
     /// Elect one worker over a message broker (Redis, RabbitMQ) to run an action once
     #[command(after_help = "\
-Workers that share a broker form a group; an election picks exactly one live worker
-to run an action (lowest Lamport clock, then worker id) and tells the initiator.
+Workers that share a broker form a group; an election picks one live worker to run
+an action (lowest Lamport clock, then worker id) and tells the initiator.
+
+Guarantee: an action runs at most once per id (within the 10 min retention) through
+worker crashes, frozen or stalled workers, broker restarts and outages, and joins; a
+stalled or cut-off worker gives up what it was deciding, so an action may then not run
+at all. A network split can run it once per side, unless every worker uses --claim
+with one shared --store. See docs/gossip.md.
 
 Examples:
   tenure gossip worker --broker redis://127.0.0.1:6379
@@ -205,8 +211,9 @@ Examples:
   tenure gossip members --broker redis://127.0.0.1:6379
 
 Exit codes of elect: 0 the winner started the action (or had, for a repeated id);
-3 it did not (no worker handles the topic, the handler failed, the claim was taken);
-4 no outcome in time (no workers, or workers answered but none reported).")]
+3 it did not run (no worker handles the topic, the handler failed, the claim was taken,
+the id was used before for another action); 4 no outcome in time (no workers, or
+workers answered but none reported: it may have run once, or not at all).")]
     Gossip {
         #[command(subcommand)]
         command: GossipCommand,
@@ -249,9 +256,11 @@ Anyone who can publish on the broker can make a worker run commands: give the
 workers a broker (or group and credentials) of their own, or --no-command.
 On SIGINT/SIGTERM the worker finishes the elections under way, waits for the
 actions it started (their output goes to stderr), and leaves; a second signal stops
-it at once (exit 1). With --claim, the winner first takes the election
-id as a lease on --store (required: a store all workers share), so the action never
-runs twice even if the group splits.")]
+it at once (exit 1). A worker that was frozen or cut off from the broker gives up
+the elections under way and joins again. With --claim, the winner first takes the
+election id as a lease on --store (required: a store all workers share, and every
+worker must use it), so the action never runs twice even if the group splits; a winner
+that dies after claiming keeps the id from running until --claim-ttl ends.")]
     Worker(gossip::WorkerArgs),
     /// Ask the group to elect one worker to run an action; print the winner
     Elect {

@@ -226,3 +226,149 @@ fn store_backed_mode_never_runs_an_id_twice() {
     wait_for("the action to run", Duration::from_secs(10), || !read(&ran).is_empty());
     assert_eq!(read(&ran), "ran\n");
 }
+
+/// Asks for each of `ids` (`parallel` at a time) with `--wait wait`, and returns each
+/// one's exit code and output.
+fn elect_each(
+    broker: &str,
+    dir: &Path,
+    ids: &[String],
+    parallel: usize,
+    wait: &str,
+) -> BTreeMap<String, (i32, String)> {
+    let ran = dir.join("ran.log");
+    let mut results = BTreeMap::new();
+    for chunk in ids.chunks(parallel) {
+        let children: Vec<(String, Child)> = chunk
+            .iter()
+            .map(|id| {
+                let action = format!("echo \"$TENURE_GOSSIP_ELECTION $TENURE_GOSSIP_WORKER\" >> {}", ran.display());
+                let child = tenure(broker)
+                    .args(["gossip", "elect", id, "--group", "t", "--action", &action, "--wait", wait])
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                (id.clone(), child)
+            })
+            .collect();
+        for (id, child) in children {
+            let out = child.wait_with_output().unwrap();
+            let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            results.insert(id, (out.status.code().unwrap_or(-1), said));
+        }
+    }
+    results
+}
+
+/// No action ran twice; every one whose initiator was told it started (exit 0) ran once,
+/// on the worker named; none told it did not start (exit 3) ran. Returns how many ran.
+fn no_action_twice_and_started_means_ran(dir: &Path, results: &BTreeMap<String, (i32, String)>) -> usize {
+    let mut runs: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for line in read(&dir.join("ran.log")).lines() {
+        let (id, worker) = line.split_once(' ').unwrap();
+        runs.entry(id.to_string()).or_default().push(worker.to_string());
+    }
+    for (id, ran_on) in &runs {
+        assert_eq!(ran_on.len(), 1, "{id} ran {} times, on {ran_on:?}", ran_on.len());
+    }
+    for (id, (code, said)) in results {
+        match code {
+            0 => {
+                let winner = said.split_whitespace().next().unwrap();
+                assert_eq!(runs.get(id), Some(&vec![winner.to_string()]), "{id}: told {said:?}");
+            }
+            3 => assert!(!runs.contains_key(id), "{id} was reported not started, yet ran: {said}"),
+            _ => {}
+        }
+    }
+    runs.len()
+}
+
+fn a_stalled_worker_runs_no_action_twice(kind: Kind) {
+    let Some(server) = servers::launch(kind) else { return };
+    let broker = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let workers: Vec<Proc> = (0..3).map(|n| start_worker(&broker, dir.path(), n)).collect();
+    wait_for("three workers to join", Duration::from_secs(30), || {
+        (0..3).all(|n| read(&dir.path().join(format!("w{n}.out"))).starts_with("joined t as "))
+    });
+    let mut all = BTreeMap::new();
+    for round in 0..3 {
+        // One worker is frozen (a GC pause, a paused VM) while elections are asked for,
+        // for longer than lost_after (1.5 s); the others decide without it.
+        let frozen = rustix::process::Pid::from_raw(workers[round].0.id() as i32).unwrap();
+        rustix::process::kill_process(frozen, rustix::process::Signal::STOP).unwrap();
+        let ids: Vec<String> = (0..5).map(|i| format!("r{round}-p{i}")).collect();
+        let thaw = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(4));
+            rustix::process::kill_process(frozen, rustix::process::Signal::CONT).unwrap();
+        });
+        all.extend(elect_each(&broker, dir.path(), &ids, 5, "20s"));
+        thaw.join().unwrap();
+        // The thawed worker reads what queued up for it meanwhile.
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    let ran = no_action_twice_and_started_means_ran(dir.path(), &all);
+    let started = all.values().filter(|(code, _)| *code == 0).count();
+    eprintln!("{kind:?}: 3 freezes, 15 elections: {ran} ran once, none twice, {started} reported started");
+    assert_eq!(ran, 15, "the live workers decide every election without the frozen one: {all:?}");
+    for n in 0..3 {
+        let err = read(&dir.path().join(format!("w{n}.err")));
+        assert!(err.contains("joining again"), "worker {n} did not notice it had been frozen:\n{err}");
+    }
+}
+
+#[test]
+fn redis_a_stalled_worker_runs_no_action_twice() {
+    a_stalled_worker_runs_no_action_twice(Kind::Redis);
+}
+
+#[test]
+fn rabbitmq_a_stalled_worker_runs_no_action_twice() {
+    a_stalled_worker_runs_no_action_twice(Kind::RabbitMq);
+}
+
+fn a_broker_restart_during_a_burst_runs_no_action_twice(kind: Kind) {
+    let Some(mut server) = servers::launch(kind) else { return };
+    let broker = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let _workers: Vec<Proc> = (0..3).map(|n| start_worker(&broker, dir.path(), n)).collect();
+    wait_for("three workers to join", Duration::from_secs(30), || {
+        (0..3).all(|n| read(&dir.path().join(format!("w{n}.out"))).starts_with("joined t as "))
+    });
+    let ids: Vec<String> = (0..200).map(|i| format!("b-{i}")).collect();
+    let burst = {
+        let (broker, dir, ids) = (broker.clone(), dir.path().to_path_buf(), ids.clone());
+        std::thread::spawn(move || elect_each(&broker, &dir, &ids, 8, "10s"))
+    };
+    // The broker restarts in the middle of the burst.
+    wait_for("the burst to be under way", Duration::from_secs(60), || {
+        read(&dir.path().join("ran.log")).lines().count() >= 40
+    });
+    server.restart();
+    let mut results = burst.join().unwrap();
+    let started = results.values().filter(|(code, _)| *code == 0).count();
+    // The workers reconnect and join again; then the group elects as before.
+    wait_for("the workers to join again", Duration::from_secs(60), || {
+        let out = tenure(&broker).args(["gossip", "members", "--group", "t", "--json"]).output().unwrap();
+        serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout).is_ok_and(|m| m.len() == 3)
+    });
+    let after: Vec<String> = (0..40).map(|i| format!("after-{i}")).collect();
+    let later = elect_each(&broker, dir.path(), &after, 8, "10s");
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(later.values().all(|(code, _)| *code == 0), "the group did not work again after the restart: {later:?}");
+    results.extend(later);
+    let ran = no_action_twice_and_started_means_ran(dir.path(), &results);
+    eprintln!("{kind:?}: {started} of the burst's 200 reported started; {ran} of 240 ran");
+}
+
+#[test]
+fn redis_a_broker_restart_during_a_burst_runs_no_action_twice() {
+    a_broker_restart_during_a_burst_runs_no_action_twice(Kind::Redis);
+}
+
+#[test]
+fn rabbitmq_a_broker_restart_during_a_burst_runs_no_action_twice() {
+    a_broker_restart_during_a_burst_runs_no_action_twice(Kind::RabbitMq);
+}

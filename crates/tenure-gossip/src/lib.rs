@@ -12,6 +12,14 @@
 //! [`Outcome`]. With a [`Claim`], the winner first takes the election id on a lease
 //! store, so that not even a network split runs an action twice.
 //!
+//! Without a claim an action runs at most once per id (within [`Config::retention`])
+//! through crashes, stalls, broker outages and joins: a worker that was stalled or cut
+//! off ([`Config::stall_limit`], [`Config::echo_limit`], a reconnect) gives up the
+//! elections under way instead of deciding them on what it alone heard, counts its own
+//! answers only once the broker delivers them back, and stands in nothing until its
+//! `hello` has come back. An action may then not run at all; a network split can run it
+//! once per side.
+//!
 //! Transports: Redis pub/sub and AMQP 0-9-1 ([`connect`]), and an in-process hub for
 //! tests. The protocol, its guarantees and its limits are in `docs/gossip.md`.
 //!

@@ -23,7 +23,7 @@ fn config(id: &str) -> Config {
     Config {
         id: id.into(),
         heartbeat: Duration::from_millis(200),
-        lost_after: Duration::from_millis(700),
+        lost_after: Duration::from_millis(1500),
         join_wait: Duration::from_millis(200),
         election_timeout: Duration::from_millis(500),
         ..Config::default()
