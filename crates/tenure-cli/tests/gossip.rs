@@ -294,10 +294,10 @@ fn a_stalled_worker_runs_no_action_twice(kind: Kind) {
         (0..3).all(|n| read(&dir.path().join(format!("w{n}.out"))).starts_with("joined t as "))
     });
     let mut all = BTreeMap::new();
-    for round in 0..3 {
+    for (round, worker) in workers.iter().enumerate() {
         // One worker is frozen (a GC pause, a paused VM) while elections are asked for,
         // for longer than lost_after (1.5 s); the others decide without it.
-        let frozen = rustix::process::Pid::from_raw(workers[round].0.id() as i32).unwrap();
+        let frozen = rustix::process::Pid::from_raw(worker.0.id() as i32).unwrap();
         rustix::process::kill_process(frozen, rustix::process::Signal::STOP).unwrap();
         let ids: Vec<String> = (0..5).map(|i| format!("r{round}-p{i}")).collect();
         let thaw = std::thread::spawn(move || {
