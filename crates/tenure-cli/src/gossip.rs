@@ -103,10 +103,15 @@ pub async fn worker(s: WorkerArgs, store: Option<&str>) -> Result<i32> {
         .with_context(|| format!("cannot join group {group:?} on {}", transport.describe()))?;
     let mut events = worker.events();
     println!("joined {group} as {} (topics: {})", worker.id(), topics.join(", "));
+    let mut first_join = true;
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
             e = events.recv() => match e {
+                Ok(Event::Joined { .. }) if first_join => first_join = false,
+                Ok(Event::Joined { .. }) => println!("joined {group} again"),
+                Ok(Event::LinkLost) => println!("rejoining: lost the broker connection"),
+                Ok(Event::Rejoining { reason }) => println!("rejoining: {reason}"),
                 Ok(Event::Decided(d)) => println!("decided {} {}", d.election, d.winner.as_deref().unwrap_or("-")),
                 Ok(Event::Started { election }) => println!("started {election}"),
                 Ok(Event::NotStarted { election, error }) => println!("not-started {election}: {error}"),

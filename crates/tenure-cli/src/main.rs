@@ -249,8 +249,9 @@ enum InternalCommand {
 enum GossipCommand {
     /// Join the group and run the actions this worker wins, until SIGINT/SIGTERM
     #[command(after_help = "\
-Prints `decided ID WINNER` for every election, and `started ID` when this worker
-started the action. The built-in topic `command` runs the action with `sh -c`;
+Prints `decided ID WINNER` for every election, `started ID` when this worker
+started the action, and `rejoining: REASON` then `joined GROUP again` when it lost
+the broker or was stalled. The built-in topic `command` runs the action with `sh -c`;
 --handler TOPIC=CMD runs CMD for TOPIC with the action in TENURE_GOSSIP_ACTION.
 Anyone who can publish on the broker can make a worker run commands: give the
 workers a broker (or group and credentials) of their own, or --no-command.
