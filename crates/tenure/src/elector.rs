@@ -383,7 +383,9 @@ struct Term {
     metadata: Vec<u8>,
     deadline: Arc<Mutex<Instant>>,
     clock: Arc<dyn Clock>,
-    resign: mpsc::UnboundedSender<oneshot::Sender<()>>,
+    /// The lease TTL, for how long an unhealthy leader stands aside.
+    ttl: Duration,
+    resign: mpsc::UnboundedSender<Resign>,
     /// Dropped with the last clone; the runtime waits for that before releasing.
     _alive: mpsc::Sender<()>,
 }
@@ -455,13 +457,83 @@ impl Leadership {
     /// Returns after the release. Do not call it while holding another clone in the
     /// same task: it would wait for that clone forever.
     pub async fn resign(self) {
+        self.resign_for(Duration::ZERO).await
+    }
+
+    /// Like [`Leadership::resign`], and then stands aside for at least `stand_aside`
+    /// (or [`Config::resign_backoff`], if longer) before campaigning again, so that
+    /// another candidate takes over: what a leader does when it finds itself unhealthy.
+    /// A stand-aside of one TTL lets even candidates that poll find the lease free.
+    pub async fn resign_for(self, stand_aside: Duration) {
         let (tx, rx) = oneshot::channel();
-        let sent = self.term.resign.send(tx).is_ok();
+        let sent = self.term.resign.send(Resign { done: tx, stand_aside }).is_ok();
         drop(self);
         if sent {
             let _ = rx.await;
         }
     }
+}
+
+impl Leadership {
+    /// Starts a watchdog over the guarded work, for a leader that keeps renewing while
+    /// its work is stuck: unless [`Watchdog::progress`] is called at least every
+    /// `within`, the leader resigns and stands aside for one TTL, so that a healthy
+    /// replica takes over. Off unless started; dropping the watchdog stops it, and it
+    /// ends with the term.
+    pub fn watchdog(&self, within: Duration) -> Watchdog {
+        let clock = self.term.clock.clone();
+        let (tx, mut rx) = tokio::sync::watch::channel(clock.now());
+        let l = self.clone();
+        let task = tokio::spawn(async move {
+            let mut last = *rx.borrow_and_update();
+            loop {
+                tokio::select! {
+                    // The term is over: let the lease go without us.
+                    _ = l.cancelled() => return,
+                    changed = rx.changed() => match changed {
+                        Ok(()) => last = *rx.borrow_and_update(),
+                        Err(_) => return,
+                    },
+                    _ = l.term.clock.sleep_until(last + within) => {
+                        tracing::warn!(election = %l.election(), token = %l.token(), ?within,
+                            "the guarded work reported no progress in time; resigning so that a healthy replica leads");
+                        let ttl = l.term.ttl;
+                        l.resign_for(ttl).await;
+                        return;
+                    }
+                }
+            }
+        });
+        Watchdog { clock, progress: tx, task }
+    }
+}
+
+/// Resigns the leadership it watches unless the guarded work reports progress in time;
+/// see [`Leadership::watchdog`].
+pub struct Watchdog {
+    clock: Arc<dyn Clock>,
+    progress: tokio::sync::watch::Sender<Instant>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Watchdog {
+    /// The guarded work is making progress: the time allowed starts again from now.
+    pub fn progress(&self) {
+        self.progress.send_replace(self.clock.now());
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A request to resign: answered once the lease is released.
+struct Resign {
+    done: oneshot::Sender<()>,
+    /// How long to stand aside before campaigning again (at least the resign backoff).
+    stand_aside: Duration,
 }
 
 /// Ends the campaign's outward state when the campaign task ends, however it ends.
@@ -519,11 +591,12 @@ async fn campaign_loop(shared: &Shared) {
         let Some((lease, sent)) = follow(shared, &mut view).await else {
             return;
         };
-        match lead(shared, &mut view, lease, sent).await {
+        let (reason, stand_aside) = lead(shared, &mut view, lease, sent).await;
+        match reason {
             OustReason::ShuttingDown => return,
             // Stand aside so that another candidate takes over.
             OustReason::Resigned | OustReason::Evicted
-                if sleep_or_shutdown(shared, shared.clock.now() + cfg.resign_backoff).await =>
+                if sleep_or_shutdown(shared, shared.clock.now() + cfg.resign_backoff.max(stand_aside)).await =>
             {
                 return;
             }
@@ -743,7 +816,8 @@ fn follower_wake(shared: &Shared, rec: Option<&LeaseRecord>, watching: bool) -> 
 }
 
 /// The leader phase: renews until the term ends, then steps down and releases.
-async fn lead(shared: &Shared, view: &mut View<'_>, mut lease: LeaseRecord, sent: Instant) -> OustReason {
+/// Leads until the term ends; returns why, and how long a resigner asked to stand aside.
+async fn lead(shared: &Shared, view: &mut View<'_>, mut lease: LeaseRecord, sent: Instant) -> (OustReason, Duration) {
     let cfg = &shared.cfg;
     let election = &shared.req.election;
     // The term is dated from when the request was sent (see the mutation's doc).
@@ -763,6 +837,7 @@ async fn lead(shared: &Shared, view: &mut View<'_>, mut lease: LeaseRecord, sent
             metadata: lease.metadata.clone(),
             deadline: deadline_cell.clone(),
             clock: shared.clock.clone(),
+            ttl: cfg.ttl,
             resign: resign_tx,
             _alive: alive_tx,
         }),
@@ -772,7 +847,7 @@ async fn lead(shared: &Shared, view: &mut View<'_>, mut lease: LeaseRecord, sent
     let mut watch = shared.store.watch(election);
     tracing::info!(%election, token = %lease.token, "elected");
     view.saw_record(Some(&lease));
-    let mut resigners: Vec<oneshot::Sender<()>> = Vec::new();
+    let mut resigners: Vec<Resign> = Vec::new();
 
     let reason = loop {
         // After a pause (SIGSTOP, a stalled VM) these may already have passed.
@@ -885,8 +960,9 @@ async fn lead(shared: &Shared, view: &mut View<'_>, mut lease: LeaseRecord, sent
     if let OustReason::Lost { to } = &reason {
         view.saw(to.clone());
     }
-    for tx in resigners {
-        let _ = tx.send(());
+    let stand_aside = resigners.iter().map(|r| r.stand_aside).max().unwrap_or_default();
+    for r in resigners {
+        let _ = r.done.send(());
     }
-    reason
+    (reason, stand_aside)
 }

@@ -444,3 +444,40 @@ async fn a_task_that_ends_with_its_term_runs_again_on_the_next_one() {
     assert!(!task.is_finished(), "run_while_leader took the end of a term for the end of the work and gave up");
     assert!(runs.load(std::sync::atomic::Ordering::SeqCst) >= 2, "the task was not started again on the next term");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_leader_whose_work_stops_reporting_progress_resigns_and_stands_aside_a_ttl() {
+    let store = Arc::new(MemoryStore::new());
+    let a = elector(store.clone(), "a");
+    let b = elector(store.clone(), "b");
+    let la = a.leadership().await.unwrap();
+    b.start();
+    settle().await;
+    let dog = la.watchdog(Duration::from_secs(1));
+    let ended = la.cancellation_token();
+    // The guarded work: it lets go of its leadership when the term ends.
+    let work = tokio::spawn(async move { la.cancelled().await });
+    // Progress in time keeps the term, across many renewals.
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        dog.progress();
+        assert!(!ended.is_cancelled(), "a leader whose work reports progress keeps leading");
+    }
+    // The work gets stuck: within a second the leader resigns, and b takes over.
+    let stuck = Instant::now();
+    let lb = b.leadership().await.unwrap();
+    assert!(Instant::now() - stuck <= Duration::from_millis(1100), "took {:?}", Instant::now() - stuck);
+    assert!(ended.is_cancelled());
+    work.await.unwrap();
+    drop(dog);
+    // a stands aside for a whole TTL: b can resign within it and a does not take over.
+    lb.resign().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(a.current().is_none(), "the unhealthy leader campaigned again within a TTL");
+    let lb2 = b.leadership().await.unwrap();
+    drop(lb2);
+    b.shutdown().await;
+    let la2 = a.leadership().await.unwrap();
+    assert!(la2.is_valid(), "after standing aside it campaigns again");
+    assert!(Instant::now() - stuck >= TTL, "a came back after {:?}", Instant::now() - stuck);
+}
