@@ -314,6 +314,20 @@ struct CampaignArgs {
     /// Text published with the lease for observers (e.g. host:port), at most 4 KiB
     #[arg(long)]
     metadata: Option<String>,
+    /// While leading, run this shell command every --health-interval (with the
+    /// command's environment); after --health-retries failures or timeouts in a row,
+    /// stop the command, resign, and stand aside for one TTL so that another replica leads
+    #[arg(long, value_name = "CMD")]
+    health_cmd: Option<String>,
+    /// Time between health checks
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    health_interval: Duration,
+    /// Longest a health check may take; a slower one counts as failed
+    #[arg(long, default_value = "5s", value_parser = duration)]
+    health_timeout: Duration,
+    /// Failed health checks in a row that make the leader stand aside
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    health_retries: u32,
 }
 
 #[derive(Args)]
@@ -360,6 +374,12 @@ impl CampaignArgs {
             ttl: self.ttl,
             grace: self.grace.unwrap_or_else(|| run::default_grace(self.ttl)),
             metadata: self.metadata.clone(),
+            health: self.health_cmd.clone().map(|cmd| run::Health {
+                cmd,
+                interval: self.health_interval,
+                timeout: self.health_timeout,
+                retries: self.health_retries,
+            }),
         }
     }
 }

@@ -44,6 +44,69 @@ pub struct Campaign {
     pub ttl: Duration,
     pub grace: Duration,
     pub metadata: Option<String>,
+    /// A health check that makes an unhealthy leader stand aside.
+    pub health: Option<Health>,
+}
+
+/// Docker's health-check settings: `cmd` runs every `interval` while leading; `retries`
+/// failures or timeouts in a row make the leader stop its command, resign and stand
+/// aside for one TTL.
+#[derive(Clone)]
+pub struct Health {
+    pub cmd: String,
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub retries: u32,
+}
+
+impl Health {
+    /// Runs the check every interval until it fails `retries` times in a row; returns
+    /// what the last failure was.
+    async fn watch(self, env: Vec<(&'static str, String)>) -> String {
+        let mut failures = 0;
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + self.interval, self.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let failed = match self.check(&env).await {
+                Ok(()) => {
+                    failures = 0;
+                    continue;
+                }
+                Err(why) => why,
+            };
+            failures += 1;
+            tracing::warn!(failures, retries = self.retries, "health check failed: {failed}");
+            if failures >= self.retries {
+                return format!("{failures} health checks failed in a row, the last: {failed}");
+            }
+        }
+    }
+
+    /// One check: `sh -c CMD` in a process group of its own, killed whole on timeout.
+    async fn check(&self, env: &[(&'static str, String)]) -> Result<(), String> {
+        let mut child = tokio::process::Command::new("sh")
+            .arg("-c")
+            .arg(&self.cmd)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdin(std::process::Stdio::null())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot start the health command: {e}"))?;
+        match tokio::time::timeout(self.timeout, child.wait()).await {
+            Ok(Ok(status)) if status.success() => Ok(()),
+            Ok(Ok(status)) => Err(format!("the health command {status}")),
+            Ok(Err(e)) => Err(format!("cannot wait for the health command: {e}")),
+            Err(_) => {
+                if let Some(pid) = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
+                    let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+                }
+                let _ = child.wait().await;
+                Err(format!("the health command took longer than {}", humantime::format_duration(self.timeout)))
+            }
+        }
+    }
 }
 
 impl Campaign {
@@ -115,6 +178,8 @@ enum End {
     Lost,
     /// We were told to stop; it was stopped.
     Stopped,
+    /// The health check failed too often; the command was stopped.
+    Unhealthy,
 }
 
 /// The instant (ns on the host's boot-time clock) by which the command must start
@@ -135,8 +200,21 @@ fn can_start(l: &Leadership, grace: Duration) -> bool {
 const MIN_RUN: Duration = Duration::from_millis(100);
 
 /// Runs `cmd` while `l` holds; stops it when the term ends or `stop` fires.
-async fn supervise(l: &Leadership, cmd: &[String], grace: Duration, stop: &CancellationToken) -> Result<End> {
+async fn supervise(
+    l: &Leadership,
+    cmd: &[String],
+    grace: Duration,
+    health: Option<&Health>,
+    stop: &CancellationToken,
+) -> Result<End> {
     let mut child = Supervised::spawn(cmd, &child_env(l), stop_at_ns(l, grace), grace)?;
+    let unhealthy = async {
+        match health {
+            Some(h) => h.clone().watch(child_env(l)).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(unhealthy);
     tracing::info!(token = %l.token(), pid = child.pid(), "leading; started the command");
     // Tell the supervisor of every renewal, so that it stops the command on its own
     // only if this process stops renewing (frozen or stuck). The runtime steps down
@@ -164,6 +242,11 @@ async fn supervise(l: &Leadership, cmd: &[String], grace: Duration, stop: &Cance
             _ = stop.cancelled() => {
                 child.stop(grace).await;
                 return Ok(End::Stopped);
+            }
+            why = &mut unhealthy => {
+                tracing::warn!(token = %l.token(), "{why}; stopping the command and standing aside for one TTL");
+                child.stop(grace).await;
+                return Ok(End::Unhealthy);
             }
             _ = tick.tick() => {
                 if l.deadline() != deadline && l.is_valid() {
@@ -200,7 +283,7 @@ pub async fn run(store: Arc<dyn LeaseStore>, c: &Campaign, keep_going: bool, cmd
             }
             continue;
         }
-        match supervise(&l, cmd, c.grace, &stop).await? {
+        match supervise(&l, cmd, c.grace, c.health.as_ref(), &stop).await? {
             End::Exited(code) if keep_going => {
                 tracing::info!(code, "the command exited; handing over and campaigning again");
                 l.resign().await;
@@ -212,6 +295,7 @@ pub async fn run(store: Arc<dyn LeaseStore>, c: &Campaign, keep_going: bool, cmd
                 return Ok(code);
             }
             End::Lost => drop(l),
+            End::Unhealthy => l.resign_for(c.ttl).await,
             End::Stopped => {
                 drop(l);
                 elector.shutdown().await;
@@ -249,8 +333,12 @@ pub async fn schedule(store: Arc<dyn LeaseStore>, c: &Campaign, schedule: &Sched
         match elector.current().filter(|l| can_start(l, c.grace)) {
             Some(l) => {
                 tracing::info!(tick = %humantime::format_rfc3339_seconds(at), "tick");
-                let end = supervise(&l, cmd, c.grace, &stop).await?;
-                drop(l);
+                let end = supervise(&l, cmd, c.grace, c.health.as_ref(), &stop).await?;
+                if matches!(end, End::Unhealthy) {
+                    l.resign_for(c.ttl).await;
+                } else {
+                    drop(l);
+                }
                 if let End::Exited(code) = end {
                     tracing::info!(code, "the command finished");
                 }
@@ -275,7 +363,7 @@ mod tests {
     use super::*;
 
     fn campaign(ttl: Duration, grace: Duration) -> Campaign {
-        Campaign { election: "e".into(), id: None, ttl, grace, metadata: None }
+        Campaign { election: "e".into(), id: None, ttl, grace, metadata: None, health: None }
     }
 
     #[test]

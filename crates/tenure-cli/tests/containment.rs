@@ -286,3 +286,63 @@ fn a_short_ttl_needs_no_grace_flag_and_its_command_stops_before_the_deadline() {
     signal(leader.id(), rustix::process::Signal::CONT);
     leader.wait().unwrap();
 }
+
+#[test]
+fn a_leader_whose_health_check_fails_stands_aside_and_another_leads() {
+    // The store is fine, but the leader's command is stuck: its health check fails. The
+    // leader stops its command, resigns and stands aside; the other replica leads.
+    let env = Env::new();
+    let log = env.path("log");
+    let sick = env.path("sick");
+    let script = format!("echo start $TENURE_HOLDER $(date +%s%N) >> {}; exec sleep 600", log.display());
+    let health = format!("test ! -e {}-$TENURE_HOLDER", sick.display());
+    let spawn = |id: &str| {
+        Command::new(TENURE)
+            .env("TENURE_STORE", env.sqlite())
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .args(["run", "jobs/health", "--id", id, "--ttl", "2s", "--grace", "300ms"])
+            .args(["--health-cmd", &health, "--health-interval", "200ms", "--health-timeout", "1s"])
+            .args(["--health-retries", "2", "--", "sh", "-c", &script])
+            .spawn()
+            .map(Proc)
+            .unwrap()
+    };
+    let starts = || -> Vec<(String, u64)> {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split(' ').collect();
+                Some((f.get(1)?.to_string(), f.get(2)?.parse().ok()?))
+            })
+            .collect()
+    };
+    let mut a = spawn("a");
+    let t0 = Instant::now();
+    while starts().is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "nobody led");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut b = spawn("b");
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(starts().len(), 1, "a healthy leader keeps leading: {:?}", starts());
+    // a's command gets stuck.
+    std::fs::write(format!("{}-a", sick.display()), "").unwrap();
+    let sick_at = wall_ns();
+    let t0 = Instant::now();
+    while starts().len() < 2 {
+        // a renews all along, so only its standing aside lets b in.
+        assert!(t0.elapsed() < Duration::from_secs(10), "b did not take over from an unhealthy a: {:?}", starts());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (who, at) = starts()[1].clone();
+    assert_eq!(who, "b");
+    eprintln!("b led {:?} after a fell sick", Duration::from_nanos(at.saturating_sub(sick_at)));
+    // a stands aside for a TTL, then campaigns on: it is still running, following b.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(starts().len(), 2, "{:?}", starts());
+    for p in [&mut a, &mut b] {
+        assert!(p.0.try_wait().unwrap().is_none(), "tenure run exited");
+    }
+}
