@@ -159,7 +159,9 @@ impl ElectorBuilder {
         }
         cfg.validate()?;
         let shutdown = CancellationToken::new();
+        let metrics = crate::metrics::ElectorMetrics::new(election.as_str());
         let shared = Arc::new(Shared {
+            metrics,
             store: self.store,
             req: AcquireRequest { election, holder, ttl: cfg.ttl, metadata: cfg.metadata.clone() },
             cfg,
@@ -199,6 +201,7 @@ struct Shared {
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Why the campaign stopped, if not by shutdown.
     failure: Mutex<Option<ElectError>>,
+    metrics: crate::metrics::ElectorMetrics,
 }
 
 impl Elector {
@@ -562,9 +565,37 @@ impl Drop for Stopped<'_> {
 struct View<'a> {
     shared: &'a Shared,
     leader: Option<Option<(HolderId, crate::FencingToken)>>,
+    /// While following: when the last live lease seen would end, and when the store said
+    /// there was none; how long the election then had no leader, once this one won.
+    lease_ends: Option<Instant>,
+    vacant_since: Option<Instant>,
+    takeover: Option<Duration>,
 }
 
 impl View<'_> {
+    /// Another holder's live lease, seen while following: the election will have no
+    /// leader once it ends, unless the store reports it gone sooner.
+    fn live(&mut self, rec: &LeaseRecord) {
+        if rec.evicted {
+            return;
+        }
+        self.lease_ends = Some(self.shared.clock.now() + rec.remaining.unwrap_or(rec.ttl));
+        self.vacant_since = None;
+    }
+
+    /// This candidate won: how long the election had no leader, as far as it saw.
+    fn won(&mut self) {
+        let now = self.shared.clock.now();
+        let ended = match (self.vacant_since, self.lease_ends) {
+            (Some(v), _) => Some(v),
+            (None, Some(end)) if end <= now => Some(end),
+            _ => None,
+        };
+        self.takeover = ended.map(|e| now.saturating_duration_since(e));
+        self.lease_ends = None;
+        self.vacant_since = None;
+    }
+
     fn saw(&mut self, leader: Option<Leader>) {
         let key = leader.as_ref().map(|l| (l.holder.clone(), l.token));
         if self.leader.as_ref() != Some(&key) {
@@ -586,7 +617,7 @@ async fn campaign_loop(shared: &Shared) {
             return;
         }
     }
-    let mut view = View { shared, leader: None };
+    let mut view = View { shared, leader: None, lease_ends: None, vacant_since: None, takeover: None };
     loop {
         let Some((lease, sent)) = follow(shared, &mut view).await else {
             return;
@@ -624,12 +655,16 @@ async fn call<T>(
     until: Instant,
     fut: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
-    let limit = until.saturating_duration_since(shared.clock.now());
-    tokio::select! {
+    let started = shared.clock.now();
+    let limit = until.saturating_duration_since(started);
+    let r = tokio::select! {
         biased;
         r = fut => r,
         _ = shared.clock.sleep_until(until) => Err(StoreError::timed_out(what, limit)),
-    }
+    };
+    let took = shared.clock.now().saturating_duration_since(started);
+    shared.metrics.store_call(what, took, r.as_ref().err().map(StoreError::kind));
+    r
 }
 
 async fn next_event(watch: &mut Option<WatchStream>) -> Option<Result<Option<LeaseRecord>, StoreError>> {
@@ -649,6 +684,8 @@ async fn follow(shared: &Shared, view: &mut View<'_>) -> Option<(LeaseRecord, In
     let mut attempt = true;
     let mut wake_at = shared.clock.now();
     let mut failures = Failures::new(&shared.req.election);
+    view.lease_ends = None;
+    view.vacant_since = None;
     loop {
         if shared.shutdown.is_cancelled() {
             return None;
@@ -667,7 +704,10 @@ async fn follow(shared: &Shared, view: &mut View<'_>) -> Option<(LeaseRecord, In
                         let sent = shared.clock.now();
                         let until = sent + cfg.request_timeout;
                         match call(shared, "renew", until, shared.store.renew(&rec, cfg.ttl)).await {
-                            Ok(Renew::Renewed(lease)) => return Some((lease, sent)),
+                            Ok(Renew::Renewed(lease)) => {
+                                view.won();
+                                return Some((lease, sent));
+                            }
                             Ok(Renew::Lost(cur)) => {
                                 unresolved = false;
                                 view.saw_record(cur.as_ref());
@@ -696,10 +736,14 @@ async fn follow(shared: &Shared, view: &mut View<'_>) -> Option<(LeaseRecord, In
                 }
             } else {
                 match call(shared, "acquire", until, shared.store.try_acquire(&shared.req)).await {
-                    Ok(Acquire::Acquired(lease)) => return Some((lease, sent)),
+                    Ok(Acquire::Acquired(lease)) => {
+                        view.won();
+                        return Some((lease, sent));
+                    }
                     Ok(Acquire::Held(cur)) => {
                         failures.reset();
                         view.saw_record(Some(&cur));
+                        view.live(&cur);
                         wake_at = follower_wake(shared, Some(&cur), watch.is_some());
                     }
                     Err(e) if !e.is_retryable() => {
@@ -728,6 +772,7 @@ async fn follow(shared: &Shared, view: &mut View<'_>) -> Option<(LeaseRecord, In
             ev = next_event(&mut watch) => match ev {
                 Some(Ok(None)) => {
                     view.saw(None);
+                    view.vacant_since.get_or_insert(shared.clock.now());
                     attempt = true;
                 }
                 Some(Ok(Some(rec))) => {
@@ -737,6 +782,7 @@ async fn follow(shared: &Shared, view: &mut View<'_>) -> Option<(LeaseRecord, In
                         unresolved = true;
                     } else if !unresolved {
                         view.saw_record(Some(&rec));
+                        view.live(&rec);
                         wake_at = follower_wake(shared, Some(&rec), true);
                     }
                 }
@@ -873,6 +919,8 @@ async fn lead(shared: &Shared, view: &mut View<'_>, mut lease: LeaseRecord, sent
             }
             _ = publish_wait => {
                 if let Some(l) = pending.take() {
+                    shared.metrics.elected(view.takeover.take());
+                    shared.metrics.remaining(times.deadline.saturating_duration_since(shared.clock.now()));
                     let _ = shared.events.send(Event::Elected { token: l.token() });
                     shared.leadership.send_replace(Some(l));
                 }
@@ -892,6 +940,7 @@ async fn lead(shared: &Shared, view: &mut View<'_>, mut lease: LeaseRecord, sent
                         lease = rec;
                         times = TermTimes::after_success(cfg, dated(sent));
                         *deadline_cell.lock().unwrap_or_else(|p| p.into_inner()) = times.deadline;
+                        shared.metrics.remaining(times.deadline.saturating_duration_since(shared.clock.now()));
                     }
                     Ok(Renew::Lost(cur)) => {
                         break match cur {
@@ -931,6 +980,7 @@ async fn lead(shared: &Shared, view: &mut View<'_>, mut lease: LeaseRecord, sent
     drop(pending);
     shared.leadership.send_replace(None);
     tracing::info!(%election, token = %lease.token, ?reason, "stepped down");
+    shared.metrics.ended(&reason);
     let _ = shared.events.send(Event::Ousted { reason: reason.clone() });
     // Warn if the work outlives the deadline, unless we only woke up past it.
     let mut warned = shared.clock.now() >= times.deadline;

@@ -38,6 +38,7 @@ mod clock;
 mod config;
 mod elector;
 mod memory;
+mod metrics;
 mod name;
 mod observe;
 pub mod observed;

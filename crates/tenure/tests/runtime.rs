@@ -481,3 +481,43 @@ async fn a_leader_whose_work_stops_reporting_progress_resigns_and_stands_aside_a
     assert!(la2.is_valid(), "after standing aside it campaigns again");
     assert!(Instant::now() - stuck >= TTL, "a came back after {:?}", Instant::now() - stuck);
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_elector_reports_leadership_terms_takeovers_and_store_calls_as_metrics() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let store = Arc::new(MemoryStore::new());
+    let a = elector(store.clone(), "a");
+    let la = a.leadership().await.unwrap();
+    tokio::time::sleep(TTL + Duration::from_millis(1)).await;
+    let text = handle.render();
+    let line = |name: &str| text.lines().find(|l| l.starts_with(name)).map(str::to_string);
+    assert_eq!(line("tenure_is_leader{").as_deref(), Some(r#"tenure_is_leader{election="jobs/sweeper"} 1"#), "{text}");
+    assert_eq!(
+        line("tenure_elections_won_total{").as_deref(),
+        Some(r#"tenure_elections_won_total{election="jobs/sweeper"} 1"#)
+    );
+    let left: f64 = line("tenure_term_remaining_seconds{").unwrap().rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(left > 0.0 && left <= TTL.as_secs_f64(), "{left}");
+    assert!(
+        text.contains(r#"tenure_store_request_duration_seconds_count{election="jobs/sweeper",operation="renew"} 3"#),
+        "one renewal per third of a TTL: {text}"
+    );
+    // The leader resigns; the next one records how long the election had no leader.
+    let b = elector(store.clone(), "b");
+    b.start();
+    settle().await;
+    la.resign().await;
+    let lb = b.leadership().await.unwrap();
+    let text = handle.render();
+    assert!(text.contains(r#"tenure_terms_ended_total{election="jobs/sweeper",reason="resigned"} 1"#), "{text}");
+    assert!(text.contains(r#"tenure_takeover_seconds_count{election="jobs/sweeper"} 1"#), "{text}");
+    assert!(text.contains(r#"tenure_elections_won_total{election="jobs/sweeper"} 2"#), "{text}");
+    drop(lb);
+    b.shutdown().await;
+    a.shutdown().await;
+    let text = handle.render();
+    assert!(text.contains(r#"tenure_is_leader{election="jobs/sweeper"} 0"#), "{text}");
+    assert!(text.contains(r#"tenure_terms_ended_total{election="jobs/sweeper",reason="shutting_down"} 1"#), "{text}");
+}

@@ -1,0 +1,100 @@
+//! What an elector reports through the [`metrics`] facade, labelled by election.
+//!
+//! Nothing is recorded unless the application installs a recorder (for example
+//! `metrics-exporter-prometheus`, as `tenure run --http` does): without one every call
+//! below is a call into the facade's no-op recorder, on handles made once per elector.
+//!
+//! | name | type | labels | what |
+//! |---|---|---|---|
+//! | `tenure_is_leader` | gauge | election | 1 while this candidate leads, else 0 |
+//! | `tenure_elections_won_total` | counter | election | terms won |
+//! | `tenure_terms_ended_total` | counter | election, reason | terms ended, by why |
+//! | `tenure_term_remaining_seconds` | gauge | election | time left before the local deadline, after each renewal; 0 when not leading |
+//! | `tenure_takeover_seconds` | histogram | election | from the end of the previous term as this candidate saw it (its lease expired, or it was released) to this candidate's election |
+//! | `tenure_store_request_duration_seconds` | histogram | election, operation | each store call's duration (acquire, renew, release, get) |
+//! | `tenure_store_errors_total` | counter | election, operation, kind | failed store calls, by [`crate::ErrorKind`] |
+
+use std::time::Duration;
+
+use metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
+
+use crate::{ErrorKind, OustReason};
+
+/// The store operations an elector makes.
+const OPERATIONS: [&str; 4] = ["acquire", "renew", "release", "get"];
+
+/// One elector's metric handles.
+pub(crate) struct ElectorMetrics {
+    election: String,
+    is_leader: Gauge,
+    won: Counter,
+    remaining: Gauge,
+    takeover: Histogram,
+    durations: [Histogram; 4],
+}
+
+impl ElectorMetrics {
+    pub(crate) fn new(election: &str) -> Self {
+        let e = election.to_string();
+        let is_leader = gauge!("tenure_is_leader", "election" => e.clone());
+        is_leader.set(0.0);
+        Self {
+            is_leader,
+            won: counter!("tenure_elections_won_total", "election" => e.clone()),
+            remaining: gauge!("tenure_term_remaining_seconds", "election" => e.clone()),
+            takeover: histogram!("tenure_takeover_seconds", "election" => e.clone()),
+            durations: OPERATIONS.map(
+                |op| histogram!("tenure_store_request_duration_seconds", "election" => e.clone(), "operation" => op),
+            ),
+            election: e,
+        }
+    }
+
+    /// This candidate leads; `takeover` is how long the election had no live leader as
+    /// it saw it, when it had seen one before.
+    pub(crate) fn elected(&self, takeover: Option<Duration>) {
+        self.is_leader.set(1.0);
+        self.won.increment(1);
+        if let Some(t) = takeover {
+            self.takeover.record(t.as_secs_f64());
+        }
+    }
+
+    /// The term ended.
+    pub(crate) fn ended(&self, reason: &OustReason) {
+        self.is_leader.set(0.0);
+        self.remaining.set(0.0);
+        let reason = match reason {
+            OustReason::RenewFailed => "renew_failed",
+            OustReason::Lost { .. } => "lost",
+            OustReason::Evicted => "evicted",
+            OustReason::Resigned => "resigned",
+            OustReason::ShuttingDown => "shutting_down",
+            OustReason::DeadlinePassed => "deadline_passed",
+        };
+        counter!("tenure_terms_ended_total", "election" => self.election.clone(), "reason" => reason).increment(1);
+    }
+
+    /// Time left on the current term, after a renewal.
+    pub(crate) fn remaining(&self, left: Duration) {
+        self.remaining.set(left.as_secs_f64());
+    }
+
+    /// A store call of `operation` took `took` and ended with `error`, if any.
+    pub(crate) fn store_call(&self, operation: &str, took: Duration, error: Option<ErrorKind>) {
+        if let Some(i) = OPERATIONS.iter().position(|o| *o == operation) {
+            self.durations[i].record(took.as_secs_f64());
+        }
+        if let Some(kind) = error {
+            let kind = match kind {
+                ErrorKind::Unavailable => "unavailable",
+                ErrorKind::Ambiguous => "ambiguous",
+                ErrorKind::Unauthorized => "unauthorized",
+                ErrorKind::Misconfigured => "misconfigured",
+                ErrorKind::Invalid => "invalid",
+            };
+            counter!("tenure_store_errors_total", "election" => self.election.clone(), "operation" => operation.to_string(), "kind" => kind)
+                .increment(1);
+        }
+    }
+}
