@@ -54,6 +54,7 @@ pub async fn demo(candidates: usize, ttl: Duration) -> Result<()> {
         grace: Duration::from_millis(300),
         metadata: None,
         health: None,
+        http: None,
     };
     if let Err(e) = campaign.renew_deadline() {
         bail!("--ttl {} is too short for the demo (try 1s or more): {e}", humantime::format_duration(ttl));

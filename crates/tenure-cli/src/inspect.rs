@@ -43,7 +43,7 @@ fn leader_json_without_record(l: &Leader) -> Value {
     })
 }
 
-fn status_json(election: &str, r: Option<&LeaseRecord>) -> Value {
+pub fn status_json(election: &str, r: Option<&LeaseRecord>) -> Value {
     json!({ "election": election, "leader": r.map(leader_json) })
 }
 

@@ -14,6 +14,7 @@ mod cron;
 mod demo;
 mod docs;
 mod gossip;
+mod http;
 mod inspect;
 mod run;
 mod store_url;
@@ -328,6 +329,10 @@ struct CampaignArgs {
     /// Failed health checks in a row that make the leader stand aside
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     health_retries: u32,
+    /// Serve /metrics (Prometheus), /healthz, /leader and /is-leader on this address
+    /// only, e.g. 127.0.0.1:9464
+    #[arg(long, value_name = "ADDR")]
+    http: Option<std::net::SocketAddr>,
 }
 
 #[derive(Args)]
@@ -374,6 +379,7 @@ impl CampaignArgs {
             ttl: self.ttl,
             grace: self.grace.unwrap_or_else(|| run::default_grace(self.ttl)),
             metadata: self.metadata.clone(),
+            http: self.http,
             health: self.health_cmd.clone().map(|cmd| run::Health {
                 cmd,
                 interval: self.health_interval,

@@ -46,6 +46,8 @@ pub struct Campaign {
     pub metadata: Option<String>,
     /// A health check that makes an unhealthy leader stand aside.
     pub health: Option<Health>,
+    /// Where to serve the operator endpoints (`--http`).
+    pub http: Option<std::net::SocketAddr>,
 }
 
 /// Docker's health-check settings: `cmd` runs every `interval` while leading; `retries`
@@ -110,6 +112,20 @@ impl Health {
 }
 
 impl Campaign {
+    /// Builds the elector and, with `--http`, starts serving the operator endpoints for
+    /// it (the metrics recorder is installed first, so the elector reports to it).
+    async fn start(&self, store: Arc<dyn LeaseStore>) -> Result<Elector> {
+        let metrics = match self.http {
+            Some(_) => Some(crate::http::install_recorder()?),
+            None => None,
+        };
+        let elector = self.elector(store.clone())?;
+        if let (Some(addr), Some(metrics)) = (self.http, metrics) {
+            crate::http::serve(addr, metrics, elector.clone(), store).await?;
+        }
+        Ok(elector)
+    }
+
     /// Builds the elector, stepping down early enough that the command can be
     /// stopped (SIGTERM, `grace`, SIGKILL) before the lease deadline.
     pub fn elector(&self, store: Arc<dyn LeaseStore>) -> Result<Elector> {
@@ -260,7 +276,7 @@ async fn supervise(
 
 /// `tenure run`: returns the exit code.
 pub async fn run(store: Arc<dyn LeaseStore>, c: &Campaign, keep_going: bool, cmd: &[String]) -> Result<i32> {
-    let elector = c.elector(store)?;
+    let elector = c.start(store).await?;
     let stop = stop_on_signals()?;
     crate::child::become_subreaper()?;
     tracing::info!(election = %elector.election(), holder = %elector.holder(), "campaigning");
@@ -307,7 +323,7 @@ pub async fn run(store: Arc<dyn LeaseStore>, c: &Campaign, keep_going: bool, cmd
 
 /// `tenure schedule`: runs `cmd` at each tick of `schedule` while leading; returns on a signal.
 pub async fn schedule(store: Arc<dyn LeaseStore>, c: &Campaign, schedule: &Schedule, cmd: &[String]) -> Result<i32> {
-    let elector = c.elector(store)?;
+    let elector = c.start(store).await?;
     let stop = stop_on_signals()?;
     crate::child::become_subreaper()?;
     elector.start();
@@ -363,7 +379,7 @@ mod tests {
     use super::*;
 
     fn campaign(ttl: Duration, grace: Duration) -> Campaign {
-        Campaign { election: "e".into(), id: None, ttl, grace, metadata: None, health: None }
+        Campaign { election: "e".into(), id: None, ttl, grace, metadata: None, health: None, http: None }
     }
 
     #[test]

@@ -263,6 +263,19 @@ impl Elector {
         }
     }
 
+    /// Whether the campaign works: it has not stopped on its own (a store refusal no
+    /// retry can mend, a crash), and it does not hold a term past its local deadline
+    /// without having stepped down (a runtime that is stuck). What a liveness probe asks.
+    pub fn is_healthy(&self) -> bool {
+        if self.failure().is_some() {
+            return false;
+        }
+        match &*self.shared.leadership.borrow() {
+            Some(l) => l.cancel.is_cancelled() || l.is_valid(),
+            None => true,
+        }
+    }
+
     /// The current leadership, if this candidate leads right now: never one whose local
     /// deadline has passed, even before the runtime has got round to stepping down
     /// (after the process was frozen, say), so no work starts on a term that is over.

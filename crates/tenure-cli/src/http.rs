@@ -1,0 +1,147 @@
+//! `--http ADDR`: what a running `tenure run` or `tenure schedule` tells operators and
+//! load balancers, on that address only. Nothing here changes state.
+//!
+//! - `GET /metrics`: Prometheus text (`tenure_is_leader{election="E"} 1` on the leader, 0
+//!   elsewhere, and the rest of the runtime's metrics);
+//! - `GET /healthz`: 200 while the campaign works, 503 when it stopped or holds a term past
+//!   its deadline without stepping down (for liveness probes);
+//! - `GET /leader`: who leads, as `tenure status --json` prints it;
+//! - `GET /is-leader`: 200 with this leader's token and time left, 503 elsewhere (for
+//!   readiness probes and load balancers that route to the leader only).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde_json::json;
+use tenure::{Elector, LeaseStore};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Installs the Prometheus recorder; call before building the elector, whose metric
+/// handles are made from it.
+pub fn install_recorder() -> Result<PrometheusHandle> {
+    use metrics_exporter_prometheus::Matcher;
+    const STORE_CALLS: [f64; 13] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];
+    const TAKEOVERS: [f64; 12] = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0];
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full("tenure_store_request_duration_seconds".into()), &STORE_CALLS)
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Full("tenure_takeover_seconds".into()), &TAKEOVERS))
+        .context("cannot set the histogram buckets")?
+        .install_recorder()
+        .context("cannot install the metrics recorder")
+}
+
+/// Listens on `addr` (only there) and serves the endpoints for `elector` in the
+/// background. Fails at once if the address cannot be bound.
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: PrometheusHandle,
+    elector: Elector,
+    store: Arc<dyn LeaseStore>,
+) -> Result<SocketAddr> {
+    let listener = TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr} (--http)"))?;
+    let bound = listener.local_addr()?;
+    tracing::info!(%bound, "serving /metrics, /healthz, /leader and /is-leader");
+    let state = Arc::new(State { metrics, elector, store });
+    tokio::spawn(async move {
+        loop {
+            let Ok((conn, _)) = listener.accept().await else { continue };
+            let state = state.clone();
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(10), answer(conn, &state)).await;
+            });
+        }
+    });
+    Ok(bound)
+}
+
+struct State {
+    metrics: PrometheusHandle,
+    elector: Elector,
+    store: Arc<dyn LeaseStore>,
+}
+
+/// Reads one request's head and answers it; one request per connection.
+async fn answer(mut conn: TcpStream, state: &State) -> std::io::Result<()> {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 2048];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = conn.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        head.extend_from_slice(&buf[..n]);
+        if head.len() > 16 * 1024 {
+            return respond(&mut conn, 431, "text/plain", "request head too large\n").await;
+        }
+    }
+    let line = String::from_utf8_lossy(&head);
+    let mut parts = line.split_whitespace();
+    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = target.split('?').next().unwrap_or("");
+    if method != "GET" && method != "HEAD" {
+        return respond(&mut conn, 405, "text/plain", "only GET\n").await;
+    }
+    match path {
+        "/metrics" => {
+            let text = state.metrics.render();
+            respond(&mut conn, 200, "text/plain; version=0.0.4", &text).await
+        }
+        "/healthz" => {
+            if state.elector.is_healthy() {
+                respond(&mut conn, 200, "text/plain", "ok\n").await
+            } else {
+                respond(&mut conn, 503, "text/plain", "the campaign stopped or is stuck past its deadline\n").await
+            }
+        }
+        "/leader" => {
+            let election = state.elector.election();
+            match state.store.get(election).await {
+                Ok(rec) => {
+                    let body = crate::inspect::status_json(election.as_str(), rec.as_ref()).to_string();
+                    respond(&mut conn, 200, "application/json", &(body + "\n")).await
+                }
+                Err(e) => {
+                    let body = json!({ "election": election.as_str(), "error": format!("{e:#}") }).to_string();
+                    respond(&mut conn, 503, "application/json", &(body + "\n")).await
+                }
+            }
+        }
+        "/is-leader" => match state.elector.current() {
+            Some(l) => {
+                let body = json!({
+                    "election": l.election().as_str(),
+                    "holder": l.holder().as_str(),
+                    "token": l.token().0,
+                    "remaining_ms": l.remaining().as_millis() as u64,
+                })
+                .to_string();
+                respond(&mut conn, 200, "application/json", &(body + "\n")).await
+            }
+            None => {
+                let body = json!({ "election": state.elector.election().as_str(), "leader": false }).to_string();
+                respond(&mut conn, 503, "application/json", &(body + "\n")).await
+            }
+        },
+        _ => respond(&mut conn, 404, "text/plain", "not found: try /metrics, /healthz, /leader, /is-leader\n").await,
+    }
+}
+
+async fn respond(conn: &mut TcpStream, status: u16, content_type: &str, body: &str) -> std::io::Result<()> {
+    let reason = match status {
+        200 => "OK",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        431 => "Request Header Fields Too Large",
+        _ => "Service Unavailable",
+    };
+    let head = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await?;
+    conn.write_all(body.as_bytes()).await?;
+    conn.shutdown().await
+}

@@ -1,0 +1,175 @@
+//! `--http`: a real Prometheus (Debian's `prometheus`, on a free loopback port) scrapes two
+//! `tenure run` candidates; `/is-leader` follows a crash; `/healthz` and `/leader` answer.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tenure_testkit::servers;
+
+mod common;
+use common::{Proc, TENURE};
+
+/// A GET on 127.0.0.1:`port`; the status and the body, or `None` if nothing answered
+/// within `within`.
+fn get(port: u16, path: &str, within: Duration) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(within)).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()))
+}
+
+fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Duration {
+    let t0 = Instant::now();
+    while !ok() {
+        assert!(t0.elapsed() < limit, "waited {limit:?} for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    t0.elapsed()
+}
+
+fn candidate(dir: &Path, id: &str, port: u16) -> Proc {
+    let child = Command::new(TENURE)
+        .env("TENURE_STORE", format!("sqlite:{}", dir.join("s.db").display()))
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .args(["run", "jobs/operated", "--id", id, "--ttl", "2s", "--grace", "300ms"])
+        .args(["--http", &format!("127.0.0.1:{port}"), "--", "sleep", "600"])
+        .spawn()
+        .unwrap();
+    Proc(child)
+}
+
+/// Starts Prometheus scraping `targets` every second; `None` (after saying so) when it is
+/// not installed and servers are not required.
+fn prometheus(dir: &Path, targets: &[u16]) -> Option<(Proc, u16)> {
+    let Some(program) = servers::find_program("prometheus") else {
+        assert!(!servers::servers_required(), "prometheus is not installed (Debian package prometheus)");
+        eprintln!("skipping: prometheus is not installed (Debian package prometheus)");
+        return None;
+    };
+    let port = servers::free_port();
+    let list = targets.iter().map(|p| format!("'127.0.0.1:{p}'")).collect::<Vec<_>>().join(", ");
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: tenure\n    static_configs:\n      - targets: [{list}]\n"
+        ),
+    )
+    .unwrap();
+    let child = Command::new(program)
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!("--storage.tsdb.path={}", dir.join("tsdb").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("prometheus.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let p = Proc(child);
+    wait_for("Prometheus to be ready", Duration::from_secs(60), || {
+        get(port, "/-/ready", Duration::from_secs(2)).is_some_and(|(s, _)| s == 200)
+    });
+    Some((p, port))
+}
+
+/// The value of a PromQL query that returns one number, if it does.
+fn query(port: u16, promql: &str) -> Option<f64> {
+    let q: String = promql
+        .bytes()
+        .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect();
+    let (status, body) = get(port, &format!("/api/v1/query?query={q}"), Duration::from_secs(5))?;
+    if status != 200 {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+    v["data"]["result"].get(0)?["value"][1].as_str()?.parse().ok()
+}
+
+#[test]
+fn prometheus_sees_one_leader_and_is_leader_follows_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let ports = [servers::free_port(), servers::free_port()];
+    let mut a = candidate(dir.path(), "a", ports[0]);
+    wait_for("a to lead", Duration::from_secs(20), || {
+        get(ports[0], "/is-leader", Duration::from_secs(2)).is_some_and(|(s, _)| s == 200)
+    });
+    let b = candidate(dir.path(), "b", ports[1]);
+    wait_for("b to serve", Duration::from_secs(20), || get(ports[1], "/healthz", Duration::from_secs(2)).is_some());
+
+    // The endpoints as a load balancer and a liveness probe see them.
+    let (status, body) = get(ports[1], "/is-leader", Duration::from_secs(2)).unwrap();
+    assert_eq!(status, 503, "{body}");
+    let (status, body) = get(ports[0], "/is-leader", Duration::from_secs(2)).unwrap();
+    assert_eq!(status, 200);
+    let me: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(me["holder"], "a");
+    assert!(me["token"].as_u64().unwrap() >= 1 && me["remaining_ms"].as_u64().unwrap() > 0, "{me}");
+    for port in ports {
+        assert_eq!(get(port, "/healthz", Duration::from_secs(2)).unwrap().0, 200);
+        let (status, body) = get(port, "/leader", Duration::from_secs(2)).unwrap();
+        assert_eq!(status, 200);
+        let leader: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(leader["election"], "jobs/operated");
+        assert_eq!(leader["leader"]["holder"], "a", "{leader}");
+        assert_eq!(get(port, "/nothing-here", Duration::from_secs(2)).unwrap().0, 404);
+    }
+    let (_, metrics) = get(ports[0], "/metrics", Duration::from_secs(2)).unwrap();
+    assert!(metrics.contains(r#"tenure_is_leader{election="jobs/operated"} 1"#), "{metrics}");
+    let (_, metrics) = get(ports[1], "/metrics", Duration::from_secs(2)).unwrap();
+    assert!(metrics.contains(r#"tenure_is_leader{election="jobs/operated"} 0"#), "{metrics}");
+
+    // A real Prometheus scrapes both and sees exactly one leader.
+    let Some((_prom, prom)) = prometheus(dir.path(), &ports) else { return };
+    wait_for("both targets up", Duration::from_secs(30), || query(prom, "sum(up)") == Some(2.0));
+    wait_for("one leader", Duration::from_secs(30), || {
+        query(prom, r#"sum(tenure_is_leader{election="jobs/operated"})"#) == Some(1.0)
+    });
+
+    // The leader dies: the survivor's /is-leader turns 200 within about a TTL.
+    a.kill().unwrap();
+    a.wait().unwrap();
+    let took = wait_for("b to lead", Duration::from_secs(10), || {
+        get(ports[1], "/is-leader", Duration::from_secs(2)).is_some_and(|(s, _)| s == 200)
+    });
+    eprintln!("b's /is-leader turned 200 {took:?} after a was killed (TTL 2 s)");
+    wait_for("Prometheus to see b lead", Duration::from_secs(30), || {
+        query(prom, r#"tenure_is_leader{election="jobs/operated"} == 1"#).is_some()
+            && query(prom, "sum(up)") == Some(1.0)
+            && query(prom, r#"sum(tenure_is_leader{election="jobs/operated"})"#) == Some(1.0)
+    });
+    drop(b);
+}
+
+#[test]
+fn a_frozen_leader_answers_no_probe_and_a_taken_address_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = servers::free_port();
+    let a = candidate(dir.path(), "a", port);
+    wait_for("a to lead", Duration::from_secs(20), || {
+        get(port, "/is-leader", Duration::from_secs(2)).is_some_and(|(s, _)| s == 200)
+    });
+    // Frozen, it cannot say it is healthy: a liveness probe with a timeout fails.
+    let pid = rustix::process::Pid::from_raw(a.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
+    assert!(get(port, "/healthz", Duration::from_millis(500)).is_none(), "a frozen process answered");
+    rustix::process::kill_process(pid, rustix::process::Signal::CONT).unwrap();
+    wait_for("a to answer again", Duration::from_secs(10), || {
+        get(port, "/healthz", Duration::from_secs(2)).is_some_and(|(s, _)| s == 200)
+    });
+    // A second process on the same address says so and exits 1.
+    let out = Command::new(TENURE)
+        .env("TENURE_STORE", format!("sqlite:{}", dir.path().join("s.db").display()))
+        .args(["run", "jobs/operated", "--ttl", "2s", "--http", &format!("127.0.0.1:{port}"), "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("cannot listen on 127.0.0.1:{port} (--http)")), "{err}");
+}
