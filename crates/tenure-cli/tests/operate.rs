@@ -173,3 +173,15 @@ fn a_frozen_leader_answers_no_probe_and_a_taken_address_is_a_clear_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&format!("cannot listen on 127.0.0.1:{port} (--http)")), "{err}");
 }
+
+#[test]
+fn the_documented_alert_rules_are_valid_prometheus_rules() {
+    let Some(promtool) = servers::find_program("promtool") else {
+        assert!(!servers::servers_required(), "promtool is not installed (Debian package prometheus)");
+        eprintln!("skipping: promtool is not installed (Debian package prometheus)");
+        return;
+    };
+    let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/operations/alerts.yml");
+    let out = Command::new(promtool).arg("check").arg("rules").arg(&rules).output().unwrap();
+    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+}
