@@ -142,6 +142,21 @@ replica agrees on them; --cron takes five fields (minute hour day month weekday,
 names like mon or jan allowed, and @hourly, @daily, …), evaluated in UTC. A tick
 that comes while the previous run is still going is skipped.")]
     Schedule(ScheduleArgs),
+    /// Campaign without a command of its own, for a program that runs on every replica
+    /// and asks (--http /is-leader) or is told (hooks) whether it leads
+    #[command(after_help = "\
+Examples:
+  tenure campaign api/writer --http 127.0.0.1:9464
+  tenure campaign api/writer --on-elected './promote.sh' --on-ousted './demote.sh'
+
+Prints `elected TOKEN` and `ousted TOKEN` as terms begin and end. --on-elected runs
+(sh -c) when a term begins, --on-ousted when it ends, each with TENURE_ELECTION,
+TENURE_TOKEN and TENURE_HOLDER set; a hook still running at the end of its term is
+stopped (SIGTERM, --grace, SIGKILL), and the ousted hook gets --grace to finish,
+before the lease deadline when the term ends for lack of renewals. A program that
+asks and then acts can act after losing: it must pass TENURE_TOKEN (or the token from
+/is-leader) to what it writes. See docs/operations.md.")]
+    Campaign(CampaignCmdArgs),
     /// See tenure work in under a minute: candidates, a crash, a handover
     #[command(after_help = "\
 Starts several `tenure run` processes on a temporary SQLite store, kills the
@@ -336,6 +351,18 @@ struct CampaignArgs {
 }
 
 #[derive(Args)]
+struct CampaignCmdArgs {
+    #[command(flatten)]
+    campaign: CampaignArgs,
+    /// Shell command to run when this process is elected
+    #[arg(long, value_name = "CMD")]
+    on_elected: Option<String>,
+    /// Shell command to run when its term ends (it gets --grace to finish)
+    #[arg(long, value_name = "CMD")]
+    on_ousted: Option<String>,
+}
+
+#[derive(Args)]
 struct RunArgs {
     #[command(flatten)]
     campaign: CampaignArgs,
@@ -417,6 +444,11 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         }
         Command::Man { dir } => docs::man(Cli::command(), dir.as_deref()).map(|()| 0),
         Command::Demo { candidates, ttl } => demo::demo(candidates, ttl).await.map(|()| 0),
+        Command::Campaign(a) => {
+            let c = a.campaign.campaign();
+            let s = store_url::open(store).await?;
+            run::campaign(s, &c, a.on_elected.as_deref(), a.on_ousted.as_deref()).await
+        }
         Command::Run(a) => {
             let c = a.campaign.campaign();
             let s = store_url::open(store).await?;

@@ -87,27 +87,7 @@ impl Health {
 
     /// One check: `sh -c CMD` in a process group of its own, killed whole on timeout.
     async fn check(&self, env: &[(&'static str, String)]) -> Result<(), String> {
-        let mut child = tokio::process::Command::new("sh")
-            .arg("-c")
-            .arg(&self.cmd)
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .stdin(std::process::Stdio::null())
-            .process_group(0)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("cannot start the health command: {e}"))?;
-        match tokio::time::timeout(self.timeout, child.wait()).await {
-            Ok(Ok(status)) if status.success() => Ok(()),
-            Ok(Ok(status)) => Err(format!("the health command {status}")),
-            Ok(Err(e)) => Err(format!("cannot wait for the health command: {e}")),
-            Err(_) => {
-                if let Some(pid) = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
-                    let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
-                }
-                let _ = child.wait().await;
-                Err(format!("the health command took longer than {}", humantime::format_duration(self.timeout)))
-            }
-        }
+        run_sh(&self.cmd, env, self.timeout, "health command").await
     }
 }
 
@@ -317,6 +297,110 @@ pub async fn run(store: Arc<dyn LeaseStore>, c: &Campaign, keep_going: bool, cmd
                 elector.shutdown().await;
                 return Ok(0);
             }
+        }
+    }
+}
+
+/// `tenure campaign`: leads without a command of its own, running the hooks as terms
+/// begin and end; returns on a signal.
+pub async fn campaign(
+    store: Arc<dyn LeaseStore>,
+    c: &Campaign,
+    on_elected: Option<&str>,
+    on_ousted: Option<&str>,
+) -> Result<i32> {
+    let elector = c.start(store).await?;
+    let stop = stop_on_signals()?;
+    crate::child::become_subreaper()?;
+    tracing::info!(election = %elector.election(), holder = %elector.holder(), "campaigning");
+    loop {
+        let l = tokio::select! {
+            l = elector.leadership() => l?,
+            _ = stop.cancelled() => {
+                elector.shutdown().await;
+                return Ok(0);
+            }
+        };
+        println!("elected {}", l.token());
+        let mut end = match on_elected {
+            // The hook runs inside the term like tenure run's command: stopped if the term
+            // ends first. Its finishing is not the end of the term.
+            Some(hook) if can_start(&l, c.grace) => {
+                let hook = ["sh".to_string(), "-c".to_string(), hook.to_string()];
+                match supervise(&l, &hook, c.grace, c.health.as_ref(), &stop).await? {
+                    End::Exited(code) if code != 0 => {
+                        tracing::warn!(code, "the on-elected hook failed; leading on");
+                        None
+                    }
+                    End::Exited(_) => None,
+                    other => Some(other),
+                }
+            }
+            _ => None,
+        };
+        if end.is_none() {
+            let unhealthy = async {
+                match &c.health {
+                    Some(h) => h.clone().watch(child_env(&l)).await,
+                    None => std::future::pending().await,
+                }
+            };
+            end = Some(tokio::select! {
+                _ = l.cancelled() => End::Lost,
+                _ = stop.cancelled() => End::Stopped,
+                why = unhealthy => {
+                    tracing::warn!(token = %l.token(), "{why}; standing aside for one TTL");
+                    End::Unhealthy
+                }
+            });
+        }
+        // The term is over (or ending): tell the program before the lease goes.
+        println!("ousted {}", l.token());
+        if let Some(hook) = on_ousted {
+            run_hook(hook, &child_env(&l), c.grace).await;
+        }
+        match end {
+            Some(End::Stopped) => {
+                drop(l);
+                elector.shutdown().await;
+                return Ok(0);
+            }
+            Some(End::Unhealthy) => l.resign_for(c.ttl).await,
+            _ => drop(l),
+        }
+    }
+}
+
+/// Runs a hook (`sh -c`) with `env`, in a process group of its own that is killed whole
+/// if it takes longer than `limit`.
+async fn run_hook(hook: &str, env: &[(&'static str, String)], limit: Duration) {
+    if let Err(why) = run_sh(hook, env, limit, "on-ousted hook").await {
+        tracing::warn!("{why}");
+    }
+}
+
+/// `sh -c CMD` with `env`, in a process group of its own that is killed whole if it takes
+/// longer than `limit`; `what` names it in errors.
+async fn run_sh(cmd: &str, env: &[(&'static str, String)], limit: Duration, what: &str) -> Result<(), String> {
+    let mut child = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdin(std::process::Stdio::null())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("cannot start the {what}: {e}"))?;
+    match tokio::time::timeout(limit, child.wait()).await {
+        Ok(Ok(status)) if status.success() => Ok(()),
+        Ok(Ok(status)) => Err(format!("the {what} {status}")),
+        Ok(Err(e)) => Err(format!("cannot wait for the {what}: {e}")),
+        Err(_) => {
+            if let Some(pid) = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
+                let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+            }
+            let _ = child.wait().await;
+            Err(format!("the {what} took longer than {}", humantime::format_duration(limit)))
         }
     }
 }

@@ -185,3 +185,66 @@ fn the_documented_alert_rules_are_valid_prometheus_rules() {
     let out = Command::new(promtool).arg("check").arg("rules").arg(&rules).output().unwrap();
     assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
 }
+
+fn sidecar(dir: &Path, id: &str, port: u16, log: &Path) -> Proc {
+    let hook = |what: &str| format!("echo {what} $TENURE_HOLDER $TENURE_TOKEN $(date +%s%N) >> {}", log.display());
+    let child = Command::new(TENURE)
+        .env("TENURE_STORE", format!("sqlite:{}", dir.join("s.db").display()))
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .args(["campaign", "api/writer", "--id", id, "--ttl", "2s", "--grace", "300ms"])
+        .args(["--http", &format!("127.0.0.1:{port}")])
+        .args(["--on-elected", &hook("elected"), "--on-ousted", &hook("ousted")])
+        .spawn()
+        .unwrap();
+    Proc(child)
+}
+
+/// The hook log: (what, holder, token, wall ns) per line.
+fn hooks(log: &Path) -> Vec<(String, String, u64, u64)> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            Some((f.first()?.to_string(), f.get(1)?.to_string(), f.get(2)?.parse().ok()?, f.get(3)?.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn a_campaign_sidecar_runs_its_hooks_and_answers_is_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("hooks");
+    let ports = [servers::free_port(), servers::free_port()];
+    let mut a = sidecar(dir.path(), "a", ports[0], &log);
+    wait_for("a's elected hook", Duration::from_secs(20), || hooks(&log).len() == 1);
+    let mut b = sidecar(dir.path(), "b", ports[1], &log);
+    wait_for("b to serve", Duration::from_secs(20), || get(ports[1], "/healthz", Duration::from_secs(2)).is_some());
+    assert_eq!(get(ports[0], "/is-leader", Duration::from_secs(2)).unwrap().0, 200);
+    assert_eq!(get(ports[1], "/is-leader", Duration::from_secs(2)).unwrap().0, 503);
+
+    // A graceful stop: a's ousted hook runs before b is elected.
+    let pid = rustix::process::Pid::from_raw(a.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    assert!(a.wait().unwrap().success());
+    wait_for("b's elected hook", Duration::from_secs(10), || hooks(&log).len() == 3);
+    let h = hooks(&log);
+    assert_eq!((h[0].0.as_str(), h[0].1.as_str()), ("elected", "a"), "{h:?}");
+    assert_eq!((h[1].0.as_str(), h[1].1.as_str(), h[1].2), ("ousted", "a", h[0].2), "{h:?}");
+    assert_eq!((h[2].0.as_str(), h[2].1.as_str()), ("elected", "b"), "{h:?}");
+    assert!(h[1].3 < h[2].3 && h[2].2 > h[0].2, "b was elected after a's ousted hook, with a larger token: {h:?}");
+    assert_eq!(get(ports[1], "/is-leader", Duration::from_secs(2)).unwrap().0, 200);
+
+    // A crash: the survivor is elected once the lease runs out.
+    let mut a = sidecar(dir.path(), "a", ports[0], &log);
+    wait_for("a to serve", Duration::from_secs(20), || get(ports[0], "/healthz", Duration::from_secs(2)).is_some());
+    b.kill().unwrap();
+    b.wait().unwrap();
+    wait_for("a's elected hook", Duration::from_secs(10), || hooks(&log).len() == 4);
+    let h = hooks(&log);
+    assert_eq!((h[3].0.as_str(), h[3].1.as_str()), ("elected", "a"), "{h:?}");
+    assert!(h[3].2 > h[2].2);
+    assert!(a.try_wait().unwrap().is_none());
+}
