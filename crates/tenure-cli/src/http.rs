@@ -63,28 +63,36 @@ struct State {
     store: Arc<dyn LeaseStore>,
 }
 
-/// Reads one request's head and answers it; one request per connection.
-async fn answer(mut conn: TcpStream, state: &State) -> std::io::Result<()> {
+/// Reads a request's head; the path of a GET, or `None` after answering anything else
+/// (or when the client went away).
+pub async fn read_get(conn: &mut TcpStream) -> std::io::Result<Option<String>> {
     let mut head = Vec::new();
     let mut buf = [0u8; 2048];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
         let n = conn.read(&mut buf).await?;
         if n == 0 {
-            return Ok(());
+            return Ok(None);
         }
         head.extend_from_slice(&buf[..n]);
         if head.len() > 16 * 1024 {
-            return respond(&mut conn, 431, "text/plain", "request head too large\n").await;
+            respond(conn, 431, "text/plain", "request head too large\n").await?;
+            return Ok(None);
         }
     }
     let line = String::from_utf8_lossy(&head);
     let mut parts = line.split_whitespace();
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = target.split('?').next().unwrap_or("");
-    if method != "GET" && method != "HEAD" {
-        return respond(&mut conn, 405, "text/plain", "only GET\n").await;
+    if method != "GET" {
+        respond(conn, 405, "text/plain", "only GET\n").await?;
+        return Ok(None);
     }
-    match path {
+    Ok(Some(target.split('?').next().unwrap_or("").to_string()))
+}
+
+/// Reads one request's head and answers it; one request per connection.
+async fn answer(mut conn: TcpStream, state: &State) -> std::io::Result<()> {
+    let Some(path) = read_get(&mut conn).await? else { return Ok(()) };
+    match path.as_str() {
         "/metrics" => {
             let text = state.metrics.render();
             respond(&mut conn, 200, "text/plain; version=0.0.4", &text).await
@@ -129,7 +137,8 @@ async fn answer(mut conn: TcpStream, state: &State) -> std::io::Result<()> {
     }
 }
 
-async fn respond(conn: &mut TcpStream, status: u16, content_type: &str, body: &str) -> std::io::Result<()> {
+/// Sends a whole response and closes.
+pub async fn respond(conn: &mut TcpStream, status: u16, content_type: &str, body: &str) -> std::io::Result<()> {
     let reason = match status {
         200 => "OK",
         404 => "Not Found",

@@ -11,6 +11,7 @@ use tenure::ElectionName;
 mod bench;
 mod child;
 mod cron;
+mod dashboard;
 mod demo;
 mod docs;
 mod gossip;
@@ -96,6 +97,23 @@ Examples:
         /// Print a JSON array of status objects
         #[arg(long)]
         json: bool,
+    },
+    /// Serve a live page of every election: leader, token, countdown, changes
+    #[command(after_help = "\
+Examples:
+  tenure dashboard --http 127.0.0.1:8080
+  tenure dashboard billing/ --http 127.0.0.1:8080
+
+One page with no external assets, on that address only; it reads the store every
+250 ms and updates itself (server-sent events). Click an election for its metadata and
+the changes seen since the page opened. Nothing on it changes state.")]
+    Dashboard {
+        /// Only elections whose names start with this
+        #[arg(default_value = "")]
+        prefix: String,
+        /// Where to serve the page, e.g. 127.0.0.1:8080
+        #[arg(long, value_name = "ADDR")]
+        http: std::net::SocketAddr,
     },
     /// Make the leader stand down
     #[command(after_help = "\
@@ -487,6 +505,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Status { election, json } => {
             inspect::status(store_url::open(store).await?, &election, json).await.map(|()| 0)
         }
+        Command::Dashboard { prefix, http } => dashboard::dashboard(store_url::open(store).await?, http, prefix).await,
         Command::List { prefix, json } => inspect::list(store_url::open(store).await?, &prefix, json).await.map(|()| 0),
         Command::Evict { election, yes, now } => {
             inspect::evict(store_url::open(store).await?, &election, yes, now).await

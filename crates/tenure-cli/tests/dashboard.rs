@@ -1,0 +1,210 @@
+//! `tenure dashboard` in a real browser: headless Chromium (Debian's `chromium`), driven
+//! through its DevTools protocol, watches a leader change live on one open page.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tenure_testkit::servers;
+
+mod common;
+use common::{Proc, TENURE};
+
+/// A GET on 127.0.0.1:`port`: the body, read up to its Content-Length (DevTools keeps
+/// the connection open) or to the end.
+fn get(port: u16, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n").ok()?;
+    let mut data = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        let n = s.read(&mut buf).ok()?;
+        data.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&data).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head
+                .lines()
+                .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string()))
+                .and_then(|v| v.parse::<usize>().ok());
+            if n == 0 || length.is_some_and(|len| body.len() >= len) {
+                return Some(body.to_string());
+            }
+        }
+        if n == 0 {
+            return None;
+        }
+    }
+}
+
+fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(t0.elapsed() < limit, "waited {limit:?} for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn leader(dir: &Path, election: &str, id: &str) -> Proc {
+    let child = Command::new(TENURE)
+        .env("TENURE_STORE", format!("sqlite:{}", dir.join("s.db").display()))
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::null())
+        .args(["run", election, "--id", id, "--ttl", "3s", "--metadata", &format!("{id}.example:8080")])
+        .args(["--", "sleep", "600"])
+        .spawn()
+        .unwrap();
+    Proc(child)
+}
+
+/// A page in Chromium, reached through the DevTools protocol.
+struct Page {
+    ws: tungstenite::WebSocket<TcpStream>,
+    next: u64,
+}
+
+impl Page {
+    fn call(&mut self, method: &str, params: Value) -> Value {
+        self.next += 1;
+        let id = self.next;
+        self.ws
+            .send(tungstenite::Message::text(json!({"id": id, "method": method, "params": params}).to_string()))
+            .unwrap();
+        loop {
+            let m = self.ws.read().unwrap();
+            if let Ok(v) = serde_json::from_str::<Value>(m.to_text().unwrap_or(""))
+                && v["id"] == id
+            {
+                return v["result"].clone();
+            }
+        }
+    }
+
+    /// Evaluates `js` in the page and returns its value.
+    fn eval(&mut self, js: &str) -> Value {
+        self.call("Runtime.evaluate", json!({"expression": js, "returnByValue": true}))["result"]["value"].clone()
+    }
+}
+
+const ROWS: &str = "JSON.stringify([...document.querySelectorAll('tr.election')].map(r => \
+    [r.dataset.election, r.querySelector('td:nth-child(2)').textContent, r.querySelector('td:nth-child(3)').textContent]))";
+
+#[test]
+fn the_dashboard_shows_a_change_of_leader_live() {
+    let Some(chromium) = servers::find_program("chromium") else {
+        assert!(!servers::servers_required(), "chromium is not installed (Debian package chromium)");
+        eprintln!("skipping: chromium is not installed (Debian package chromium)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut alpha = leader(dir.path(), "jobs/report", "alpha");
+    let _beta = leader(dir.path(), "jobs/sweeper", "beta");
+    let port = servers::free_port();
+    let _dash = Proc(
+        Command::new(TENURE)
+            .env("TENURE_STORE", format!("sqlite:{}", dir.path().join("s.db").display()))
+            .args(["dashboard", "--http", &format!("127.0.0.1:{port}")])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("the dashboard", Duration::from_secs(20), || get(port, "/api/elections").filter(|b| b.contains("beta")));
+    let page = get(port, "/").unwrap();
+    assert!(!page.contains("http://") && !page.contains("https://"), "the page loads nothing from elsewhere");
+
+    let devtools = servers::free_port();
+    let _browser = Proc(
+        Command::new(chromium)
+            .args(["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--window-size=1100,640"])
+            .arg(format!("--remote-debugging-port={devtools}"))
+            .arg(format!("--user-data-dir={}", dir.path().join("chromium").display()))
+            .arg(format!("http://127.0.0.1:{port}/"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let ws_url = wait_for("Chromium's page target", Duration::from_secs(30), || {
+        let list: Value = serde_json::from_str(&get(devtools, "/json/list")?).ok()?;
+        list.as_array()?
+            .iter()
+            .find(|t| t["type"] == "page" && t["url"].as_str().is_some_and(|u| u.contains(&port.to_string())))
+            .and_then(|t| t["webSocketDebuggerUrl"].as_str().map(String::from))
+    });
+    let (ws, _) = tungstenite::client::connect(ws_url).unwrap();
+    let mut page = Page {
+        ws: match ws.into_inner() {
+            tungstenite::stream::MaybeTlsStream::Plain(s) => {
+                tungstenite::WebSocket::from_raw_socket(s, tungstenite::protocol::Role::Client, None)
+            }
+            _ => unreachable!("a plain loopback connection"),
+        },
+        next: 0,
+    };
+
+    let rows = |page: &mut Page| -> Vec<Vec<String>> {
+        serde_json::from_str(page.eval(ROWS).as_str().unwrap_or("[]")).unwrap_or_default()
+    };
+    wait_for("both elections on the page", Duration::from_secs(20), || {
+        let r = rows(&mut page);
+        (r.len() == 2 && r[0][1] == "alpha" && r[1][1] == "beta").then_some(())
+    });
+    let status = page.eval("document.getElementById('status').textContent");
+    assert!(status.as_str().unwrap().starts_with("live"), "{status}");
+
+    // The leader of jobs/report stops; another takes over. The open page follows.
+    let pid = rustix::process::Pid::from_raw(alpha.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    alpha.wait().unwrap();
+    let _gamma = leader(dir.path(), "jobs/report", "gamma");
+    wait_for("the page to show gamma leading", Duration::from_secs(20), || {
+        let r = rows(&mut page);
+        (r.len() == 2 && r[0][1] == "gamma" && r[0][2] == "2").then_some(())
+    });
+    // Clicking the election shows its metadata and the changes seen since the page opened.
+    page.eval("document.querySelector('tr[data-election=\"jobs/report\"]').click()");
+    let detail = wait_for("the detail", Duration::from_secs(5), || {
+        let v = page.eval(
+            "JSON.stringify({meta: document.getElementById('detail-meta').textContent, \
+             changes: [...document.querySelectorAll('#detail-history li')].map(li => li.textContent)})",
+        );
+        let v: Value = serde_json::from_str(v.as_str()?).ok()?;
+        (v["meta"] == "gamma.example:8080").then_some(v)
+    });
+    let changes: Vec<String> = serde_json::from_value(detail["changes"].clone()).unwrap();
+    assert!(changes.first().is_some_and(|c| c.contains("alpha (token 1)")), "{changes:?}");
+    assert!(changes.last().is_some_and(|c| c.contains("gamma (token 2)")), "{changes:?}");
+
+    // A screenshot of the page as it stands (docs/dashboard.png comes from this).
+    let shot = page.call("Page.captureScreenshot", json!({"format": "png"}));
+    let png = base64_decode(shot["data"].as_str().unwrap());
+    assert!(png.starts_with(b"\x89PNG"), "not a PNG");
+    if let Ok(to) = std::env::var("TENURE_DASHBOARD_SCREENSHOT") {
+        std::fs::write(to, &png).unwrap();
+    }
+}
+
+/// Standard base64, as DevTools sends images.
+fn base64_decode(s: &str) -> Vec<u8> {
+    let value = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        _ => 63,
+    };
+    let bytes: Vec<u8> = s.bytes().filter(|c| *c != b'=' && !c.is_ascii_whitespace()).collect();
+    let mut out = Vec::with_capacity(bytes.len() * 3 / 4);
+    for chunk in bytes.chunks(4) {
+        let v: Vec<u32> = chunk.iter().map(|c| u32::from(value(*c))).collect();
+        let n = v.iter().fold(0u32, |acc, x| acc << 6 | x) << (6 * (4 - v.len()));
+        out.extend_from_slice(&n.to_be_bytes()[1..][..v.len() - 1]);
+    }
+    out
+}
