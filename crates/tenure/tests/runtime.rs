@@ -521,3 +521,39 @@ async fn an_elector_reports_leadership_terms_takeovers_and_store_calls_as_metric
     assert!(text.contains(r#"tenure_is_leader{election="jobs/sweeper"} 0"#), "{text}");
     assert!(text.contains(r#"tenure_terms_ended_total{election="jobs/sweeper",reason="shutting_down"} 1"#), "{text}");
 }
+
+/// A clock that can be made to jump ahead while the runtime's timers stay where they
+/// were: a runtime that is stuck (its timers not firing) while time goes on.
+struct Jumping(Mutex<Duration>);
+
+impl tenure::Clock for Jumping {
+    fn now(&self) -> Instant {
+        Instant::now() + *self.0.lock().unwrap()
+    }
+    fn sleep_until(&self, deadline: Instant) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        Box::pin(tokio::time::sleep_until(deadline))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_leader_held_past_its_deadline_without_stepping_down_is_unhealthy() {
+    let clock = Arc::new(Jumping(Mutex::new(Duration::ZERO)));
+    let a = Elector::builder(Arc::new(MemoryStore::new()), "jobs/sweeper")
+        .holder("a")
+        .ttl(TTL)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let l = a.leadership().await.unwrap();
+    assert!(a.is_healthy());
+    // Time goes past the deadline while the runtime has not run: stuck.
+    *clock.0.lock().unwrap() = TTL * 2;
+    assert!(!a.is_healthy(), "a leader past its deadline that has not stepped down is not healthy");
+    assert!(a.current().is_none(), "and its term is not handed out");
+    // Once the runtime runs, it steps down, and the campaign is healthy again.
+    l.cancelled().await;
+    drop(l);
+    assert!(a.is_healthy());
+    a.shutdown().await;
+    assert!(a.is_healthy(), "shut down is not stuck");
+}
