@@ -254,3 +254,91 @@ async fn a_full_database_is_retried_and_served_again_once_cleared() {
         }
     }
 }
+
+/// A three-member cluster: "killing connections" kills one member (in turn) and starts it
+/// again; a restart restarts every member, one at a time.
+struct Cluster {
+    cluster: Mutex<servers::EtcdCluster>,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+impl Cluster {
+    fn launch() -> Option<Self> {
+        Some(Self { cluster: Mutex::new(servers::EtcdCluster::launch(3)?), next: Default::default() })
+    }
+    fn url(&self) -> String {
+        self.cluster.lock().unwrap().url()
+    }
+}
+
+#[async_trait::async_trait]
+impl ScenarioHarness for Cluster {
+    async fn open(&self) -> Arc<dyn LeaseStore> {
+        Arc::new(EtcdStore::connect(&self.url()).await.unwrap())
+    }
+    async fn kill_connections(&self) {
+        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::SeqCst) % 3;
+        let mut c = self.cluster.lock().unwrap();
+        c.members[i].kill();
+        c.members[i].start();
+    }
+    async fn restart(&self) {
+        let mut c = self.cluster.lock().unwrap();
+        for m in c.members.iter_mut() {
+            m.restart();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_candidates_on_a_three_member_cluster_survive_member_kills_and_a_rolling_restart() {
+    let Some(cluster) = Cluster::launch() else { return };
+    let r = scenario::multi_candidate(&cluster, Duration::from_secs(2), Duration::from_millis(1500)).await;
+    eprintln!("etcd cluster scenario: {} terms, takeover {:?} after the leader was cut off", r.terms, r.takeover);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_quorum_requests_are_retried_and_served_again_once_it_is_back() {
+    let Some(cluster) = Cluster::launch() else { return };
+    let store = EtcdStore::connect(&cluster.url()).await.unwrap();
+    let ttl = Duration::from_secs(2);
+    let req = |name: &str| AcquireRequest::new(ElectionName::new(name).unwrap(), HolderId::new("p").unwrap(), ttl);
+    let Acquire::Acquired(_) = store.try_acquire(&req("quorum/before")).await.unwrap() else { panic!() };
+    // Two of three members down: the one left has no leader and cannot serve.
+    {
+        let mut c = cluster.cluster.lock().unwrap();
+        c.members[1].kill();
+        c.members[2].kill();
+    }
+    let t0 = std::time::Instant::now();
+    let mut seen = Vec::new();
+    while t0.elapsed() < Duration::from_secs(4) {
+        let r = tokio::time::timeout(Duration::from_secs(2), store.try_acquire(&req("quorum/during"))).await;
+        match r {
+            Ok(Ok(a)) => panic!("a write went through without a quorum: {a:?}"),
+            Ok(Err(e)) => {
+                assert!(e.is_retryable(), "a lost quorum must be retried, not end the campaign: {e}");
+                seen.push(e.to_string());
+            }
+            Err(_) => seen.push("no answer within 2 s".into()),
+        }
+    }
+    assert!(!seen.is_empty());
+    eprintln!("without a quorum: {:?}", seen.iter().collect::<std::collections::BTreeSet<_>>());
+    {
+        let mut c = cluster.cluster.lock().unwrap();
+        c.members[1].start();
+        c.members[2].start();
+    }
+    let t0 = std::time::Instant::now();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(2), store.try_acquire(&req("quorum/during"))).await {
+            Ok(Ok(Acquire::Acquired(_))) => break,
+            Ok(Ok(other)) => panic!("nobody else campaigns, yet: {other:?}"),
+            Ok(Err(e)) => assert!(e.is_retryable(), "{e}"),
+            Err(_) => {}
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "still refused 20 s after the quorum came back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -192,6 +192,79 @@ pub struct Server {
     extra: Vec<OsString>,
 }
 
+/// The binary of `kind`, or `None` (after saying why) if it is not installed and servers
+/// are not required; panics if they are.
+fn server_program(kind: Kind) -> Option<PathBuf> {
+    // Debian's /usr/sbin/rabbitmq-server only switches to the rabbitmq user and runs this one.
+    let rabbit = Path::new("/usr/lib/rabbitmq/bin/rabbitmq-server");
+    let found = match kind {
+        Kind::RabbitMq if rabbit.is_file() => Some(rabbit.to_path_buf()),
+        Kind::FakeGcs => find_program(kind.program()).or_else(fake_gcs_in_wheel),
+        _ => find_program(kind.program()),
+    };
+    if found.is_none() {
+        let msg =
+            format!("{} is not installed ({} not found); install {}", kind.name(), kind.program(), kind.package());
+        if servers_required() {
+            panic!("{msg} (TENURE_REQUIRE_SERVERS=1)");
+        }
+        eprintln!("skipping: {msg}");
+    }
+    found
+}
+
+/// A throwaway etcd cluster of several members on loopback, each a [`Server`] of its own
+/// (own data directory, client and peer ports), so that a test can kill, pause and
+/// restart one member at a time.
+pub struct EtcdCluster {
+    /// The members, in the order of [`EtcdCluster::url`]'s endpoints.
+    pub members: Vec<Server>,
+}
+
+impl EtcdCluster {
+    /// Starts `n` members and waits until each serves (which needs a quorum), or returns
+    /// `None` as [`launch`] does.
+    pub fn launch(n: usize) -> Option<Self> {
+        let program = server_program(Kind::Etcd)?;
+        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+        let initial: Vec<String> =
+            ports.iter().enumerate().map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}")).collect();
+        let mut members = Vec::new();
+        for (i, &(port, peer_port)) in ports.iter().enumerate() {
+            let dir = tempfile::Builder::new().prefix("tenure-server-").tempdir().expect("a temporary directory");
+            let extra = ["--name".to_string(), format!("m{i}"), "--initial-cluster".to_string(), initial.join(",")]
+                .into_iter()
+                .chain(["--initial-cluster-token".to_string(), format!("tenure-{}", ports[0].0)])
+                .map(OsString::from)
+                .collect();
+            let mut m = Server {
+                kind: Kind::Etcd,
+                port,
+                peer_port,
+                dir,
+                program: program.clone(),
+                child: None,
+                password: None,
+                extra,
+            };
+            m.init();
+            m.spawn();
+            members.push(m);
+        }
+        // A member serves only once a quorum has elected a leader: start all, then wait.
+        for m in &mut members {
+            m.wait_ready();
+        }
+        Some(Self { members })
+    }
+
+    /// The store URL naming every member.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self.members.iter().map(|m| format!("127.0.0.1:{}", m.port)).collect();
+        format!("etcd://{}", hosts.join(","))
+    }
+}
+
 /// Starts a server of `kind`, or returns `None` (after saying why) if its binary is not
 /// installed and servers are not required. Panics if it is installed but does not start.
 pub fn launch(kind: Kind) -> Option<Server> {
@@ -209,22 +282,7 @@ pub fn launch_with(kind: Kind, password: Option<&str>) -> Option<Server> {
 /// Like [`launch_with`], with `extra` flags added to the server's command line (e.g. a
 /// small etcd `--quota-backend-bytes`, for a test that fills it).
 pub fn launch_configured(kind: Kind, password: Option<&str>, extra: &[&str]) -> Option<Server> {
-    // Debian's /usr/sbin/rabbitmq-server only switches to the rabbitmq user and runs this one.
-    let rabbit = Path::new("/usr/lib/rabbitmq/bin/rabbitmq-server");
-    let found = match kind {
-        Kind::RabbitMq if rabbit.is_file() => Some(rabbit.to_path_buf()),
-        Kind::FakeGcs => find_program(kind.program()).or_else(fake_gcs_in_wheel),
-        _ => find_program(kind.program()),
-    };
-    let Some(program) = found else {
-        let msg =
-            format!("{} is not installed ({} not found); install {}", kind.name(), kind.program(), kind.package());
-        if servers_required() {
-            panic!("{msg} (TENURE_REQUIRE_SERVERS=1)");
-        }
-        eprintln!("skipping: {msg}");
-        return None;
-    };
+    let program = server_program(kind)?;
     let dir = tempfile::Builder::new().prefix("tenure-server-").tempdir().expect("a temporary directory");
     let mut s = Server {
         kind,
@@ -517,6 +575,12 @@ impl Server {
 
     /// Starts the server (again) on the same port and data, and waits until it answers.
     pub fn start(&mut self) {
+        self.spawn();
+        self.wait_ready();
+    }
+
+    /// Starts the server's process without waiting for it to serve.
+    fn spawn(&mut self) {
         assert!(self.child.is_none(), "the server is already running");
         let log = std::fs::File::create(self.dir.path().join("server.log")).expect("a server log");
         let mut cmd = self.command(&self.program, &self.args());
@@ -534,7 +598,6 @@ impl Server {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", self.kind.name()));
         self.child = Some(child);
-        self.wait_ready();
     }
 
     fn wait_ready(&mut self) {
