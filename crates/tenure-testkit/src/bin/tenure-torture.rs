@@ -114,6 +114,8 @@ struct Args {
     dynamodb: bool,
     /// libfaketime, when candidates run with skewed clocks.
     skew: Option<PathBuf>,
+    /// With `--server etcd`: a cluster of this many members instead of one server.
+    etcd_members: usize,
     candidates: usize,
     duration: Duration,
     ttl: Duration,
@@ -128,6 +130,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         server: None,
         dynamodb: false,
         skew: None,
+        etcd_members: 1,
         candidates: 4,
         duration: Duration::from_secs(60),
         ttl: Duration::from_secs(2),
@@ -143,6 +146,9 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                 a.server = Some(value()?.parse::<Kind>().map_err(|e| format!("--server: {e}"))?);
             }
             "--dynamodb" => a.dynamodb = true,
+            "--etcd-members" => {
+                a.etcd_members = value()?.parse().map_err(|e| format!("--etcd-members: {e}"))?;
+            }
             "--candidates" => a.candidates = value()?.parse().map_err(|e| format!("--candidates: {e}"))?,
             "--duration" => a.duration = parse_duration(&value()?).ok_or("--duration: e.g. 60s or 10m")?,
             "--ttl" => a.ttl = parse_duration(&value()?).ok_or("--ttl: e.g. 2s")?,
@@ -162,7 +168,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             }
             "-h" | "--help" => {
                 return Err("usage: tenure-torture [--tenure PATH] [--store URL | --server postgres|redis|mariadb|etcd|nats|azurite|moto [--dynamodb]|fake-gcs] [--candidates 4] [--duration 60s] \
-                            [--ttl 2s] [--grace 300ms] [--seed N] [--skew]\n       tenure-torture probe --dir DIR"
+                            [--etcd-members 3] [--ttl 2s] [--grace 300ms] [--seed N] [--skew]\n       tenure-torture probe --dir DIR"
                     .into());
             }
             other => return Err(format!("unknown argument {other:?}; see --help")),
@@ -176,6 +182,9 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     }
     if a.candidates < 2 {
         return Err("--candidates must be at least 2".into());
+    }
+    if a.etcd_members != 1 && (a.server != Some(Kind::Etcd) || a.etcd_members < 3) {
+        return Err("--etcd-members needs --server etcd and at least 3 members".into());
     }
     Ok(a)
 }
@@ -341,13 +350,21 @@ fn percentile(sorted: &[u64], p: f64) -> Duration {
 fn torture(a: Args) -> Result<bool, String> {
     let tmp = tempfile::tempdir().map_err(|e| format!("cannot create a temporary directory: {e}"))?;
     let dir = tmp.path().to_path_buf();
+    // An etcd cluster whose members are killed, paused and restarted: candidates reach all
+    // of them directly (no proxy), and the faults hit members, not connections.
+    let mut cluster = match a.etcd_members {
+        1 => None,
+        n => Some(servers::EtcdCluster::launch(n).ok_or("etcd is not installed")?),
+    };
     // A throwaway server, restarted now and then as one more fault.
     let mut server = match a.server {
+        Some(_) if cluster.is_some() => None,
         Some(kind) => Some(servers::launch(kind).ok_or("the server binary is not installed")?),
         None => None,
     };
     let store = match (&a.store, &server) {
         (Some(url), _) => url.clone(),
+        (None, None) if cluster.is_some() => cluster.as_ref().map(servers::EtcdCluster::url).unwrap_or_default(),
         (None, Some(s)) if s.kind() == Kind::MariaDb => mariadb_app_url(s)?,
         (None, Some(s)) => store_url(s, a.dynamodb),
         (None, None) => format!("sqlite:{}", dir.join("store.db").display()),
@@ -389,6 +406,8 @@ fn torture(a: Args) -> Result<bool, String> {
     let mut restart_times: Vec<u64> = Vec::new();
     // While the server refuses writes: until when.
     let mut refusing_until: Option<Instant> = None;
+    // A paused cluster member, and when it is thawed.
+    let mut member_paused: Option<(usize, Instant)> = None;
     // Candidates that exited without being stopped (tenure run must campaign on).
     let mut gave_up = 0usize;
     while started.elapsed() < a.duration {
@@ -412,6 +431,31 @@ fn torture(a: Args) -> Result<bool, String> {
                     p.set(Mode::Pass);
                 }
                 c.network_fault_until = None;
+            }
+        }
+        // Cluster members: thaw a paused one; now and then kill one (the leader member
+        // among them) and start it again, or pause one for longer than the TTL.
+        if let Some(c) = cluster.as_mut() {
+            if let Some((i, until)) = member_paused
+                && Instant::now() >= until
+            {
+                c.members[i].resume();
+                member_paused = None;
+                append(&dir.join("faults"), &format!("{} member {i} thawed", now_ns()));
+            }
+            if member_paused.is_none() && rng.usize(0..3) == 0 {
+                let i = rng.usize(0..c.members.len());
+                restart_times.push(now_ns());
+                if rng.bool() {
+                    c.members[i].kill();
+                    c.members[i].start();
+                    note(&mut faults, &dir, "etcd member killed and restarted");
+                } else {
+                    c.members[i].pause();
+                    member_paused = Some((i, Instant::now() + a.ttl.mul_f64(1.2 + 1.3 * rng.f64())));
+                    note(&mut faults, &dir, "etcd member paused");
+                }
+                continue;
             }
         }
         // A candidate that exited on its own gave up campaigning, which no fault here
@@ -542,6 +586,9 @@ fn torture(a: Args) -> Result<bool, String> {
     if let (Some(s), Some(_)) = (server.as_ref(), refusing_until) {
         refuse_writes(s, false, &mut rng).ok_or("cannot make the server take writes again")?;
     }
+    if let (Some(c), Some((i, _))) = (cluster.as_ref(), member_paused) {
+        c.members[i].resume();
+    }
     let until = now_ns();
     for c in cands.iter_mut() {
         signal(&c.child, Signal::CONT);
@@ -589,8 +636,15 @@ fn torture(a: Args) -> Result<bool, String> {
     // TTL + 1 s after a crash. When the server itself restarts among the faults, a crash
     // can fall into its outage, and Redis's restart guard then withholds grants for one
     // more TTL: allow two TTLs and the restart.
-    let restarts = faults.get("server restart").copied().unwrap_or(0)
-        + faults.get("Redis restart from an older snapshot").copied().unwrap_or(0)
+    let restarts = [
+        "server restart",
+        "Redis restart from an older snapshot",
+        "etcd member killed and restarted",
+        "etcd member paused",
+    ]
+    .iter()
+    .map(|f| faults.get(f).copied().unwrap_or(0))
+    .sum::<u32>()
         > 0;
     let crash_bound = if restarts { a.ttl * 2 + Duration::from_secs(2) } else { a.ttl + Duration::from_secs(1) };
     let stop_bound = if restarts { crash_bound } else { Duration::from_secs(1) };
