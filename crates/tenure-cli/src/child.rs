@@ -40,6 +40,10 @@ use tokio::signal::unix::{SignalKind, signal};
 /// How often the supervisor reads its deadline file (and checks that `tenure` lives).
 pub const CHECK_EVERY: Duration = Duration::from_millis(20);
 
+/// How long after the grace period [`Supervised::stop`] waits for the supervisor before
+/// it kills the tree itself; less than the margin `tenure run` keeps before the deadline.
+pub const STOP_SLACK: Duration = Duration::from_millis(100);
+
 /// The host's boot-time clock in nanoseconds (`CLOCK_BOOTTIME`): shared by every process
 /// on the host, never stepped, and, unlike `CLOCK_MONOTONIC`, still counting while the
 /// host is suspended, as the store's clock does.
@@ -52,6 +56,16 @@ pub fn boottime_ns() -> u64 {
 /// supervisor treats as a deadline already passed (it fails closed).
 fn read_stop_at(path: &Path) -> Option<u64> {
     std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok())
+}
+
+/// The instant stopping was due, if it has come by `now`: the deadline file's instant,
+/// or `now` when the file cannot be read.
+fn passed_stop_at(path: &Path, now: u64) -> Option<u64> {
+    match read_stop_at(path) {
+        Some(stop_at) if now < stop_at => None,
+        Some(stop_at) => Some(stop_at),
+        None => Some(now),
+    }
 }
 
 /// The file the supervisor creates when it stops the command itself.
@@ -88,9 +102,12 @@ pub fn descendants(root: Pid) -> Vec<Pid> {
         let mut fields = rest.split_whitespace();
         let state = fields.next();
         let Some(ppid) = fields.next().and_then(|p| p.parse::<i32>().ok()) else { continue };
-        if state == Some("Z") || state == Some("X") {
-            continue; // already dead: nothing to signal, only to reap
+        if state == Some("X") || (state == Some("Z") && mutant("zombie-is-dead")) {
+            continue; // being removed: nothing to signal
         }
+        // A "Z" entry may be dead, or only its main thread may have ended while other
+        // threads (and its children) still work: it is kept, signalled (harmless for a
+        // real zombie) and walked through.
         children.entry(ppid).or_default().push(pid);
     }
     let mut out = Vec::new();
@@ -155,11 +172,14 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, cmd:
         eprintln!("tenure: cannot become the command's subreaper, so its orphans could escape: {e}");
         return 125;
     }
-    let (Ok(mut parent_died), Ok(mut term), Ok(mut int), Ok(mut chld)) = (
+    // A handler, not SIG_IGN (which the command would inherit), for SIGHUP: the kernel
+    // sends it when `tenure` dies and leaves this process group orphaned.
+    let (Ok(mut parent_died), Ok(mut term), Ok(mut int), Ok(mut chld), Ok(mut hup)) = (
         signal(SignalKind::user_defined2()),
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
         signal(SignalKind::child()),
+        signal(SignalKind::hangup()),
     ) else {
         eprintln!("tenure: cannot install signal handlers");
         return 125;
@@ -168,9 +188,30 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, cmd:
         eprintln!("tenure: no command given");
         return 2;
     };
+    // No process of the tree may gain privileges (setuid programs such as sudo): the
+    // supervisor could not signal it, and it would outlive the term.
+    if let Err(e) = rustix::thread::set_no_new_privs(true) {
+        eprintln!("tenure: cannot stop the command's processes from gaining privileges: {e}");
+        return 125;
+    }
+    // A term may have run out between the decision to start and now (`tenure` frozen
+    // or slow): work must not start on a term that cannot stop it in time.
+    if read_stop_at(deadline_file).is_none_or(|stop_at| boottime_ns() >= stop_at) {
+        let _ = std::fs::write(stopped_marker(deadline_file), b"");
+        eprintln!("tenure: the term ran out before the command could start; not starting it");
+        return 125;
+    }
     // Started with std, not tokio: this process reaps every child itself (`waitpid(-1)`),
-    // including orphans re-parented to it, and tokio's reaper must not take part.
-    let command = match std::process::Command::new(program).args(args).spawn() {
+    // including orphans re-parented to it, and tokio's reaper must not take part. In a
+    // process group of its own: a `kill -STOP 0` in the command, or a read from the
+    // terminal (SIGTTIN), stops the command's group, never the supervisor.
+    use std::os::unix::process::CommandExt;
+    let mut command = std::process::Command::new(program);
+    command.args(args);
+    if !mutant("command-in-supervisor-group") {
+        command.process_group(0);
+    }
+    let command = match command.spawn() {
         Ok(c) => c.id() as i32,
         Err(e) => {
             eprintln!("tenure: cannot start {program:?}: {e}");
@@ -185,7 +226,9 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, cmd:
     loop {
         // Reap whatever ended; no child left means no descendant left (we are a subreaper).
         loop {
-            match rustix::process::waitpid(None, WaitOptions::NOHANG) {
+            // `wait`, not `waitpid(None)`: that waits only for children in our own process
+            // group, and the command and orphans from other sessions are in others.
+            match rustix::process::wait(WaitOptions::NOHANG) {
                 Ok(Some((pid, st))) => {
                     if pid.as_raw_pid() == command {
                         code = Some(wait_code(st));
@@ -209,6 +252,22 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, cmd:
             }
         }
         let now = boottime_ns();
+        if phase == Phase::Running {
+            // Checked on every pass, not only on the timer: a stream of SIGCHLD must not
+            // keep the check from running.
+            if rustix::process::getppid().map(Pid::as_raw_pid) != Some(parent) {
+                parent_gone = true;
+                phase = Phase::Killing;
+            } else if let Some(at) = passed_stop_at(deadline_file, now) {
+                // `tenure` did not extend the deadline: it is frozen or stuck. Leave a
+                // mark, so that it reads the exit as a stop, not a finish. The grace
+                // period counts from the instant stopping was due, not from now.
+                let _ = std::fs::write(stopped_marker(deadline_file), b"");
+                eprintln!("tenure: the lease was not renewed in time; stopping the command");
+                signal_tree(me, Signal::TERM);
+                phase = Phase::Terminating(at);
+            }
+        }
         if code.is_some() && phase == Phase::Running {
             // The command ended but left processes behind: they would outlive the term.
             signal_tree(me, Signal::TERM);
@@ -239,22 +298,9 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, cmd:
                 phase = Phase::Terminating(boottime_ns());
             },
             _ = chld.recv() => {}
-            _ = check.tick() => {
-                if rustix::process::getppid().map(Pid::as_raw_pid) != Some(parent) {
-                    parent_gone = true;
-                    phase = Phase::Killing;
-                } else if phase == Phase::Running {
-                    let passed = read_stop_at(deadline_file).is_none_or(|stop_at| boottime_ns() >= stop_at);
-                    if passed {
-                        // `tenure` did not extend the deadline: it is frozen or stuck.
-                        // Leave a mark, so that it reads the exit as a stop, not a finish.
-                        let _ = std::fs::write(stopped_marker(deadline_file), b"");
-                        eprintln!("tenure: the lease was not renewed in time; stopping the command");
-                        signal_tree(me, Signal::TERM);
-                        phase = Phase::Terminating(boottime_ns());
-                    }
-                }
-            }
+            _ = hup.recv() => {}
+            // Wakes the loop, whose top checks the parent and the deadline.
+            _ = check.tick() => {}
         }
     }
 }
@@ -371,13 +417,18 @@ impl Supervised {
     /// after `grace`. Returns once nothing of the tree is left.
     pub async fn stop(&mut self, grace: Duration) -> i32 {
         let _ = rustix::process::kill_process(self.supervisor, Signal::TERM);
-        // The supervisor sends SIGKILL itself at `grace`; the second is for the kill.
-        let code = match tokio::time::timeout(grace + Duration::from_secs(1), self.child.wait()).await {
+        // The supervisor sends SIGKILL itself at `grace`; STOP_SLACK is for the kill.
+        let code = match tokio::time::timeout(grace + STOP_SLACK, self.child.wait()).await {
             Ok(status) => status.map(exit_code).unwrap_or(1),
             Err(_) => {
-                tracing::warn!(pid = self.pid(), ?grace, "the command's supervisor did not stop in time; killing it");
-                // Its orphans come to this process (a subreaper) and are swept below.
-                let _ = rustix::process::kill_process_group(self.supervisor, Signal::KILL);
+                // The supervisor is stopped or stuck: kill the whole tree from here, the
+                // supervisor with it (everything below this process, a subreaper).
+                tracing::warn!(
+                    pid = self.pid(),
+                    ?grace,
+                    "the command's supervisor did not stop in time; killing its tree"
+                );
+                signal_tree(rustix::process::getpid(), Signal::KILL);
                 self.child.wait().await.map(exit_code).unwrap_or(1)
             }
         };

@@ -12,6 +12,8 @@ use crate::cron::Schedule;
 /// Time kept between killing the command and the lease deadline, for the kill itself.
 const KILL_MARGIN: Duration = Duration::from_millis(200);
 
+const _: () = assert!(crate::child::STOP_SLACK.as_millis() < KILL_MARGIN.as_millis());
+
 /// How often `tenure run` passes a renewal on to the supervisor's deadline file.
 const EXTEND_EVERY: Duration = Duration::from_millis(10);
 

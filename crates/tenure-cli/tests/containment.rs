@@ -346,3 +346,120 @@ fn a_leader_whose_health_check_fails_stands_aside_and_another_leads() {
         assert!(p.0.try_wait().unwrap().is_none(), "tenure run exited");
     }
 }
+
+/// The latest instant LOG records work at (ns since the epoch).
+fn last_work(log: &Path) -> u64 {
+    std::fs::read_to_string(log).unwrap_or_default().lines().filter_map(|l| l.parse::<u64>().ok()).max().unwrap_or(0)
+}
+
+/// Freezes `leader` once LOG shows work, waits two TTLs, and asserts that nothing worked
+/// past the lease deadline (counted from the freeze, which is after the last renewal).
+fn freeze_and_check_work_stops(leader: &mut Proc, log: &Path) {
+    let t0 = Instant::now();
+    while last_work(log) == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the command did not start working");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let frozen_at = wall_ns();
+    signal(leader.id(), rustix::process::Signal::STOP);
+    std::thread::sleep(TTL * 2);
+    let last = last_work(log);
+    signal(leader.id(), rustix::process::Signal::KILL);
+    signal(leader.id(), rustix::process::Signal::CONT);
+    leader.wait().unwrap();
+    assert!(
+        last < frozen_at + TTL.as_nanos() as u64,
+        "the command's tree was still working {} ms after tenure froze, with a {TTL:?} lease",
+        (last - frozen_at) / 1_000_000
+    );
+}
+
+#[test]
+fn a_frozen_tenure_run_stops_a_process_whose_main_thread_has_ended() {
+    // A process whose main thread exits while another thread works shows as a zombie in
+    // /proc; it is not one, and it must be stopped like any other.
+    let env = Env::new();
+    let (pids, log) = (env.path("pids"), env.path("log"));
+    let _reap = Reap(pids.clone());
+    let py = format!(
+        "import ctypes, os, threading, time\n\
+         os.setsid()\n\
+         open({pids:?}, 'a').write(f'{{os.getpid()}}\\n')\n\
+         def work():\n    \
+           while True:\n        \
+             open({log:?}, 'a').write(f'{{time.time_ns()}}\\n')\n        \
+             time.sleep(0.05)\n\
+         threading.Thread(target=work).start()\n\
+         ctypes.CDLL(None).pthread_exit(None)\n",
+        pids = pids.display().to_string(),
+        log = log.display().to_string()
+    );
+    let script = format!("python3 -c {} & wait", sh_quote(&py));
+    let mut leader = env.run(&env.sqlite(), "a", &script);
+    wait_pids(&pids, 1);
+    freeze_and_check_work_stops(&mut leader, &log);
+}
+
+#[test]
+fn a_command_that_stops_its_own_process_group_does_not_stop_the_supervisor() {
+    // `kill -STOP 0` (or a read from the terminal, SIGTTIN) stops the command's process
+    // group; the supervisor, in a group of its own, still stops the tree at the deadline.
+    let env = Env::new();
+    let (pids, log) = (env.path("pids"), env.path("log"));
+    let _reap = Reap(pids.clone());
+    let w = sh_quote(&worker(&pids, &log, true));
+    let script = format!("setsid sh -c {w} & sleep 0.2; kill -STOP 0; wait");
+    let mut leader = env.run(&env.sqlite(), "a", &script);
+    wait_pids(&pids, 1);
+    freeze_and_check_work_stops(&mut leader, &log);
+}
+
+#[test]
+fn the_supervisor_does_not_start_a_command_whose_term_has_run_out() {
+    // `tenure run` decided to start the command, then stalled until the instant its
+    // supervisor must stop it had passed: the supervisor does not start it at all.
+    let env = Env::new();
+    let dir = env.path("tenure-run-x");
+    std::fs::create_dir(&dir).unwrap();
+    let deadline = dir.join("deadline");
+    std::fs::write(&deadline, "1").unwrap();
+    let ran = env.path("ran");
+    let out = Command::new(TENURE)
+        .arg("__child")
+        .arg(std::process::id().to_string())
+        .arg(&deadline)
+        .arg("300")
+        .args(["--", "touch"])
+        .arg(&ran)
+        .output()
+        .unwrap();
+    assert!(!ran.exists(), "the command ran on a term that had run out");
+    assert_eq!(out.status.code(), Some(125), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(dir.join("deadline.stopped").exists() || deadline.with_extension("stopped").exists());
+}
+
+#[test]
+fn no_process_of_the_command_can_gain_privileges() {
+    // A setuid program (sudo) in the tree would be beyond the supervisor's signals.
+    let env = Env::new();
+    let out = env.path("status");
+    let script = format!("grep NoNewPrivs /proc/self/status > {}", out.display());
+    let mut leader = env.run(&env.sqlite(), "a", &script);
+    assert_eq!(leader.wait().unwrap().code(), Some(0));
+    let status = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(status.split_whitespace().collect::<Vec<_>>(), ["NoNewPrivs:", "1"]);
+}
+
+#[test]
+fn a_command_that_exits_while_tenure_is_frozen_leaves_no_worker_running() {
+    // The command starts a worker in a new session and exits while `tenure run` is
+    // frozen: the supervisor must stay and stop the worker, not return with the command.
+    let env = Env::new();
+    let (pids, log) = (env.path("pids"), env.path("log"));
+    let _reap = Reap(pids.clone());
+    let w = sh_quote(&worker(&pids, &log, true));
+    let script = format!("setsid sh -c {w} & sleep 0.3; exit 0");
+    let mut leader = env.run(&env.sqlite(), "a", &script);
+    wait_pids(&pids, 1);
+    freeze_and_check_work_stops(&mut leader, &log);
+}

@@ -2,8 +2,9 @@
 //!
 //! Starts N `tenure run` processes against one store. Each runs, while it leads, a
 //! **process tree** of probes, as real commands are: one under `timeout` (a process
-//! group of its own), one that ignores SIGTERM in the background, and one that ignores
-//! SIGTERM in a new session (`setsid`). Every probe writes every 10 ms to a fenced
+//! group of its own), one that ignores SIGTERM in the background, one that ignores
+//! SIGTERM in a new session (`setsid`), and one in a new session whose parent's main
+//! thread has ended while another thread still runs. Every probe writes every 10 ms to a fenced
 //! resource (a file that accepts a token only if it is at least the highest accepted so
 //! far) and logs every attempt on the host's monotonic clock. Meanwhile the leader is
 //! killed (SIGKILL), frozen (SIGSTOP for longer than the TTL, then SIGCONT) or stopped
@@ -239,10 +240,16 @@ fn spawn(a: &Args, store: &str, dir: &Path, id: &str, n: usize) -> std::io::Resu
     if let Some(lib) = &a.skew {
         cmd.env("LD_PRELOAD", lib).env("FAKETIME", skew_of(n));
     }
-    // The command is a tree that leaves its process group and session, and ignores SIGTERM.
+    // The command is a tree that leaves its process group and session, and ignores SIGTERM;
+    // one probe is the child of a process whose main thread has ended while another
+    // thread waits for the probe (it shows as a zombie in /proc).
+    let ends_main = "import ctypes, subprocess, sys, threading\n\
+        threading.Thread(target=subprocess.run, args=(sys.argv[1:],)).start()\n\
+        ctypes.CDLL(None).pthread_exit(None)";
     let tree = r#"P="$0"; D="$1"
 "$P" probe --dir "$D" --ignore-term &
 setsid "$P" probe --dir "$D" --ignore-term &
+setsid python3 -c "$ENDS_MAIN" "$P" probe --dir "$D" --ignore-term &
 timeout 600 "$P" probe --dir "$D"
 wait"#;
     cmd.args(["run", ELECTION, "--store", store, "--id", id])
@@ -250,6 +257,7 @@ wait"#;
         .args(["--", "sh", "-c", tree])
         .arg(me)
         .arg(dir)
+        .env("ENDS_MAIN", ends_main)
         .env("RUST_LOG", std::env::var("TORTURE_RUST_LOG").unwrap_or_else(|_| "warn".into()))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
