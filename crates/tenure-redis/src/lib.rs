@@ -12,15 +12,21 @@
 //! that was lost, as long as the server's clock does not step backwards. Tokens are large
 //! numbers (about 1.7·10¹⁵) for that reason.
 //!
-//! **The restart guard.** A restart without persistence forgets every lease (and one with
-//! snapshot persistence may restore older ones), while the leader that held one may still
-//! be acting until its deadline. So for one TTL (plus one second, the resolution of
-//! `uptime_in_seconds`) after the server started, no acquire is granted, and no record
-//! written before the restart (each carries the `run_id` of the server run that wrote it)
-//! is renewed: a snapshot may bring back a term that has ended since, and its holder's
-//! renewal, or a follower's confirmation of a record naming it, would revive it. Any
-//! leader from before has passed its deadline by then. With persistence that keeps every write (AOF
-//! with `appendfsync always`) the guard can be switched off with `?restart_guard=off`.
+//! **The restart guard.** A restart without persistence forgets every lease (one with
+//! snapshot persistence may restore older ones), and a replica promoted in a failover may
+//! lack the old primary's newest writes (replication is asynchronous), grants included,
+//! while the leaders they named may still be acting until their deadlines. So after the
+//! server started, or took over as primary, no acquire is granted, and no record written
+//! before is renewed, for the longest TTL in use. The hash `PREFIX:epoch` keeps the
+//! identity of the data's writer (the server's `run_id`, which a restart changes, and its
+//! `master_replid`, which a promotion changes), since when it holds, and the longest TTL
+//! requested; each record carries the identity it was written under. A server that never
+//! took over counts the guard from its start; one that did, from the first request that
+//! sees the change (it cannot date the takeover). The longest TTL is the largest of what
+//! this client asked for or saw, what the server kept (lost by a restart without
+//! persistence), and `?restart_guard=DURATION`, for candidates with different TTLs. With
+//! persistence that keeps every write (AOF with `appendfsync always`) and no replicas, the
+//! guard can be switched off with `?restart_guard=off`.
 //!
 //! ```no_run
 //! # async fn t() -> Result<(), Box<dyn std::error::Error>> {
@@ -45,7 +51,7 @@ pub const DEFAULT_PREFIX: &str = "tenure";
 /// Shared Lua: the next counter value (seeded from the server clock when missing), and
 /// the record as a flat reply.
 const LIB: &str = r#"
-local lease, meta = KEYS[1], KEYS[2]
+local lease, meta, epoch_key = KEYS[1], KEYS[2], KEYS[3]
 local function next_value(field)
   -- max(last + 1, server clock in microseconds): grows even if `meta` was lost or
   -- restored from an older snapshot, since the clock has moved on since any lost grant.
@@ -56,31 +62,40 @@ local function next_value(field)
   redis.call('HSET', meta, field, s)
   return s
 end
-local function server_run()
-  -- This server run's id and uptime: a restart changes the id.
-  local info = redis.call('INFO', 'server')
-  return string.match(info, 'run_id:(%x+)') or '', tonumber(string.match(info, 'uptime_in_seconds:(%d+)')) or 0
-end
-local function guard_wait(guard_ms)
-  -- For one TTL (the longest the client knows of, and a second of uptime rounding) after
-  -- the server started, grant nothing: leases it forgot, or restored from an older
-  -- snapshot, may still be believed. guard_ms '0': the guard is off.
-  if guard_ms == '0' then return 0 end
-  local _, up = server_run()
-  local need = tonumber(guard_ms) + 1000
-  if up * 1000 < need then return need - up * 1000 end
-  return 0
-end
-local function stamp()
-  -- Which server run wrote the record: a renewal of a record written before the last
-  -- restart (restored from a snapshot, perhaps older than grants made since) waits out
-  -- the guard like an acquire.
-  local run = server_run()
-  redis.call('HSET', lease, 'run', run)
-end
 local function now_ms()
   local t = redis.call('TIME')
   return t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000))
+end
+local function guard_wait(guard_ms)
+  -- For the longest TTL in use after the server started or took over as primary, grant
+  -- nothing, nor renew a record from before: leases it forgot, lost in a failover, or
+  -- restored from an older snapshot may still be believed. Returns how long the guard
+  -- still lasts (ms) and the identity of the data's writer: a restart changes the run
+  -- id, a takeover (failover) the replication id. guard_ms is the longest TTL the client
+  -- knows of; the longest requested on the server is kept with the identity (and
+  -- replicated, so a promoted replica knows it too). guard_ms '0': the guard is off.
+  if guard_ms == '0' then return 0, '' end
+  local srv = redis.call('INFO', 'server')
+  local rep = redis.call('INFO', 'replication')
+  local id = (string.match(srv, 'run_id:(%x+)') or '') .. '/' .. (string.match(rep, 'master_replid:(%x+)') or '')
+  local up = tonumber(string.match(srv, 'uptime_in_seconds:(%d+)')) or 0
+  local now = tonumber(now_ms())
+  local e = redis.call('HMGET', epoch_key, 'id', 'since', 'longest')
+  local known = tonumber(e[3] or '0')
+  local longest = math.max(known, tonumber(guard_ms))
+  local since = tonumber(e[2] or '0')
+  if e[1] ~= id then
+    -- A server that never took over from another primary holds only what it granted
+    -- since it started, or restored from its own disk (older still): the guard counts
+    -- from its start: the latest its uptime allows (whole seconds, the difference of
+    -- two whole-second clock readings, so up to one second short). One that took over may lack
+    -- the newest grants of the old primary, made up to the takeover, which it cannot
+    -- date: the guard counts from now.
+    if string.match(rep, 'master_replid2:0+[\r\n]') then since = math.min(now, now - up * 1000 + 1000) else since = now end
+    redis.call('HSET', epoch_key, 'id', id, 'since', string.format('%.0f', since))
+  end
+  if longest > known then redis.call('HSET', epoch_key, 'longest', string.format('%.0f', longest)) end
+  return math.max(since + longest - now, 0), id
 end
 local function reply(status)
   local f = redis.call('HMGET', lease, 'holder', 'token', 'revision', 'ttl_ms', 'acquired_ms', 'renewed_ms', 'evicted', 'metadata')
@@ -105,7 +120,7 @@ const ACQUIRE: &str = r#"
 local holder, ttl = ARGV[1], ARGV[2]
 local cur = redis.call('HMGET', lease, 'holder', 'evicted')
 if cur[1] and (cur[1] ~= holder or cur[2] == '1') then return reply('held') end
-local wait = guard_wait(ARGV[6])
+local wait, id = guard_wait(ARGV[6])
 if wait > 0 then return {'guard', wait} end
 local now = now_ms()
 if cur[1] then
@@ -116,7 +131,7 @@ else
     'ttl_ms', ttl, 'acquired_ms', now, 'renewed_ms', now, 'evicted', '0', 'metadata', ARGV[3])
 end
 redis.call('PEXPIRE', lease, ttl)
-if ARGV[6] ~= '0' then stamp() end
+if ARGV[6] ~= '0' then redis.call('HSET', lease, 'run', id) end
 return publish(ARGV[4], ARGV[5], reply('ok'))
 "#;
 
@@ -125,11 +140,12 @@ const RENEW: &str = r#"
 local cur = redis.call('HMGET', lease, 'holder', 'token', 'evicted', 'run')
 if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] or cur[3] == '1' then return reply('lost') end
 if ARGV[6] ~= '0' then
-  local run = server_run()
-  if cur[4] ~= run then
-    local wait = guard_wait(ARGV[6])
+  -- A record written before the last restart or takeover (perhaps restored from a
+  -- snapshot older than grants made since) is renewed only once the guard is over.
+  local wait, id = guard_wait(ARGV[6])
+  if cur[4] ~= id then
     if wait > 0 then return {'guard', wait} end
-    redis.call('HSET', lease, 'run', run)
+    redis.call('HSET', lease, 'run', id)
   end
 end
 redis.call('HSET', lease, 'revision', next_value('revision'), 'ttl_ms', ARGV[3], 'renewed_ms', now_ms())
@@ -176,8 +192,9 @@ struct Inner {
     prefix: String,
     described: String,
     scripts: Scripts,
-    /// Grant nothing for one TTL to an election with no history (see the crate docs).
-    guard: bool,
+    /// The restart guard (see the crate docs): `None` when off, else its least length
+    /// in ms beyond the TTLs known (`restart_guard=DURATION`).
+    guard: Option<u64>,
     /// The longest TTL this handle has asked for or seen in a record, in ms: the guard
     /// lasts that long, since a restart may have forgotten a lease of that TTL.
     longest_ttl_ms: std::sync::atomic::AtomicU64,
@@ -195,7 +212,14 @@ struct Scripts {
 
 impl Scripts {
     fn new() -> Self {
-        let s = |body: &str| Script::new(&format!("{LIB}{body}"));
+        let lib = if mutant("failover-invisible") {
+            // Planted: the guard sees restarts only, as it did before it read the
+            // replication id.
+            LIB.replace("redis.call('INFO', 'replication')", "'master_replid2:0\\r\\n'")
+        } else {
+            LIB.to_string()
+        };
+        let s = |body: &str| Script::new(&format!("{lib}{body}"));
         Self { acquire: s(ACQUIRE), renew: s(RENEW), release: s(RELEASE), evict: s(EVICT), get: s(GET) }
     }
 }
@@ -204,7 +228,20 @@ impl Scripts {
 struct Params {
     url: String,
     prefix: String,
-    guard: bool,
+    /// `None`: the guard is off; otherwise its least length in ms (0: the TTLs known).
+    guard: Option<u64>,
+}
+
+/// A duration written as whole `ms`, `s` or `m`, in milliseconds.
+fn parse_ms(v: &str) -> Option<u64> {
+    let (n, unit) = v.find(|c: char| !c.is_ascii_digit()).map(|i| v.split_at(i))?;
+    let n: u64 = n.parse().ok()?;
+    n.checked_mul(match unit {
+        "ms" => 1,
+        "s" => 1000,
+        "m" => 60_000,
+        _ => return None,
+    })
 }
 
 /// Splits our own parameters (`prefix`, `restart_guard`) off the URL and checks them.
@@ -212,13 +249,17 @@ fn split_params(url: &str) -> Result<Params, StoreError> {
     let (url, ours) = tenure::url::take_params(url, &["prefix", "restart_guard"]);
     let prefix = ours[0].clone().unwrap_or_else(|| DEFAULT_PREFIX.to_string());
     let guard = match ours[1].as_deref() {
-        None | Some("on") => true,
-        Some("off") => false,
-        Some(v) => {
-            return Err(StoreError::invalid(format!(
-                "restart_guard={v:?}: write restart_guard=on or restart_guard=off"
-            )));
-        }
+        None | Some("on") => Some(0),
+        Some("off") => None,
+        Some(v) => match parse_ms(v) {
+            Some(ms) if ms > 0 => Some(ms),
+            _ => {
+                return Err(StoreError::invalid(format!(
+                    "restart_guard={v:?}: write restart_guard=on, restart_guard=off, or the longest TTL any \
+                     candidate uses (restart_guard=30s, 1500ms, 2m)"
+                )));
+            }
+        },
     };
     if prefix.is_empty() || !prefix.chars().all(|c| c.is_ascii_alphanumeric() || "._-:/".contains(c)) {
         return Err(StoreError::invalid(format!(
@@ -258,6 +299,12 @@ impl RedisStore {
         (format!("{p}:lease:{election}"), format!("{p}:meta:{election}"))
     }
 
+    /// The hash that names the server run and primary history the data was written
+    /// under, since when, and the longest TTL requested (the guard's state).
+    fn epoch_key(&self) -> String {
+        format!("{}:epoch", self.inner.prefix)
+    }
+
     fn channel(&self) -> String {
         format!("{}:changes", self.inner.prefix)
     }
@@ -283,7 +330,7 @@ impl RedisStore {
         let mut conn = self.conn().await?;
         let (lease, meta) = self.keys(election);
         let mut inv = script.key(lease);
-        inv.key(meta);
+        inv.key(meta).key(self.epoch_key());
         for a in args {
             inv.arg(*a);
         }
@@ -296,12 +343,12 @@ impl RedisStore {
     /// The scripts' guard argument: how long the guard lasts after a restart, in ms
     /// (the longest TTL this handle knows of), or "0" when it is off.
     fn guard_arg(&self, ttl: Duration) -> String {
-        if !self.inner.guard {
+        let Some(least) = self.inner.guard else {
             return "0".into();
-        }
+        };
         let ms = ttl.as_millis().min(u64::MAX as u128) as u64;
         let longest = self.inner.longest_ttl_ms.fetch_max(ms, std::sync::atomic::Ordering::Relaxed).max(ms);
-        longest.to_string()
+        longest.max(least).to_string()
     }
 
     /// Remembers the TTL of a record this handle saw, for the guard.
@@ -330,6 +377,7 @@ impl RedisStore {
             let (lease, meta) = self.keys(l.election.as_str());
             let mut inv = script.key(lease);
             inv.key(meta)
+                .key(self.epoch_key())
                 .arg(l.holder.as_str())
                 .arg(l.token.0.to_string())
                 .arg(&ttl)
@@ -445,9 +493,10 @@ impl Reply {
         if status == "guard" {
             let wait = num(1).unwrap_or(0);
             return Err(StoreError::unavailable(format!(
-                "Redis restarted less than one TTL ago: no lease for {election} is granted, nor one from before \
-                 the restart renewed, for another {wait} ms, so that a leader it forgot or a record it restored \
-                 cannot overlap another term (restart_guard; see docs/stores/redis.md)"
+                "Redis restarted or took over as primary (a failover) less than the longest TTL in use ago: no \
+                 lease for {election} is granted, nor one from before renewed, for another {wait} ms, so that a \
+                 lease it forgot, lost in the failover or restored from a snapshot cannot overlap another term \
+                 (restart_guard; see docs/stores/redis.md)"
             )));
         }
         let record = match text(1) {
@@ -666,10 +715,13 @@ mod tests {
         let p = split_params("redis://:pw@h:6379/2?prefix=app:leases&protocol=resp3&restart_guard=off").unwrap();
         assert_eq!(
             (p.url.as_str(), p.prefix.as_str(), p.guard),
-            ("redis://:pw@h:6379/2?protocol=resp3", "app:leases", false)
+            ("redis://:pw@h:6379/2?protocol=resp3", "app:leases", None)
         );
         let p = split_params("redis://h").unwrap();
-        assert_eq!((p.prefix.as_str(), p.guard), (DEFAULT_PREFIX, true));
+        assert_eq!((p.prefix.as_str(), p.guard), (DEFAULT_PREFIX, Some(0)));
+        assert_eq!(split_params("redis://h?restart_guard=30s").unwrap().guard, Some(30_000));
+        assert_eq!(split_params("redis://h?restart_guard=1500ms").unwrap().guard, Some(1500));
+        assert_eq!(split_params("redis://h?restart_guard=0s").err().unwrap().kind(), ErrorKind::Invalid);
         assert_eq!(split_params("redis://h?prefix=a*b").err().unwrap().kind(), ErrorKind::Invalid);
         assert_eq!(split_params("redis://h?restart_guard=maybe").err().unwrap().kind(), ErrorKind::Invalid);
     }

@@ -302,3 +302,54 @@ async fn the_restart_guard_lasts_the_longest_ttl_the_candidate_has_seen() {
         restarted.elapsed()
     );
 }
+
+/// Asks `store` for `req` until it is granted (a fresh server's guard refuses at first).
+async fn granted(store: &RedisStore, req: &AcquireRequest) -> tenure::LeaseRecord {
+    loop {
+        match store.try_acquire(req).await {
+            Ok(tenure::Acquire::Acquired(l)) => return l,
+            Ok(tenure::Acquire::Held(h)) => panic!("held by {}", h.holder),
+            Err(e) => assert!(e.is_retryable(), "{e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_replica_that_lacks_the_newest_grant_grants_nothing_for_the_longest_ttl() {
+    // Replication is asynchronous: a replica promoted in a failover may lack the old
+    // primary's newest grant, whose holder believes it leads until its deadline.
+    let Some(primary) = servers::launch(Kind::Redis) else { return };
+    let port = primary.port().to_string();
+    let Some(replica) = servers::launch_configured(Kind::Redis, None, &["--replicaof", "127.0.0.1", &port]) else {
+        return;
+    };
+    let (long, short) = (Duration::from_secs(4), Duration::from_secs(1));
+    let req =
+        |e: &str, h: &str, ttl| AcquireRequest::new(ElectionName::new(e).unwrap(), HolderId::new(h).unwrap(), ttl);
+    let a = RedisStore::connect(&primary.url()).await.unwrap();
+    // a leads one election with a long TTL, and the replica has it.
+    granted(&a, &req("failover/first", "a", long)).await;
+    let on_replica = RedisStore::connect(&format!("{}?restart_guard=off", replica.url())).await.unwrap();
+    let t0 = std::time::Instant::now();
+    while on_replica.get(&ElectionName::new("failover/first").unwrap()).await.ok().flatten().is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the replica did not catch up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The failover: the replica takes over; the old primary, not yet told, still takes
+    // a's grant of another election, which the new primary never sees.
+    admin(&replica.url(), &["REPLICAOF", "NO", "ONE"]).await;
+    let lost = granted(&a, &req("failover/x", "a", long)).await;
+    let lost_at = std::time::Instant::now();
+    // b, a new candidate with a short TTL on the new primary, must not be granted while a
+    // may still believe: not for the longest TTL in use, though b never saw it.
+    let b = RedisStore::connect(&replica.url()).await.unwrap();
+    let err = b.try_acquire(&req("failover/x", "b", short)).await.expect_err("granted at once by a promoted replica");
+    assert!(err.is_retryable() && err.to_string().contains("failover"), "{err}");
+    let mine = granted(&b, &req("failover/x", "b", short)).await;
+    let after = lost_at.elapsed();
+    assert!(after >= long, "b was granted {after:?} after a's grant (token {}), whose TTL is {long:?}", lost.token);
+    assert_ne!(mine.token, lost.token, "a token granted twice");
+    // From then on b leads as on any primary.
+    assert!(matches!(b.renew(&mine, short).await, Ok(tenure::Renew::Renewed(_))));
+}
