@@ -17,6 +17,8 @@ use crate::{GossipError, check_topic};
 
 /// How many decided election ids a worker remembers at most (besides [`Config::retention`]).
 const MAX_REMEMBERED: usize = 100_000;
+/// How many of its own messages a worker tracks until they come back.
+const MAX_IN_FLIGHT: usize = 100_000;
 /// How many answers heard before their request a worker keeps at most.
 const MAX_EARLY: usize = 10_000;
 /// The longest worker id (a holder id is at most 200 characters; a claim adds an attempt).
@@ -36,7 +38,8 @@ pub struct Config {
     /// heartbeats and half an interval of slack). At least twice the heartbeat.
     pub lost_after: Duration,
     /// How long a joining worker collects the members' clocks before it stands in
-    /// elections (500 ms).
+    /// elections (500 ms). It also listens for [`Config::lost_after`] at least, so that
+    /// it knows every member the others still count as live.
     pub join_wait: Duration,
     /// How long an election waits for every member it started with; after that it waits
     /// only for members still live (2 s).
@@ -239,7 +242,10 @@ impl Worker {
             hello_clock: 0,
             hello_echoed: false,
             last_awake: now,
+            last_awake_wall: std::time::SystemTime::now(),
+            last_suspended: tenure::host_suspended(),
             last_echo: now,
+            in_flight: VecDeque::new(),
             joined_tx: Some(joined_tx),
             draining: false,
             elections: BTreeMap::new(),
@@ -406,10 +412,19 @@ struct Actor {
     /// everything queued before it was sent before this worker (re)joined.
     hello_clock: u64,
     hello_echoed: bool,
-    /// When this worker last ran (a longer gap than [`Config::stall_limit`] is a stall).
+    /// When this worker last ran (a longer gap than [`Config::stall_limit`] is a stall),
+    /// and the wall clock and the host's suspended time then: a paused VM or a suspended
+    /// host may stop the monotonic clock, not these.
     last_awake: Instant,
-    /// When the broker last delivered one of this worker's own messages back.
+    last_awake_wall: std::time::SystemTime,
+    last_suspended: Duration,
+    /// When this worker *sent* the latest of its own messages the broker has delivered
+    /// back: everything published before that instant has been read. Judged by send
+    /// time, not read time, so that a worker behind its queue does not take messages
+    /// it has not read yet for silence.
     last_echo: Instant,
+    /// This worker's messages not delivered back yet: clock and send time, oldest first.
+    in_flight: VecDeque<(u64, Instant)>,
     joined_tx: Option<oneshot::Sender<()>>,
     draining: bool,
     elections: BTreeMap<String, Election>,
@@ -572,6 +587,11 @@ impl Actor {
         self.clock = self.clock.saturating_add(1);
         let env =
             Envelope { v: VERSION, from: self.cfg.id.clone(), incarnation: self.incarnation, clock: self.clock, body };
+        // Sent as of now: what the broker delivers after it was published after this.
+        if self.in_flight.len() >= MAX_IN_FLIGHT {
+            self.in_flight.pop_front();
+        }
+        self.in_flight.push_back((env.clock, Instant::now()));
         if let Err(e) = self.publisher.publish(env.encode()).await {
             warn!(error = %crate::chain(&e), "cannot publish");
         }
@@ -582,7 +602,7 @@ impl Actor {
         let now = Instant::now();
         self.joined = false;
         self.hello_echoed = false;
-        self.join_done = now + self.cfg.join_wait;
+        self.join_done = now + self.cfg.join_wait.max(self.cfg.lost_after);
         self.next_heartbeat = now + self.cfg.heartbeat;
         self.hello_clock = self.send(Body::Hello).await;
     }
@@ -593,8 +613,16 @@ impl Actor {
     /// and what it would judge now (members silent for that long) is its own silence.
     async fn awake(&mut self) {
         let now = Instant::now();
-        let gap = now.duration_since(self.last_awake);
+        let wall = std::time::SystemTime::now();
+        let suspended = tenure::host_suspended();
+        // The largest of three clocks' gaps: the monotonic clock's, that plus the time the
+        // host spent suspended, and the wall clock's (which a resumed VM's guest sets
+        // right). A wall clock stepped forward only costs a needless rejoin.
+        let gap = (now.duration_since(self.last_awake) + suspended.saturating_sub(self.last_suspended))
+            .max(wall.duration_since(self.last_awake_wall).unwrap_or_default());
         self.last_awake = now;
+        self.last_awake_wall = wall;
+        self.last_suspended = suspended;
         if gap > self.cfg.stall_limit() {
             self.cut_off(format!("stalled for {gap:?}")).await;
         }
@@ -630,6 +658,8 @@ impl Actor {
             m.last_seen = now;
         }
         self.last_awake = now;
+        self.last_awake_wall = std::time::SystemTime::now();
+        self.last_suspended = tenure::host_suspended();
         self.last_echo = now;
         self.begin_join().await;
     }
@@ -681,7 +711,16 @@ impl Actor {
     /// others can hear it, and the moment it counts. A request this worker sent opens
     /// here, and its own answer counts only now (one that failed to publish never does).
     async fn on_echo(&mut self, env: Envelope) {
-        self.last_echo = Instant::now();
+        // Messages come back in the order they were sent: drop those before this one.
+        while let Some(&(clock, sent)) = self.in_flight.front() {
+            if clock > env.clock {
+                break;
+            }
+            self.in_flight.pop_front();
+            if clock == env.clock {
+                self.last_echo = self.last_echo.max(sent);
+            }
+        }
         match env.body {
             Body::Hello if env.clock == self.hello_clock => self.hello_echoed = true,
             Body::Elect(request) => self.on_request(request).await,
@@ -858,7 +897,18 @@ impl Actor {
         }
         let mine = reporter.as_deref() == Some(self.cfg.id.as_str());
         self.remember(id, Finished { decided: true, winner: winner.clone(), outcome: None });
-        if winner.as_deref() == Some(self.cfg.id.as_str()) {
+        // Another worker already reports that it won and started this very request: this
+        // worker decided on another view (it was paused, or a split healed). Running it
+        // too would run it twice.
+        let ran_elsewhere = e
+            .reported
+            .as_ref()
+            .is_some_and(|(_, o)| o.digest == e.digest && o.started && o.winner.is_some() && o.winner != winner);
+        if winner.as_deref() == Some(self.cfg.id.as_str()) && ran_elsewhere {
+            let error = "another worker reports that it already won and started it".to_string();
+            warn!(election = %request.id, "won, but {error}; not starting it");
+            self.emit(Event::NotStarted { election: request.id.clone(), error });
+        } else if winner.as_deref() == Some(self.cfg.id.as_str()) {
             self.start_action(request);
         } else if winner.is_none() && mine {
             let error = format!("no live worker has a handler for topic {:?}", request.topic);
@@ -977,9 +1027,10 @@ impl Actor {
         self.awake().await;
         let silent = Instant::now().duration_since(self.last_echo);
         if silent > self.cfg.echo_limit() {
-            // The broker has not delivered this worker's own messages back (its heartbeats
-            // included): the others may not hear it either, and may soon lose it.
-            self.cut_off(format!("its own messages have not come back for {silent:?}")).await;
+            // Nothing this worker sent in that time has come back (its heartbeats included):
+            // the broker is not delivering it, or this worker is that far behind its queue.
+            // The others may not hear it either, and may soon lose it.
+            self.cut_off(format!("nothing it sent in the last {silent:?} has come back")).await;
         }
         let now = Instant::now();
         if !self.joined && self.hello_echoed && now >= self.join_done {
@@ -995,8 +1046,9 @@ impl Actor {
             self.send(Body::Heartbeat).await;
             self.next_heartbeat = now + self.cfg.heartbeat;
         }
-        // Lost: silent for lost_after, while this worker heard itself well after the
-        // member's last word (so the silence is the member's, not this worker's deafness).
+        // Lost: silent for lost_after, while this worker has read back a message of its own
+        // sent well after the member's last word (so the silence is the member's, not this
+        // worker's deafness or backlog: what the member sent before that message was read).
         let heard_since = self.cfg.lost_after.saturating_sub(self.cfg.heartbeat);
         let lost: Vec<String> = self
             .members

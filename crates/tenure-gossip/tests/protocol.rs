@@ -347,6 +347,8 @@ struct Faults {
     hang: Arc<std::sync::atomic::AtomicBool>,
     fail: Arc<std::sync::atomic::AtomicBool>,
     down: Arc<tokio::sync::watch::Sender<bool>>,
+    /// Every publish takes this long (ms): a slow link or an overloaded host.
+    slow_ms: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Faults {
@@ -355,6 +357,7 @@ impl Faults {
             hang: Default::default(),
             fail: Default::default(),
             down: Arc::new(tokio::sync::watch::channel(false).0),
+            slow_ms: Default::default(),
         }
     }
     fn set(flag: &std::sync::atomic::AtomicBool, on: bool) {
@@ -380,6 +383,10 @@ impl tenure_gossip::Publisher for FaultyPublisher {
     async fn publish(&self, payload: Vec<u8>) -> Result<(), GossipError> {
         while Faults::get(&self.faults.hang) {
             tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let slow = self.faults.slow_ms.load(std::sync::atomic::Ordering::SeqCst);
+        if slow > 0 {
+            tokio::time::sleep(Duration::from_millis(slow)).await;
         }
         if Faults::get(&self.faults.fail) || *self.faults.down.borrow() {
             return Err(GossipError::Broker { message: "publish failed (injected)".into(), source: None });
@@ -646,4 +653,95 @@ async fn an_id_used_for_another_action_is_a_clear_error_and_runs_nothing() {
     assert_eq!(runs[0].action, "one thing");
     // The same action again is a plain repeat.
     assert!(client.elect("shared", "job", "one thing", WAIT).await.unwrap().repeat);
+}
+
+#[tokio::test(start_paused = true)]
+async fn workers_that_fall_behind_their_queues_never_lose_each_other_and_decide_alone() {
+    // Two workers whose every publish takes 400 ms get an election every 100 ms: each
+    // falls further behind its queue, reading the other's heartbeats later and later,
+    // with no stall, link loss or split. Silence read late is not silence sent.
+    let hub = MemoryHub::new();
+    let rec = Recorder::default();
+    let faults: Vec<Faults> = (0..2).map(|_| Faults::new()).collect();
+    let mut workers = Vec::new();
+    for (i, f) in faults.iter().enumerate() {
+        workers.push(faulty_worker(&hub, &format!("w{i}.{i}"), &rec, f).await);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for (f, ms) in faults.iter().zip([400, 2000]) {
+        f.slow_ms.store(ms, std::sync::atomic::Ordering::SeqCst);
+    }
+    let client = Arc::new(Client::connect(&hub).await.unwrap());
+    let mut tasks = Vec::new();
+    for i in 0..150 {
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            client.elect(&format!("b{i}"), "job", "go", Duration::from_secs(120)).await.map_err(|e| e.to_string())
+        }));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut results = Vec::new();
+    for t in tasks {
+        results.push(t.await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    at_most_once_and_started_means_ran(&rec, "b", &results);
+    // Once the load is gone, the two work together again.
+    for f in &faults {
+        f.slow_ms.store(0, std::sync::atomic::Ordering::SeqCst);
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let after = burst(&hub, "c", 5, Duration::from_secs(30)).await;
+    at_most_once_and_started_means_ran(&rec, "c", &after);
+    assert!(after.iter().all(|r| r.as_ref().is_ok_and(|o| o.started)), "{after:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_hears_another_already_ran_the_election_does_not_run_it_too() {
+    // A worker decides on a view that left out a member which meanwhile won and ran the
+    // action (the worker was paused, or a split healed): the winner's outcome reached it
+    // before its own decision. It must not run the action a second time.
+    let hub = MemoryHub::new();
+    let rec = Recorder::default();
+    let mut a = worker(&hub, "a.1", &rec).await;
+    let mut events = a.events();
+    let client = Client::connect(&hub).await.unwrap();
+    let digest = client.elect("warm", "job", "go", WAIT).await.unwrap().digest;
+    raw(&hub, serde_json::json!({"v":2,"from":"c","incarnation":1,"clock":100,"type":"elect","id":"x","topic":"job","action":"go"}))
+        .await;
+    raw(
+        &hub,
+        serde_json::json!({"v":2,"from":"b.2","incarnation":1,"clock":101,"type":"outcome","id":"x","topic":"job",
+            "digest":digest,"winner":"b.2","started":true,"error":null}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(!rec.runs().contains_key("x"), "ran again on a.1 after b.2 reported it had started it");
+    let not_started = std::iter::from_fn(|| events.try_recv().ok())
+        .any(|e| matches!(e, Event::NotStarted { ref election, .. } if election == "x"));
+    assert!(not_started, "a.1 did not say why it did not start x");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_joined_worker_knows_every_member_the_others_count_as_live() {
+    // m is slow to answer the newcomer's hello (its publishes hang for 1.5 s, less than a
+    // stall): n must not stand in elections with a member set that lacks m, which a and m
+    // still count (n could then pick a different winner from the same answers).
+    let hub = MemoryHub::new();
+    let rec = Recorder::default();
+    let _a = worker(&hub, "a.1", &rec).await;
+    let fm = Faults::new();
+    let _m = faulty_worker(&hub, "m.3", &rec, &fm).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    Faults::set(&fm.hang, true);
+    let release = {
+        let fm = fm.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            Faults::set(&fm.hang, false);
+        })
+    };
+    let n = worker(&hub, "n.2", &rec).await;
+    assert_eq!(n.members().await.unwrap(), ["a.1", "m.3", "n.2"], "joined without knowing every live member");
+    release.await.unwrap();
 }
