@@ -331,6 +331,12 @@ impl Drop for Worker {
     }
 }
 
+/// Whether the planted bug `name` is switched on (`TENURE_MUTANT=NAME[,NAME…]`); only a
+/// build with the `mutants` feature has any, for CI to prove its checks catch them.
+fn mutant(name: &str) -> bool {
+    cfg!(feature = "mutants") && std::env::var("TENURE_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
+}
+
 pub(crate) fn checked_request(id: &str, topic: &str, action: &str) -> Result<Request, GossipError> {
     tenure::ElectionName::new(id).map_err(|e| GossipError::Invalid(format!("invalid election id: {e}")))?;
     check_topic(topic)?;
@@ -602,7 +608,12 @@ impl Actor {
         let now = Instant::now();
         self.joined = false;
         self.hello_echoed = false;
-        self.join_done = now + self.cfg.join_wait.max(self.cfg.lost_after);
+        self.join_done = if mutant("join-without-listening") {
+            // Planted: joining after join_wait alone, before every live member was heard.
+            now + self.cfg.join_wait
+        } else {
+            now + self.cfg.join_wait.max(self.cfg.lost_after)
+        };
         self.next_heartbeat = now + self.cfg.heartbeat;
         self.hello_clock = self.send(Body::Hello).await;
     }
