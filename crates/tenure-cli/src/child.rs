@@ -68,6 +68,13 @@ fn passed_stop_at(path: &Path, now: u64) -> Option<u64> {
     }
 }
 
+/// When the grace period of a stop asked for now begins: now, or the instant stopping
+/// was due if that has passed.
+fn stop_due(deadline_file: &Path) -> u64 {
+    let now = boottime_ns();
+    passed_stop_at(deadline_file, now).unwrap_or(now)
+}
+
 /// The file the supervisor creates when it stops the command itself.
 fn stopped_marker(deadline_file: &Path) -> PathBuf {
     deadline_file.with_extension("stopped")
@@ -252,21 +259,22 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, cmd:
             }
         }
         let now = boottime_ns();
-        if phase == Phase::Running {
-            // Checked on every pass, not only on the timer: a stream of SIGCHLD must not
-            // keep the check from running.
-            if rustix::process::getppid().map(Pid::as_raw_pid) != Some(parent) {
-                parent_gone = true;
-                phase = Phase::Killing;
-            } else if let Some(at) = passed_stop_at(deadline_file, now) {
-                // `tenure` did not extend the deadline: it is frozen or stuck. Leave a
-                // mark, so that it reads the exit as a stop, not a finish. The grace
-                // period counts from the instant stopping was due, not from now.
-                let _ = std::fs::write(stopped_marker(deadline_file), b"");
-                eprintln!("tenure: the lease was not renewed in time; stopping the command");
-                signal_tree(me, Signal::TERM);
-                phase = Phase::Terminating(at);
-            }
+        // Checked on every pass, not only on the timer: a stream of SIGCHLD must not keep
+        // the checks from running.
+        if !parent_gone && rustix::process::getppid().map(Pid::as_raw_pid) != Some(parent) {
+            parent_gone = true;
+            phase = Phase::Killing;
+        }
+        if phase == Phase::Running
+            && let Some(at) = passed_stop_at(deadline_file, now)
+        {
+            // `tenure` did not extend the deadline: it is frozen or stuck. Leave a mark,
+            // so that it reads the exit as a stop, not a finish. The grace period counts
+            // from the instant stopping was due, not from now.
+            let _ = std::fs::write(stopped_marker(deadline_file), b"");
+            eprintln!("tenure: the lease was not renewed in time; stopping the command");
+            signal_tree(me, Signal::TERM);
+            phase = Phase::Terminating(at);
         }
         if code.is_some() && phase == Phase::Running {
             // The command ended but left processes behind: they would outlive the term.
@@ -288,14 +296,16 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, cmd:
                 parent_gone = true;
                 phase = Phase::Killing;
             }
-            // `tenure` asks the command to stop: pass it on to the whole tree.
+            // `tenure` asks the command to stop: pass it on to the whole tree. The grace
+            // period counts from now, or from the instant stopping was due if that has
+            // passed (a host frozen with both processes in it, resumed).
             _ = term.recv() => if phase == Phase::Running {
                 signal_tree(me, Signal::TERM);
-                phase = Phase::Terminating(boottime_ns());
+                phase = Phase::Terminating(stop_due(deadline_file));
             },
             _ = int.recv() => if phase == Phase::Running {
                 signal_tree(me, Signal::INT);
-                phase = Phase::Terminating(boottime_ns());
+                phase = Phase::Terminating(stop_due(deadline_file));
             },
             _ = chld.recv() => {}
             _ = hup.recv() => {}

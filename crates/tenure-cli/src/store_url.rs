@@ -10,6 +10,7 @@ use tenure::url::redact;
 /// The schemes this build supports, for error messages and help.
 pub const SCHEMES: &str = "sqlite:PATH, postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME], \
                            redis://[:PASSWORD@]HOST[:PORT][/DB][?prefix=NAME] (rediss:// for TLS), \
+                           redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT…]/MASTER_NAME, \
                            mysql://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME] (or mariadb://), \
                            etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][?prefix=NAME] (etcds:// for TLS), \
                            nats://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][/BUCKET], \
@@ -75,7 +76,7 @@ pub async fn open(url: Option<&str>) -> Result<Arc<dyn LeaseStore>> {
                     PathBuf::from(path)
                 }
                 "postgres" | "postgresql" => connect!("postgres", "PostgreSQL", tenure_postgres::PostgresStore, url),
-                "redis" | "rediss" => connect!("redis", "Redis", tenure_redis::RedisStore, url),
+                "redis" | "rediss" | "redis+sentinel" => connect!("redis", "Redis", tenure_redis::RedisStore, url),
                 "mysql" | "mariadb" => connect!("mysql", "MySQL", tenure_mysql::MysqlStore, url),
                 "etcd" | "etcds" => connect!("etcd", "etcd", tenure_etcd::EtcdStore, url),
                 "nats" => connect!("nats", "NATS", tenure_nats::NatsStore, url),

@@ -43,7 +43,9 @@ use tenure::{
     Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, Renew,
     Revision, StoreError, WatchStream, check_ttl,
 };
-use tokio::sync::OnceCell;
+
+mod target;
+use target::Target;
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "tenure";
@@ -85,13 +87,18 @@ local function guard_wait(guard_ms)
   local longest = math.max(known, tonumber(guard_ms))
   local since = tonumber(e[2] or '0')
   if e[1] ~= id then
-    -- A server that never took over from another primary holds only what it granted
-    -- since it started, or restored from its own disk (older still): the guard counts
-    -- from its start: the latest its uptime allows (whole seconds, the difference of
-    -- two whole-second clock readings, so up to one second short). One that took over may lack
-    -- the newest grants of the old primary, made up to the takeover, which it cannot
-    -- date: the guard counts from now.
-    if string.match(rep, 'master_replid2:0+[\r\n]') then since = math.min(now, now - up * 1000 + 1000) else since = now end
+    -- No guard state at all, on a server that never took over from another primary: a
+    -- first use, or a restart that lost everything; the server holds only what it
+    -- granted since it started, and the guard counts from its start: the latest its
+    -- uptime allows (whole seconds, the difference of two whole-second clock readings,
+    -- so up to one second short). Any other change of writer (a restart that restored
+    -- data, a promotion, a replica restarted as a primary) cannot be dated: the other
+    -- writer may have granted until a moment ago, so the guard counts from now.
+    if not e[1] and string.match(rep, 'master_replid2:0+[\r\n]') then
+      since = math.min(now, now - up * 1000 + 1000)
+    else
+      since = now
+    end
     redis.call('HSET', epoch_key, 'id', id, 'since', string.format('%.0f', since))
   end
   if longest > known then redis.call('HSET', epoch_key, 'longest', string.format('%.0f', longest)) end
@@ -187,8 +194,8 @@ pub struct RedisStore {
 }
 
 struct Inner {
-    client: redis::Client,
-    conn: OnceCell<ConnectionManager>,
+    /// One server, or the primary the sentinels name.
+    target: Target,
     prefix: String,
     described: String,
     scripts: Scripts,
@@ -271,18 +278,18 @@ fn split_params(url: &str) -> Result<Params, StoreError> {
 
 impl RedisStore {
     /// A store on the server `url` names (`redis://[:PASSWORD@]HOST[:PORT][/DB]`,
-    /// `rediss://` for TLS, plus our optional `prefix=NAME` and `restart_guard=on|off`). The connection is made on first
-    /// use and remade after failures, so a server that is down now is not an error yet.
+    /// `rediss://` for TLS), or on the primary Redis Sentinel names
+    /// (`redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT…]/MASTER_NAME[?db=N&sentinel_password=PW]`),
+    /// plus our optional `prefix=NAME` and `restart_guard=on|off|DURATION`. The connection
+    /// is made on first use and remade after failures (behind Sentinel, to the primary of
+    /// the moment), so a server that is down now is not an error yet.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let Params { url, prefix, guard } = split_params(url)?;
-        let client = redis::Client::open(url.as_str())
-            .map_err(|e| StoreError::new(ErrorKind::Misconfigured, "the Redis URL is not valid").with_source(e))?;
-        let info = client.get_connection_info();
-        let described = format!("redis://{} (prefix {prefix})", info.addr());
+        let (target, described) = Target::new(&url)?;
+        let described = format!("{described} (prefix {prefix})");
         Ok(Self {
             inner: Arc::new(Inner {
-                client,
-                conn: OnceCell::new(),
+                target,
                 prefix,
                 described,
                 scripts: Scripts::new(),
@@ -310,20 +317,14 @@ impl RedisStore {
     }
 
     async fn conn(&self) -> Result<ConnectionManager, StoreError> {
-        self.inner
-            .conn
-            .get_or_try_init(|| async {
-                let config = redis::aio::ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(Duration::from_secs(3)))
-                    .set_number_of_retries(1);
-                self.inner
-                    .client
-                    .get_connection_manager_with_config(config)
-                    .await
-                    .map_err(|e| redis_error("connecting", e))
-            })
-            .await
-            .cloned()
+        self.inner.target.conn().await
+    }
+
+    /// Maps a failed request's error, and behind sentinels asks for the primary again
+    /// next time if this one cannot be reached or no longer takes writes.
+    fn failed(&self, what: &str, e: redis::RedisError) -> StoreError {
+        self.inner.target.failed(&e);
+        redis_error(what, e)
     }
 
     async fn run(&self, what: &str, script: &Script, election: &str, args: &[&[u8]]) -> Result<Reply, StoreError> {
@@ -334,7 +335,7 @@ impl RedisStore {
         for a in args {
             inv.arg(*a);
         }
-        let v: Value = inv.invoke_async(&mut conn).await.map_err(|e| redis_error(what, e))?;
+        let v: Value = inv.invoke_async(&mut conn).await.map_err(|e| self.failed(what, e))?;
         let reply = Reply::parse(election, v)?;
         self.saw_ttl(reply.record.as_ref());
         Ok(reply)
@@ -394,10 +395,10 @@ impl RedisStore {
             Ok(v) => v,
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 // The server forgot the script (a restart, SCRIPT FLUSH): load it, once.
-                script.prepare_invoke().load_async(&mut conn).await.map_err(|e| redis_error("renew", e))?;
-                pipe.query_async(&mut conn).await.map_err(|e| redis_error("renew", e))?
+                script.prepare_invoke().load_async(&mut conn).await.map_err(|e| self.failed("renew", e))?;
+                pipe.query_async(&mut conn).await.map_err(|e| self.failed("renew", e))?
             }
-            Err(e) => return Err(redis_error("renew", e)),
+            Err(e) => return Err(self.failed("renew", e)),
         };
         if values.len() != held.len() {
             return Err(StoreError::ambiguous("Redis answered a renewal pipeline with the wrong number of replies"));
@@ -421,16 +422,29 @@ impl RedisStore {
             return;
         }
         let inner = Arc::downgrade(&self.inner);
-        let client = self.inner.client.clone();
         let channel = self.channel();
         tokio::spawn(async move {
             use tokio_stream::StreamExt;
             let mut backoff = Duration::from_millis(100);
             loop {
-                let pubsub = match client.get_async_pubsub().await {
-                    Ok(mut p) => match p.subscribe(&channel).await {
-                        Ok(()) => Some(p),
-                        Err(_) => None,
+                // Behind sentinels, the primary of the moment (a replica would do too: it
+                // passes on what is published on its primary).
+                let client = match inner.upgrade() {
+                    Some(i) => i.target.client().await,
+                    None => return,
+                };
+                let pubsub = match client {
+                    Ok(client) => match client.get_async_pubsub().await {
+                        Ok(mut p) => match p.subscribe(&channel).await {
+                            Ok(()) => Some(p),
+                            Err(_) => None,
+                        },
+                        Err(e) => {
+                            if let Some(i) = inner.upgrade() {
+                                i.target.failed(&e);
+                            }
+                            None
+                        }
                     },
                     Err(_) => None,
                 };
@@ -546,7 +560,7 @@ fn mutant(name: &str) -> bool {
 /// failed snapshot (MISCONF), memory full (OOM), a server loading its data (LOADING),
 /// a busy script (BUSY), too many clients, and anything not recognised: a fatal mistake
 /// leaves an election without a leader until a person restarts every replica.
-fn redis_error(what: &str, e: redis::RedisError) -> StoreError {
+pub(crate) fn redis_error(what: &str, e: redis::RedisError) -> StoreError {
     let text = e.to_string();
     // The server's error code ("READONLY", "OOM", …); the text as well, for older forms.
     let code = |c: &str| e.code() == Some(c) || text.contains(c);
@@ -665,7 +679,7 @@ impl LeaseStore for RedisStore {
                 .arg(500)
                 .query_async(&mut conn)
                 .await
-                .map_err(|e| redis_error("list", e))?;
+                .map_err(|e| self.failed("list", e))?;
             names.extend(keys.into_iter().filter_map(|k| k.strip_prefix(&lease_prefix).map(String::from)));
             cursor = next;
             if cursor == 0 {

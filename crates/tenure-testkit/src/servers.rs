@@ -727,3 +727,196 @@ impl Drop for Server {
         self.kill();
     }
 }
+
+/// Sends one command to the Redis server (or sentinel) on `port` and returns its reply in
+/// RESP form, or `None` if it does not answer within 2 s.
+pub fn redis_command(port: u16, args: &[&str]) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    conn.set_read_timeout(Some(Duration::from_millis(200))).ok()?;
+    let mut req = format!("*{}\r\n", args.len());
+    for a in args {
+        req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    }
+    conn.write_all(req.as_bytes()).ok()?;
+    let t0 = Instant::now();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    // Read until the reply is complete: a short pause after some data ends it.
+    while t0.elapsed() < Duration::from_secs(2) {
+        match conn.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(_) if !out.is_empty() => break,
+            Err(_) => {}
+        }
+    }
+    (!out.is_empty()).then(|| String::from_utf8_lossy(&out).into_owned())
+}
+
+/// A throwaway Redis deployment behind Sentinel on loopback: a primary, a replica and
+/// three sentinels (`redis-server --sentinel`) that watch them under the master name
+/// `tenure`, with a one-second down-after time, so that a test can force failovers (kill
+/// the primary, or `SENTINEL FAILOVER`) under candidates.
+pub struct RedisSentinels {
+    /// The two data servers; which one is the primary changes with every failover.
+    pub nodes: Vec<Server>,
+    sentinels: Vec<SentinelProcess>,
+}
+
+struct SentinelProcess {
+    port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl Drop for SentinelProcess {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The master name the sentinels watch.
+pub const SENTINEL_MASTER: &str = "tenure";
+
+impl RedisSentinels {
+    /// Starts the primary, the replica (and waits until it has synchronised), and three
+    /// sentinels (and waits until each knows the replica and the other two); `None` as
+    /// [`launch`] does when `redis-server` is missing.
+    pub fn launch() -> Option<Self> {
+        let program = server_program(Kind::Redis)?;
+        let primary = launch(Kind::Redis)?;
+        let pport = primary.port().to_string();
+        let replica = launch_configured(Kind::Redis, None, &["--replicaof", "127.0.0.1", &pport])?;
+        let t0 = Instant::now();
+        while !redis_command(replica.port(), &["INFO", "replication"])
+            .is_some_and(|r| r.contains("master_link_status:up"))
+        {
+            assert!(t0.elapsed() < Duration::from_secs(30), "the replica did not synchronise");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let mut sentinels = Vec::new();
+        for _ in 0..3 {
+            let dir = tempfile::Builder::new().prefix("tenure-sentinel-").tempdir().expect("a temporary directory");
+            let port = free_port();
+            let conf = dir.path().join("sentinel.conf");
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {dir}\n\
+                     sentinel monitor {m} 127.0.0.1 {pport} 2\n\
+                     sentinel down-after-milliseconds {m} 1000\n\
+                     sentinel failover-timeout {m} 3000\n\
+                     sentinel parallel-syncs {m} 1\n",
+                    dir = dir.path().display(),
+                    m = SENTINEL_MASTER
+                ),
+            )
+            .expect("the sentinel's configuration");
+            let log = std::fs::File::create(dir.path().join("sentinel.log")).expect("a sentinel log");
+            use std::os::unix::process::CommandExt;
+            let child = Command::new(&program)
+                .arg(&conf)
+                .arg("--sentinel")
+                .process_group(0)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().expect("log"))
+                .stderr(log)
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot start a sentinel: {e}"));
+            sentinels.push(SentinelProcess { port, dir, child: Some(child) });
+        }
+        let group = Self { nodes: vec![primary, replica], sentinels };
+        let t0 = Instant::now();
+        while !group.sentinels.iter().all(|s| {
+            redis_command(s.port, &["SENTINEL", "MASTER", SENTINEL_MASTER]).is_some_and(|r| {
+                r.contains("num-other-sentinels\r\n$1\r\n2\r\n") && r.contains("num-slaves\r\n$1\r\n1\r\n")
+            })
+        }) {
+            if t0.elapsed() > Duration::from_secs(30) {
+                let logs: Vec<String> = group
+                    .sentinels
+                    .iter()
+                    .map(|s| std::fs::read_to_string(s.dir.path().join("sentinel.log")).unwrap_or_default())
+                    .collect();
+                panic!("the sentinels did not find each other and the replica:\n{}", logs.join("\n---\n"));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Some(group)
+    }
+
+    /// The store URL: every sentinel, and the master name.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self.sentinels.iter().map(|s| format!("127.0.0.1:{}", s.port)).collect();
+        format!("redis+sentinel://{}/{SENTINEL_MASTER}", hosts.join(","))
+    }
+
+    /// The port of the primary the sentinels name now.
+    pub fn primary_port(&self) -> Option<u16> {
+        self.sentinels.iter().find_map(|s| {
+            let r = redis_command(s.port, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_MASTER])?;
+            r.lines().filter(|l| !l.starts_with(['*', '$'])).nth(1)?.trim().parse().ok()
+        })
+    }
+
+    /// The data server that is the primary now.
+    pub fn primary(&mut self) -> &mut Server {
+        let port = self.primary_port().expect("the sentinels name a primary");
+        self.nodes.iter_mut().find(|n| n.port() == port).expect("the primary is one of the nodes")
+    }
+
+    /// Waits until the sentinels name a primary other than the one on `old_port` and it
+    /// takes writes; panics after 30 s.
+    pub fn wait_for_new_primary(&self, old_port: u16) -> u16 {
+        let t0 = Instant::now();
+        loop {
+            if let Some(p) = self.primary_port()
+                && p != old_port
+                && redis_command(p, &["ROLE"]).is_some_and(|r| r.contains("master"))
+            {
+                return p;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "no failover within 30 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Forces a failover (`SENTINEL FAILOVER`: the replica is promoted without waiting for
+    /// the primary to fail) and waits until it is done; returns the new primary's port.
+    pub fn failover(&self) -> u16 {
+        let old = self.primary_port().expect("the sentinels name a primary");
+        let t0 = Instant::now();
+        // Refused while the sentinels still settle a previous failover: ask again.
+        while !redis_command(self.sentinels[0].port, &["SENTINEL", "FAILOVER", SENTINEL_MASTER])
+            .is_some_and(|r| r.starts_with("+OK"))
+        {
+            assert!(t0.elapsed() < Duration::from_secs(30), "the sentinels refused a failover for 30 s");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        self.wait_for_new_primary(old)
+    }
+
+    /// Waits until every node is up and the replica follows the primary again (after a
+    /// killed primary was restarted, the sentinels make it a replica).
+    pub fn wait_settled(&self) {
+        let t0 = Instant::now();
+        loop {
+            let primary = self.primary_port();
+            let settled = primary.is_some_and(|p| {
+                self.nodes.iter().filter(|n| n.port() != p).all(|n| {
+                    redis_command(n.port(), &["INFO", "replication"])
+                        .is_some_and(|r| r.contains(&format!("master_port:{p}")) && r.contains("master_link_status:up"))
+                })
+            });
+            if settled {
+                return;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "the deployment did not settle within 30 s");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}

@@ -37,7 +37,8 @@ pub fn check_table_name(name: &str, max: usize) -> Result<(), StoreError> {
     }
 }
 
-/// A URL with its password replaced by `***`, safe to print: `scheme://user:***@host…`.
+/// A URL with its passwords replaced by `***`, safe to print: `scheme://user:***@host…`,
+/// and any query parameter whose name holds "password".
 pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
@@ -46,12 +47,26 @@ pub fn redact(url: &str) -> String {
         Some(i) => rest.split_at(i),
         None => (rest, ""),
     };
+    // A query parameter whose name holds "password" (a sentinel's password) is a secret too.
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let pairs: Vec<String> = query
+                .split('&')
+                .map(|p| match p.split_once('=') {
+                    Some((k, _)) if k.to_ascii_lowercase().contains("password") => format!("{k}=***"),
+                    _ => p.to_string(),
+                })
+                .collect();
+            format!("{path}?{}", pairs.join("&"))
+        }
+        None => tail.to_string(),
+    };
     match authority.rsplit_once('@') {
         Some((userinfo, host)) => {
             let user = userinfo.split(':').next().unwrap_or("");
             format!("{scheme}://{user}:***@{host}{tail}")
         }
-        None => url.to_string(),
+        None => format!("{scheme}://{authority}{tail}"),
     }
 }
 
@@ -65,6 +80,20 @@ mod tests {
         assert_eq!(url, "postgres://u:p@h/db?sslmode=require&x=1");
         assert_eq!(v, vec![Some("t2".to_string()), None]);
         assert_eq!(take_params("redis://h", &["prefix"]), ("redis://h".to_string(), vec![None]));
+    }
+
+    #[test]
+    fn passwords_are_hidden_in_the_user_part_and_in_parameters() {
+        assert_eq!(redact("redis://:pw@h:1/0?prefix=a"), "redis://:***@h:1/0?prefix=a");
+        assert_eq!(
+            redact("redis+sentinel://:pw@h:1,g:2/m?db=1&sentinel_password=s"),
+            "redis+sentinel://:***@h:1,g:2/m?db=1&sentinel_password=***"
+        );
+        assert_eq!(
+            redact("redis+sentinel://h:1/m?sentinel_password=s"),
+            "redis+sentinel://h:1/m?sentinel_password=***"
+        );
+        assert_eq!(redact("etcd://h:1"), "etcd://h:1");
     }
 
     #[test]

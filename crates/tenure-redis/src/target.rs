@@ -1,0 +1,243 @@
+//! Where the store's commands go: one server, or the primary that Redis Sentinel names,
+//! found again after every failover.
+
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use tenure::{ErrorKind, StoreError};
+use tokio::sync::OnceCell;
+
+use crate::redis_error;
+
+/// How long finding the primary through the sentinels, or connecting to it, may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// One server, or a primary found through sentinels.
+#[allow(clippy::large_enum_variant)] // one per store
+pub(crate) enum Target {
+    /// One server, always the same.
+    Direct { client: redis::Client, conn: OnceCell<ConnectionManager> },
+    /// The primary the sentinels name for a master name.
+    Sentinel(Sentinel),
+}
+
+/// A primary found through sentinels: asked again when the one in use fails or refuses
+/// writes (a failover demoted it).
+pub(crate) struct Sentinel {
+    master: String,
+    client: tokio::sync::Mutex<SentinelClient>,
+    current: std::sync::Mutex<Option<(redis::Client, ConnectionManager)>>,
+}
+
+/// What a `redis+sentinel://` URL names.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct SentinelUrl {
+    pub sentinels: Vec<(String, u16)>,
+    pub master: String,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub sentinel_password: Option<String>,
+    pub db: i64,
+}
+
+/// The port sentinels listen on unless the URL says otherwise.
+const SENTINEL_PORT: u16 = 26379;
+
+/// Parses `redis+sentinel://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]…]/MASTER_NAME`
+/// with the optional parameters `db=N` and `sentinel_password=PASSWORD` (our own ones
+/// already split off).
+pub(crate) fn parse_sentinel_url(url: &str) -> Result<SentinelUrl, StoreError> {
+    let bad = |why: &str| {
+        StoreError::invalid(format!(
+            "{why}: write redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT…]/MASTER_NAME[?db=N&sentinel_password=PW]"
+        ))
+    };
+    let rest = url.strip_prefix("redis+sentinel://").ok_or_else(|| bad("not a redis+sentinel:// URL"))?;
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (authority, master) = rest.split_once('/').ok_or_else(|| bad("no master name"))?;
+    let master = master.trim_end_matches('/');
+    if master.is_empty() || master.contains('/') {
+        return Err(bad("no master name, or more than one path segment"));
+    }
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, authority),
+    };
+    let (username, password) = match userinfo {
+        None => (None, None),
+        Some(u) => match u.split_once(':') {
+            Some((user, pw)) => ((!user.is_empty()).then(|| user.to_string()), Some(pw.to_string())),
+            None => (Some(u.to_string()), None),
+        },
+    };
+    let mut sentinels = Vec::new();
+    for h in hosts.split(',') {
+        let (host, port) = match h.rsplit_once(':') {
+            Some((host, port)) => {
+                (host, port.parse::<u16>().map_err(|_| bad(&format!("port {port:?} of sentinel {h:?} is not a port")))?)
+            }
+            None => (h, SENTINEL_PORT),
+        };
+        if host.is_empty() {
+            return Err(bad("a sentinel without a host"));
+        }
+        sentinels.push((host.to_string(), port));
+    }
+    let (mut db, mut sentinel_password) = (0, None);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("db", v)) => db = v.parse().map_err(|_| bad(&format!("db={v:?} is not a number")))?,
+            Some(("sentinel_password", v)) => sentinel_password = Some(v.to_string()),
+            _ => return Err(bad(&format!("unknown parameter {pair:?}"))),
+        }
+    }
+    Ok(SentinelUrl { sentinels, master: master.to_string(), username, password, sentinel_password, db })
+}
+
+fn connection_config() -> redis::aio::ConnectionManagerConfig {
+    redis::aio::ConnectionManagerConfig::new().set_connection_timeout(Some(CONNECT_TIMEOUT)).set_number_of_retries(1)
+}
+
+impl Target {
+    /// A target for what `url` names: sentinels for `redis+sentinel://`, else one server.
+    pub(crate) fn new(url: &str) -> Result<(Self, String), StoreError> {
+        if url.starts_with("redis+sentinel://") {
+            let u = parse_sentinel_url(url)?;
+            let addrs = u.sentinels.iter().map(|(h, p)| redis::ConnectionAddr::Tcp(h.clone(), *p));
+            let mut b = SentinelClientBuilder::new(addrs, &u.master, SentinelServerType::Master)
+                .map_err(|e| StoreError::invalid("the sentinel URL is not valid").with_source(e))?
+                .set_client_to_redis_db(u.db);
+            if let Some(user) = &u.username {
+                b = b.set_client_to_redis_username(user);
+            }
+            if let Some(pw) = &u.password {
+                b = b.set_client_to_redis_password(pw);
+            }
+            if let Some(pw) = &u.sentinel_password {
+                b = b.set_client_to_sentinel_password(pw);
+            }
+            let client = b.build().map_err(|e| StoreError::invalid("the sentinel URL is not valid").with_source(e))?;
+            let hosts: Vec<String> = u.sentinels.iter().map(|(h, p)| format!("{h}:{p}")).collect();
+            let described = format!("redis+sentinel://{}/{}", hosts.join(","), u.master);
+            let target = Target::Sentinel(Sentinel {
+                master: u.master.clone(),
+                client: tokio::sync::Mutex::new(client),
+                current: std::sync::Mutex::new(None),
+            });
+            return Ok((target, described));
+        }
+        let client = redis::Client::open(url)
+            .map_err(|e| StoreError::new(ErrorKind::Misconfigured, "the Redis URL is not valid").with_source(e))?;
+        let described = format!("redis://{}", client.get_connection_info().addr());
+        Ok((Target::Direct { client, conn: OnceCell::new() }, described))
+    }
+
+    /// A connection to the server (the current primary, behind sentinels).
+    pub(crate) async fn conn(&self) -> Result<ConnectionManager, StoreError> {
+        match self {
+            Target::Direct { client, conn } => conn
+                .get_or_try_init(|| async {
+                    client
+                        .get_connection_manager_with_config(connection_config())
+                        .await
+                        .map_err(|e| redis_error("connecting", e))
+                })
+                .await
+                .cloned(),
+            Target::Sentinel(s) => Ok(s.primary().await?.1),
+        }
+    }
+
+    /// A client for the server (the current primary), for pub/sub.
+    pub(crate) async fn client(&self) -> Result<redis::Client, StoreError> {
+        match self {
+            Target::Direct { client, .. } => Ok(client.clone()),
+            Target::Sentinel(s) => Ok(s.primary().await?.0),
+        }
+    }
+
+    /// Called with every failed request: behind sentinels, a primary that cannot be
+    /// reached or refuses writes (a failover demoted it) is asked for again next time.
+    pub(crate) fn failed(&self, e: &redis::RedisError) {
+        if let Target::Sentinel(s) = self {
+            let text = e.to_string();
+            let moved = e.is_io_error()
+                || e.is_connection_dropped()
+                || e.is_connection_refusal()
+                || e.is_timeout()
+                || ["READONLY", "MASTERDOWN", "LOADING"].iter().any(|c| e.code() == Some(*c) || text.contains(c));
+            if moved {
+                *s.current.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            }
+        }
+    }
+}
+
+impl Sentinel {
+    /// The primary in use, or the one the sentinels name now (checked with `ROLE`).
+    async fn primary(&self) -> Result<(redis::Client, ConnectionManager), StoreError> {
+        if let Some(c) = self.current.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            return Ok(c);
+        }
+        let found = async {
+            let client = self.client.lock().await.async_get_client().await.map_err(|e| {
+                if e.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel {
+                    // Also what unreachable sentinels give: retried, with both causes named.
+                    StoreError::unavailable(format!(
+                        "no sentinel named a primary for {:?}: check the master name and that the sentinels \
+                         run; retrying",
+                        self.master
+                    ))
+                    .with_source(e)
+                } else {
+                    redis_error("finding the primary through the sentinels", e)
+                }
+            })?;
+            let conn = client
+                .get_connection_manager_with_config(connection_config())
+                .await
+                .map_err(|e| redis_error("connecting to the primary the sentinels named", e))?;
+            Ok::<_, StoreError>((client, conn))
+        };
+        let found = tokio::time::timeout(CONNECT_TIMEOUT * 2, found).await.map_err(|_| {
+            StoreError::unavailable("no sentinel named a primary that answered in time (a failover under way?)")
+        })??;
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(found.clone());
+        Ok(found)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sentinel_urls_are_parsed_and_checked() {
+        let u =
+            parse_sentinel_url("redis+sentinel://:pw@10.0.0.1:26380,10.0.0.2/main?db=2&sentinel_password=s").unwrap();
+        assert_eq!(
+            u,
+            SentinelUrl {
+                sentinels: vec![("10.0.0.1".into(), 26380), ("10.0.0.2".into(), 26379)],
+                master: "main".into(),
+                username: None,
+                password: Some("pw".into()),
+                sentinel_password: Some("s".into()),
+                db: 2,
+            }
+        );
+        let u = parse_sentinel_url("redis+sentinel://app:pw@h:1/m").unwrap();
+        assert_eq!((u.username.as_deref(), u.password.as_deref()), (Some("app"), Some("pw")));
+        for bad in [
+            "redis+sentinel://h:1",
+            "redis+sentinel://h:1/",
+            "redis+sentinel://h:x/m",
+            "redis+sentinel://:1/m",
+            "redis+sentinel://h:1/m/n",
+            "redis+sentinel://h:1/m?tls=yes",
+        ] {
+            assert_eq!(parse_sentinel_url(bad).err().map(|e| e.kind()), Some(ErrorKind::Invalid), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! The Redis store behind Sentinel (`redis+sentinel://`), against a throwaway primary, a
+//! replica and three sentinels: it finds the primary through the sentinels, follows
+//! failovers (forced, and a killed primary), and after each one grants nothing for the
+//! longest TTL in use, since the promoted replica may lack the newest grants.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tenure::{Acquire, AcquireRequest, ElectionName, HolderId, LeaseStore, Renew};
+use tenure_redis::RedisStore;
+use tenure_testkit::scenario::{self, ScenarioHarness};
+use tenure_testkit::servers::{RedisSentinels, redis_command};
+
+struct S(Mutex<RedisSentinels>, String);
+
+#[async_trait::async_trait]
+impl ScenarioHarness for S {
+    async fn open(&self) -> Arc<dyn LeaseStore> {
+        Arc::new(RedisStore::connect(&self.1).await.unwrap())
+    }
+    async fn kill_connections(&self) {
+        let port = self.0.lock().unwrap().primary_port().unwrap();
+        redis_command(port, &["CLIENT", "KILL", "TYPE", "normal"]);
+    }
+    /// A crash of the primary: the sentinels promote the replica; the old primary comes
+    /// back as a replica of the new one.
+    async fn restart(&self) {
+        let g = &self.0;
+        tokio::task::block_in_place(|| {
+            let mut g = g.lock().unwrap();
+            let old = g.primary_port().unwrap();
+            g.primary().kill();
+            g.wait_for_new_primary(old);
+            g.nodes.iter_mut().find(|n| n.port() == old).unwrap().start();
+            g.wait_settled();
+        });
+    }
+}
+
+fn req(e: &str, h: &str, ttl: Duration) -> AcquireRequest {
+    AcquireRequest::new(ElectionName::new(e).unwrap(), HolderId::new(h).unwrap(), ttl)
+}
+
+/// Asks until granted, taking retryable errors (a failover, the guard) as "not yet".
+async fn granted(store: &RedisStore, r: &AcquireRequest, within: Duration) -> tenure::LeaseRecord {
+    let t0 = Instant::now();
+    loop {
+        match store.try_acquire(r).await {
+            Ok(Acquire::Acquired(l)) => return l,
+            Ok(Acquire::Held(h)) => panic!("held by {}", h.holder),
+            Err(e) => assert!(e.is_retryable(), "{e}"),
+        }
+        assert!(t0.elapsed() < within, "not granted within {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_candidates_survive_a_killed_primary_and_killed_connections() {
+    let Some(g) = RedisSentinels::launch() else { return };
+    let url = g.url();
+    let h = S(Mutex::new(g), url);
+    let report = scenario::multi_candidate(&h, Duration::from_secs(2), Duration::from_millis(500)).await;
+    eprintln!("sentinel scenario: {} terms, takeover {:?} after the leader was cut off", report.terms, report.takeover);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_follows_a_failover_and_grants_nothing_while_a_leader_from_before_may_believe() {
+    let Some(g) = RedisSentinels::launch() else { return };
+    let ttl = Duration::from_secs(3);
+    let a = RedisStore::connect(&g.url()).await.unwrap();
+    assert!(a.describe().starts_with("redis+sentinel://127.0.0.1:"), "{}", a.describe());
+    let lease = granted(&a, &req("sentinel/x", "a", ttl), Duration::from_secs(20)).await;
+    // a leads and renews every half second, as a leader does, through the failover; it
+    // believes it leads until its last successful renewal's send time plus the TTL.
+    let renewer = {
+        let (a, lease) = (a.clone(), lease.clone());
+        tokio::spawn(async move {
+            let mut last_sent = Instant::now();
+            loop {
+                let sent = Instant::now();
+                match a.renew(&lease, ttl).await {
+                    Ok(Renew::Renewed(_)) => last_sent = sent,
+                    // The new primary, found through the sentinels, lacks renewals the old one
+                    // took after the promotion: the lease may have run out there. a's term
+                    // ends; it still believed until its last renewal plus the TTL.
+                    Ok(Renew::Lost(_)) => return (last_sent, None),
+                    // Or it holds the record but does not renew one from before the failover
+                    // until the guard is over.
+                    Err(e) if e.to_string().contains("failover") => return (last_sent, Some(e)),
+                    Err(e) => assert!(e.is_retryable(), "{e}"),
+                }
+                if sent.duration_since(last_sent) >= ttl {
+                    return (last_sent, None); // its term ran out while the deployment moved
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    };
+    // A forced failover: the replica is promoted; the old primary becomes its replica.
+    let before = g.primary_port().unwrap();
+    let after = tokio::task::block_in_place(|| g.failover());
+    assert_ne!(before, after);
+    let (a_believes_until, err) = renewer.await.unwrap();
+    let a_believes_until = a_believes_until + ttl;
+    assert!(err.is_none_or(|e| e.is_retryable()));
+    // Another candidate, new to this deployment and with a shorter TTL, is granted only
+    // once a no longer believes.
+    let b = RedisStore::connect(&g.url()).await.unwrap();
+    let l = granted(&b, &req("sentinel/y", "b", Duration::from_secs(1)), Duration::from_secs(20)).await;
+    let now = Instant::now();
+    assert!(now >= a_believes_until, "b granted {:?} before a's belief ended", a_believes_until - now);
+    // And from then on the deployment serves as before, tokens growing.
+    let l2 = granted(&a, &req("sentinel/x", "a", ttl), Duration::from_secs(20)).await;
+    assert!(l2.token > lease.token, "token {} after {}", l2.token, lease.token);
+    assert!(matches!(b.renew(&l, Duration::from_secs(1)).await, Ok(Renew::Renewed(_))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_master_names_and_unreachable_sentinels_are_clear_retryable_errors() {
+    let Some(g) = RedisSentinels::launch() else { return };
+    let wrong = g.url().replace("/tenure", "/nosuchmaster");
+    let store = RedisStore::connect(&wrong).await.unwrap();
+    let err = store.try_acquire(&req("sentinel/z", "a", Duration::from_secs(1))).await.expect_err("no primary");
+    assert!(err.is_retryable() && err.to_string().contains("nosuchmaster"), "{err}");
+    let port = tenure_testkit::servers::free_port();
+    let store = RedisStore::connect(&format!("redis+sentinel://127.0.0.1:{port}/tenure")).await.unwrap();
+    let err = store.try_acquire(&req("sentinel/z", "a", Duration::from_secs(1))).await.expect_err("no sentinel");
+    assert!(err.is_retryable(), "{err}");
+    for bad in ["redis+sentinel://127.0.0.1:1", "redis+sentinel://127.0.0.1:x/m", "redis+sentinel://h:1/m?tls=1"] {
+        let e = RedisStore::connect(bad).await.err().expect(bad);
+        assert_eq!(e.kind(), tenure::ErrorKind::Invalid, "{bad}: {e}");
+    }
+}
