@@ -17,6 +17,8 @@ use crate::{GossipError, check_topic};
 
 /// How many decided election ids a worker remembers at most (besides [`Config::retention`]).
 const MAX_REMEMBERED: usize = 100_000;
+/// Messages with a Lamport clock this high are ignored (no group counts so far).
+const MAX_CLOCK: u64 = 1 << 62;
 /// How many of its own messages a worker tracks until they come back.
 const MAX_IN_FLIGHT: usize = 100_000;
 /// How many answers heard before their request a worker keeps at most.
@@ -247,6 +249,7 @@ impl Worker {
             last_echo: now,
             in_flight: VecDeque::new(),
             joined_tx: Some(joined_tx),
+            relink: false,
             draining: false,
             elections: BTreeMap::new(),
             finished: HashMap::new(),
@@ -432,6 +435,8 @@ struct Actor {
     /// This worker's messages not delivered back yet: clock and send time, oldest first.
     in_flight: VecDeque<(u64, Instant)>,
     joined_tx: Option<oneshot::Sender<()>>,
+    /// The link is to be dropped and made again (after an echo cut-off).
+    relink: bool,
     draining: bool,
     elections: BTreeMap<String, Election>,
     finished: HashMap<String, Finished>,
@@ -456,6 +461,21 @@ impl Actor {
         self.begin_join().await;
         let mut shutdown: Option<oneshot::Sender<()>> = None;
         loop {
+            if std::mem::take(&mut self.relink) {
+                info!(broker = %self.transport.describe(), "making a new broker connection");
+                match self.reconnect(&mut commands, &mut shutdown).await {
+                    Some(l) => {
+                        link = l;
+                        self.rejoin().await;
+                    }
+                    None => {
+                        if let Some(reply) = shutdown {
+                            let _ = reply.send(());
+                        }
+                        return Ok(());
+                    }
+                }
+            }
             let wake = self.next_wake();
             tokio::select! {
                 m = link.messages.recv() => {
@@ -636,6 +656,17 @@ impl Actor {
         self.last_suspended = suspended;
         if gap > self.cfg.stall_limit() {
             self.cut_off(format!("stalled for {gap:?}")).await;
+            return;
+        }
+        // Checked before anything read is acted on, as the stall is.
+        let silent = now.duration_since(self.last_echo);
+        if silent > self.cfg.echo_limit() {
+            // Nothing this worker sent in that time has come back (its heartbeats included):
+            // the broker is not delivering it, or this worker is that far behind its queue.
+            // The others may not hear it either, and may soon lose it. Its link may be
+            // half broken (publishing fails while the subscription lives): make a new one.
+            self.relink = true;
+            self.cut_off(format!("nothing it sent in the last {silent:?} has come back")).await;
         }
     }
 
@@ -680,6 +711,12 @@ impl Actor {
             debug!(len = bytes.len(), "ignoring a message that is not ours");
             return;
         };
+        if env.clock >= MAX_CLOCK {
+            // No worker counts this high; one message must not push every clock to the
+            // end of its range, where they would stop growing.
+            debug!(from = %env.from, clock = env.clock, "ignoring a message with an impossible clock");
+            return;
+        }
         if env.from == self.cfg.id {
             if env.incarnation != self.incarnation {
                 tracing::error!(id = %env.from, "another process uses this worker id; give each worker its own id");
@@ -722,18 +759,23 @@ impl Actor {
     /// others can hear it, and the moment it counts. A request this worker sent opens
     /// here, and its own answer counts only now (one that failed to publish never does).
     async fn on_echo(&mut self, env: Envelope) {
-        // Messages come back in the order they were sent: drop those before this one.
-        while let Some(&(clock, sent)) = self.in_flight.front() {
-            if clock > env.clock {
-                break;
-            }
+        // Messages come back in the order they were sent: drop those before this one
+        // (they failed to publish), and credit this one's send time.
+        while self.in_flight.front().is_some_and(|&(clock, _)| clock < env.clock) {
             self.in_flight.pop_front();
-            if clock == env.clock {
-                self.last_echo = self.last_echo.max(sent);
-            }
+        }
+        if let Some(&(clock, sent)) = self.in_flight.front()
+            && clock == env.clock
+        {
+            self.in_flight.pop_front();
+            self.last_echo = self.last_echo.max(sent);
+        }
+        // The `hello`, or anything sent after it: everything queued before it has been read
+        // (a `hello` that failed to publish must not keep this worker from joining).
+        if env.clock >= self.hello_clock {
+            self.hello_echoed = true;
         }
         match env.body {
-            Body::Hello if env.clock == self.hello_clock => self.hello_echoed = true,
             Body::Elect(request) => self.on_request(request).await,
             Body::Candidate { election, handles } => {
                 let me = self.cfg.id.clone();
@@ -1002,8 +1044,12 @@ impl Actor {
 
     fn on_outcome(&mut self, from: &str, outcome: Outcome) {
         if let Some(e) = self.elections.get_mut(&outcome.id) {
-            // Reported before this worker decided: compared when it does.
-            e.reported.get_or_insert((from.to_string(), outcome));
+            // Reported before this worker decided: compared when it does. A report that
+            // the action started outweighs any other.
+            let started = outcome.started && outcome.digest == e.digest;
+            if e.reported.is_none() || started {
+                e.reported = Some((from.to_string(), outcome));
+            }
             return;
         }
         let Some(f) = self.finished.get(&outcome.id) else { return };
@@ -1036,13 +1082,6 @@ impl Actor {
 
     async fn tick(&mut self) {
         self.awake().await;
-        let silent = Instant::now().duration_since(self.last_echo);
-        if silent > self.cfg.echo_limit() {
-            // Nothing this worker sent in that time has come back (its heartbeats included):
-            // the broker is not delivering it, or this worker is that far behind its queue.
-            // The others may not hear it either, and may soon lose it.
-            self.cut_off(format!("nothing it sent in the last {silent:?} has come back")).await;
-        }
         let now = Instant::now();
         if !self.joined && self.hello_echoed && now >= self.join_done {
             self.joined = true;
