@@ -47,6 +47,9 @@ use tenure::{
 mod target;
 use target::Target;
 
+/// How long a grant or renewal waits for replicas to acknowledge it (`WAIT`), in ms.
+const WAIT_MS: u64 = 250;
+
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "tenure";
 
@@ -196,6 +199,8 @@ pub struct RedisStore {
 struct Inner {
     /// One server, or the primary the sentinels name.
     target: Target,
+    /// How many replicas must acknowledge each grant and renewal (`WAIT`) before it counts.
+    min_replicas: u64,
     prefix: String,
     described: String,
     scripts: Scripts,
@@ -237,6 +242,9 @@ struct Params {
     prefix: String,
     /// `None`: the guard is off; otherwise its least length in ms (0: the TTLs known).
     guard: Option<u64>,
+    /// How many replicas must acknowledge a grant or renewal (`min_replicas=N`); `None`:
+    /// the default for the URL's kind.
+    min_replicas: Option<u64>,
 }
 
 /// A duration written as whole `ms`, `s` or `m`, in milliseconds.
@@ -253,7 +261,14 @@ fn parse_ms(v: &str) -> Option<u64> {
 
 /// Splits our own parameters (`prefix`, `restart_guard`) off the URL and checks them.
 fn split_params(url: &str) -> Result<Params, StoreError> {
-    let (url, ours) = tenure::url::take_params(url, &["prefix", "restart_guard"]);
+    let (url, ours) = tenure::url::take_params(url, &["prefix", "restart_guard", "min_replicas"]);
+    let min_replicas =
+        match ours[2].as_deref() {
+            None => None,
+            Some(v) => Some(v.parse::<u64>().ok().filter(|n| *n <= 100).ok_or_else(|| {
+                StoreError::invalid(format!("min_replicas={v:?}: write a number of replicas, 0 to 100"))
+            })?),
+        };
     let prefix = ours[0].clone().unwrap_or_else(|| DEFAULT_PREFIX.to_string());
     let guard = match ours[1].as_deref() {
         None | Some("on") => Some(0),
@@ -273,7 +288,7 @@ fn split_params(url: &str) -> Result<Params, StoreError> {
             "key prefix {prefix:?} is not allowed: use letters, digits and . _ - : /"
         )));
     }
-    Ok(Params { url, prefix, guard })
+    Ok(Params { url, prefix, guard, min_replicas })
 }
 
 impl RedisStore {
@@ -284,12 +299,18 @@ impl RedisStore {
     /// is made on first use and remade after failures (behind Sentinel, to the primary of
     /// the moment), so a server that is down now is not an error yet.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let Params { url, prefix, guard } = split_params(url)?;
+        let Params { url, prefix, guard, min_replicas } = split_params(url)?;
         let (target, described) = Target::new(&url)?;
+        // Behind Sentinel a grant must reach a replica by default: a primary cut off from
+        // its replicas (demoted, or restarted empty before the sentinels demote it) cannot
+        // then grant or renew next to the one they promoted.
+        let sentinel = matches!(target, Target::Sentinel(_)) && !mutant("sentinel-unacknowledged");
+        let min_replicas = min_replicas.unwrap_or(if sentinel { 1 } else { 0 });
         let described = format!("{described} (prefix {prefix})");
         Ok(Self {
             inner: Arc::new(Inner {
                 target,
+                min_replicas,
                 prefix,
                 described,
                 scripts: Scripts::new(),
@@ -338,7 +359,30 @@ impl RedisStore {
         let v: Value = inv.invoke_async(&mut conn).await.map_err(|e| self.failed(what, e))?;
         let reply = Reply::parse(election, v)?;
         self.saw_ttl(reply.record.as_ref());
+        if self.inner.min_replicas > 0 && reply.status == "ok" && (what == "acquire" || what == "renew") {
+            let acks: u64 = redis::cmd("WAIT")
+                .arg(self.inner.min_replicas)
+                .arg(WAIT_MS)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.failed(what, e))?;
+            self.check_acks(what, acks)?;
+        }
         Ok(reply)
+    }
+
+    /// A grant or renewal that fewer replicas than `min_replicas` acknowledged may not
+    /// survive a failover, and may have been made by a primary that has been replaced:
+    /// it does not count.
+    fn check_acks(&self, what: &str, acks: u64) -> Result<(), StoreError> {
+        let need = self.inner.min_replicas;
+        if acks >= need {
+            return Ok(());
+        }
+        Err(StoreError::ambiguous(format!(
+            "Redis: the {what} reached {acks} of the {need} replicas it must reach (min_replicas) within \
+             {WAIT_MS} ms; a failover could lose it, or this server is no longer the primary: retrying"
+        )))
     }
 
     /// The scripts' guard argument: how long the guard lasts after a restart, in ms
@@ -391,6 +435,9 @@ impl RedisStore {
         for inv in &invocations {
             pipe.invoke_script(inv);
         }
+        if self.inner.min_replicas > 0 {
+            pipe.cmd("WAIT").arg(self.inner.min_replicas).arg(WAIT_MS);
+        }
         let values: Vec<Value> = match pipe.query_async(&mut conn).await {
             Ok(v) => v,
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
@@ -400,6 +447,16 @@ impl RedisStore {
             }
             Err(e) => return Err(self.failed("renew", e)),
         };
+        let mut values = values;
+        if self.inner.min_replicas > 0 {
+            let acks = match values.pop() {
+                Some(Value::Int(n)) => n.max(0) as u64,
+                _ => 0,
+            };
+            if let Err(e) = self.check_acks("renew", acks) {
+                return Ok(held.iter().map(|_| Err(e.duplicate())).collect());
+            }
+        }
         if values.len() != held.len() {
             return Err(StoreError::ambiguous("Redis answered a renewal pipeline with the wrong number of replies"));
         }

@@ -132,3 +132,30 @@ async fn wrong_master_names_and_unreachable_sentinels_are_clear_retryable_errors
         assert_eq!(e.kind(), tenure::ErrorKind::Invalid, "{bad}: {e}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_cut_off_from_its_replicas_grants_nothing() {
+    // A primary without a replica (a demoted primary not yet told, one restarted empty
+    // before the sentinels demote it, or one whose replicas are all gone) could grant next
+    // to the primary the sentinels promoted: behind Sentinel a grant must reach a replica.
+    let Some(mut g) = RedisSentinels::launch() else { return };
+    let a = RedisStore::connect(&g.url()).await.unwrap();
+    granted(&a, &req("sentinel/alone", "a", Duration::from_secs(1)), Duration::from_secs(20)).await;
+    let primary = g.primary_port().unwrap();
+    g.nodes.iter_mut().find(|n| n.port() != primary).unwrap().kill();
+    let t0 = Instant::now();
+    let err = loop {
+        match a.try_acquire(&req("sentinel/other", "a", Duration::from_secs(1))).await {
+            Err(e) if e.to_string().contains("min_replicas") => break e,
+            Err(e) => assert!(e.is_retryable(), "{e}"),
+            Ok(r) => {
+                assert!(t0.elapsed() < Duration::from_secs(5), "granted without a replica: {r:?}");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(err.is_retryable(), "{err}");
+    // min_replicas=0 takes the risk knowingly.
+    let b = RedisStore::connect(&format!("{}?min_replicas=0", g.url())).await.unwrap();
+    granted(&b, &req("sentinel/risky", "b", Duration::from_secs(1)), Duration::from_secs(20)).await;
+}

@@ -872,17 +872,21 @@ impl RedisSentinels {
     /// Waits until the sentinels name a primary other than the one on `old_port` and it
     /// takes writes; panics after 30 s.
     pub fn wait_for_new_primary(&self, old_port: u16) -> u16 {
+        self.new_primary_within(old_port, Duration::from_secs(30)).expect("no failover within 30 s")
+    }
+
+    fn new_primary_within(&self, old_port: u16, within: Duration) -> Option<u16> {
         let t0 = Instant::now();
-        loop {
+        while t0.elapsed() < within {
             if let Some(p) = self.primary_port()
                 && p != old_port
                 && redis_command(p, &["ROLE"]).is_some_and(|r| r.contains("master"))
             {
-                return p;
+                return Some(p);
             }
-            assert!(t0.elapsed() < Duration::from_secs(30), "no failover within 30 s");
             std::thread::sleep(Duration::from_millis(50));
         }
+        None
     }
 
     /// Forces a failover (`SENTINEL FAILOVER`: the replica is promoted without waiting for
@@ -890,14 +894,17 @@ impl RedisSentinels {
     pub fn failover(&self) -> u16 {
         let old = self.primary_port().expect("the sentinels name a primary");
         let t0 = Instant::now();
-        // Refused while the sentinels still settle a previous failover: ask again.
-        while !redis_command(self.sentinels[0].port, &["SENTINEL", "FAILOVER", SENTINEL_MASTER])
-            .is_some_and(|r| r.starts_with("+OK"))
-        {
-            assert!(t0.elapsed() < Duration::from_secs(30), "the sentinels refused a failover for 30 s");
-            std::thread::sleep(Duration::from_millis(200));
+        loop {
+            // Refused (or accepted and then given up) while the sentinels do not yet count
+            // the replica as good, e.g. just after it came back: ask again.
+            let asked = redis_command(self.sentinels[0].port, &["SENTINEL", "FAILOVER", SENTINEL_MASTER])
+                .is_some_and(|r| r.starts_with("+OK"));
+            if asked && let Some(p) = self.new_primary_within(old, Duration::from_secs(10)) {
+                return p;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "no forced failover within 60 s");
+            std::thread::sleep(Duration::from_millis(500));
         }
-        self.wait_for_new_primary(old)
     }
 
     /// Waits until every node is up and the replica follows the primary again (after a

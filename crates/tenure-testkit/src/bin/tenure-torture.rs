@@ -9,7 +9,8 @@
 //! far) and logs every attempt on the host's monotonic clock. Meanwhile the leader is
 //! killed (SIGKILL), frozen (SIGSTOP for longer than the TTL, then SIGCONT) or stopped
 //! (SIGTERM); with a server, its connection is cut, black-holed or slowed, the server
-//! restarts, and the server refuses writes for a while as after a failover (Redis
+//! restarts, behind Sentinel (`--server redis --sentinel`) it fails over (forced, or a
+//! killed primary), and the server refuses writes for a while as after a failover (Redis
 //! `REPLICAOF` or `min-replicas-to-write`, PostgreSQL `default_transaction_read_only`,
 //! MariaDB `read_only`); Redis is sometimes restarted from a snapshot taken a while
 //! before, bringing back records of terms that have ended since. At the end the history checker judges the log: one actor at a
@@ -117,6 +118,8 @@ struct Args {
     skew: Option<PathBuf>,
     /// With `--server etcd`: a cluster of this many members instead of one server.
     etcd_members: usize,
+    /// With `--server redis`: a primary, a replica and three sentinels, failed over.
+    sentinel: bool,
     candidates: usize,
     duration: Duration,
     ttl: Duration,
@@ -132,6 +135,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         dynamodb: false,
         skew: None,
         etcd_members: 1,
+        sentinel: false,
         candidates: 4,
         duration: Duration::from_secs(60),
         ttl: Duration::from_secs(2),
@@ -147,6 +151,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                 a.server = Some(value()?.parse::<Kind>().map_err(|e| format!("--server: {e}"))?);
             }
             "--dynamodb" => a.dynamodb = true,
+            "--sentinel" => a.sentinel = true,
             "--etcd-members" => {
                 a.etcd_members = value()?.parse().map_err(|e| format!("--etcd-members: {e}"))?;
             }
@@ -169,7 +174,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             }
             "-h" | "--help" => {
                 return Err("usage: tenure-torture [--tenure PATH] [--store URL | --server postgres|redis|mariadb|etcd|nats|azurite|moto [--dynamodb]|fake-gcs] [--candidates 4] [--duration 60s] \
-                            [--etcd-members 3] [--ttl 2s] [--grace 300ms] [--seed N] [--skew]\n       tenure-torture probe --dir DIR"
+                            [--etcd-members 3] [--sentinel] [--ttl 2s] [--grace 300ms] [--seed N] [--skew]\n       tenure-torture probe --dir DIR"
                     .into());
             }
             other => return Err(format!("unknown argument {other:?}; see --help")),
@@ -186,6 +191,9 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     }
     if a.etcd_members != 1 && (a.server != Some(Kind::Etcd) || a.etcd_members < 3) {
         return Err("--etcd-members needs --server etcd and at least 3 members".into());
+    }
+    if a.sentinel && a.server != Some(Kind::Redis) {
+        return Err("--sentinel needs --server redis".into());
     }
     Ok(a)
 }
@@ -364,15 +372,20 @@ fn torture(a: Args) -> Result<bool, String> {
         1 => None,
         n => Some(servers::EtcdCluster::launch(n).ok_or("etcd is not installed")?),
     };
+    // Redis behind Sentinel, failed over (forced, or a killed primary) as the faults:
+    // candidates find the primary through the sentinels (no proxy).
+    let mut sentinels =
+        if a.sentinel { Some(servers::RedisSentinels::launch().ok_or("redis-server is not installed")?) } else { None };
     // A throwaway server, restarted now and then as one more fault.
     let mut server = match a.server {
-        Some(_) if cluster.is_some() => None,
+        Some(_) if cluster.is_some() || sentinels.is_some() => None,
         Some(kind) => Some(servers::launch(kind).ok_or("the server binary is not installed")?),
         None => None,
     };
     let store = match (&a.store, &server) {
         (Some(url), _) => url.clone(),
         (None, None) if cluster.is_some() => cluster.as_ref().map(servers::EtcdCluster::url).unwrap_or_default(),
+        (None, None) if sentinels.is_some() => sentinels.as_ref().map(servers::RedisSentinels::url).unwrap_or_default(),
         (None, Some(s)) if s.kind() == Kind::MariaDb => mariadb_app_url(s)?,
         (None, Some(s)) => store_url(s, a.dynamodb),
         (None, None) => format!("sqlite:{}", dir.join("store.db").display()),
@@ -465,6 +478,30 @@ fn torture(a: Args) -> Result<bool, String> {
                 }
                 continue;
             }
+        }
+        // Behind Sentinel: now and then a failover, forced (`SENTINEL FAILOVER`: the old
+        // primary takes writes until the sentinels demote it) or after the primary is
+        // killed (it comes back as a replica). Either can lose the newest writes.
+        if let Some(g) = sentinels.as_mut()
+            && rng.usize(0..3) == 0
+        {
+            restart_times.push(now_ns());
+            if rng.bool() {
+                g.failover();
+                note(&mut faults, &dir, "Sentinel failover (forced)");
+            } else {
+                let old = g.primary_port().ok_or("the sentinels name no primary")?;
+                g.primary().kill();
+                g.wait_for_new_primary(old);
+                if let Some(n) = g.nodes.iter_mut().find(|n| n.port() == old) {
+                    n.start();
+                }
+                note(&mut faults, &dir, "Sentinel failover (primary killed)");
+            }
+            g.wait_settled();
+            // The new primary's guard holds grants back for a TTL from now.
+            restart_times.push(now_ns());
+            continue;
         }
         // A candidate that exited on its own gave up campaigning, which no fault here
         // excuses: it fails the round (after a replacement keeps the election going).
@@ -649,6 +686,8 @@ fn torture(a: Args) -> Result<bool, String> {
         "Redis restart from an older snapshot",
         "etcd member killed and restarted",
         "etcd member paused",
+        "Sentinel failover (forced)",
+        "Sentinel failover (primary killed)",
     ]
     .iter()
     .map(|f| faults.get(f).copied().unwrap_or(0))
