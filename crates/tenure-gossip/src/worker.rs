@@ -334,6 +334,14 @@ impl Drop for Worker {
     }
 }
 
+/// Tells whoever asked the worker to leave that it has; the worker's result.
+fn left(shutdown: Option<oneshot::Sender<()>>) -> Result<(), GossipError> {
+    if let Some(reply) = shutdown {
+        let _ = reply.send(());
+    }
+    Ok(())
+}
+
 /// Whether the planted bug `name` is switched on (`TENURE_MUTANT=NAME[,NAME…]`); only a
 /// build with the `mutants` feature has any, for CI to prove its checks catch them.
 fn mutant(name: &str) -> bool {
@@ -464,17 +472,10 @@ impl Actor {
             if std::mem::take(&mut self.relink) {
                 info!(broker = %self.transport.describe(), "making a new broker connection");
                 match self.reconnect(&mut commands, &mut shutdown).await {
-                    Some(l) => {
-                        link = l;
-                        self.rejoin().await;
-                    }
-                    None => {
-                        if let Some(reply) = shutdown {
-                            let _ = reply.send(());
-                        }
-                        return Ok(());
-                    }
+                    Some(l) => link = l,
+                    None => return left(shutdown),
                 }
+                self.rejoin().await;
             }
             let wake = self.next_wake();
             tokio::select! {
@@ -491,18 +492,11 @@ impl Actor {
                             // decide without this worker: decide nothing under way.
                             self.abandon_all("the broker connection was lost");
                             match self.reconnect(&mut commands, &mut shutdown).await {
-                                Some(l) => {
-                                    link = l;
-                                    self.rejoin().await;
-                                }
-                                None => {
-                                    // Leaving without a broker: nothing more can be decided.
-                                    if let Some(reply) = shutdown {
-                                        let _ = reply.send(());
-                                    }
-                                    return Ok(());
-                                }
+                                Some(l) => link = l,
+                                // Leaving without a broker: nothing more can be decided.
+                                None => return left(shutdown),
                             }
+                            self.rejoin().await;
                         }
                     }
                 }
