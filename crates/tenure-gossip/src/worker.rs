@@ -17,7 +17,7 @@ use crate::{GossipError, check_topic};
 
 /// How many decided election ids a worker remembers at most (besides [`Config::retention`]).
 const MAX_REMEMBERED: usize = 100_000;
-/// Messages with a Lamport clock this high are ignored (no group counts so far).
+/// The highest clock a received message can move this worker's clock to.
 const MAX_CLOCK: u64 = 1 << 62;
 /// How many of its own messages a worker tracks until they come back.
 const MAX_IN_FLIGHT: usize = 100_000;
@@ -250,6 +250,7 @@ impl Worker {
             in_flight: VecDeque::new(),
             joined_tx: Some(joined_tx),
             relink: false,
+            last_relink: now,
             draining: false,
             elections: BTreeMap::new(),
             finished: HashMap::new(),
@@ -443,8 +444,10 @@ struct Actor {
     /// This worker's messages not delivered back yet: clock and send time, oldest first.
     in_flight: VecDeque<(u64, Instant)>,
     joined_tx: Option<oneshot::Sender<()>>,
-    /// The link is to be dropped and made again (after an echo cut-off).
+    /// The link is to be dropped and made again (after an echo cut-off or a failed
+    /// publish), and when it last was.
     relink: bool,
+    last_relink: Instant,
     draining: bool,
     elections: BTreeMap<String, Election>,
     finished: HashMap<String, Finished>,
@@ -471,6 +474,12 @@ impl Actor {
         loop {
             if std::mem::take(&mut self.relink) {
                 info!(broker = %self.transport.describe(), "making a new broker connection");
+                // What was sent or heard on the old link may be lost: decide nothing under
+                // way (after a cut-off there is nothing left to give up).
+                self.abandon_all("the broker connection is being remade");
+                // At most one new connection per half heartbeat, however often publishing fails.
+                tokio::time::sleep_until(self.last_relink + self.cfg.heartbeat / 2).await;
+                self.last_relink = Instant::now();
                 match self.reconnect(&mut commands, &mut shutdown).await {
                     Some(l) => link = l,
                     None => return left(shutdown),
@@ -613,7 +622,11 @@ impl Actor {
         }
         self.in_flight.push_back((env.clock, Instant::now()));
         if let Err(e) = self.publisher.publish(env.encode()).await {
-            warn!(error = %crate::chain(&e), "cannot publish");
+            // Failed or timed out: the link may be half broken (publishing fails while the
+            // subscription lives), which no echo check catches if the publish also stalls
+            // this worker. Make a new one.
+            warn!(error = %crate::chain(&e), "cannot publish; making a new broker connection");
+            self.relink = true;
         }
         env.clock
     }
@@ -705,12 +718,6 @@ impl Actor {
             debug!(len = bytes.len(), "ignoring a message that is not ours");
             return;
         };
-        if env.clock >= MAX_CLOCK {
-            // No worker counts this high; one message must not push every clock to the
-            // end of its range, where they would stop growing.
-            debug!(from = %env.from, clock = env.clock, "ignoring a message with an impossible clock");
-            return;
-        }
         if env.from == self.cfg.id {
             if env.incarnation != self.incarnation {
                 tracing::error!(id = %env.from, "another process uses this worker id; give each worker its own id");
@@ -719,7 +726,9 @@ impl Actor {
             self.on_echo(env).await;
             return;
         }
-        self.clock = self.clock.max(env.clock).saturating_add(1);
+        // No honest worker counts near MAX_CLOCK: one bad message must not push every clock
+        // to the end of its range, where they would stop growing (its bid simply loses).
+        self.clock = self.clock.max(env.clock.min(MAX_CLOCK)).saturating_add(1);
         let from = env.from.clone();
         // Only members send these; elections and probes may come from clients.
         if matches!(

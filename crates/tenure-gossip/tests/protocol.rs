@@ -745,3 +745,25 @@ async fn a_joined_worker_knows_every_member_the_others_count_as_live() {
     assert_eq!(n.members().await.unwrap(), ["a.1", "m.3", "n.2"], "joined without knowing every live member");
     release.await.unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_message_with_an_absurd_clock_does_not_stop_the_group() {
+    // A buggy client sends a clock near the end of the range: the workers' clocks must
+    // go on growing, and their own messages must still count.
+    let hub = MemoryHub::new();
+    let rec = Recorder::default();
+    let _a = worker(&hub, "a.1", &rec).await;
+    let _b = worker(&hub, "b.2", &rec).await;
+    for clock in [(1u64 << 62) - 1, u64::MAX] {
+        raw(&hub, serde_json::json!({"v":2,"from":"bad","incarnation":1,"clock":clock,"type":"probe"})).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let client = Client::connect(&hub).await.unwrap();
+    for i in 0..3 {
+        let id = format!("after{i}");
+        let o = client.elect(&id, "job", "go", WAIT).await.unwrap();
+        assert!(o.started, "{id}: {o:?}");
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(rec.runs().len(), 3);
+}

@@ -225,9 +225,9 @@ struct Scripts {
 impl Scripts {
     fn new() -> Self {
         let lib = if mutant("failover-invisible") {
-            // Planted: the guard sees restarts only, as it did before it read the
-            // replication id.
-            LIB.replace("redis.call('INFO', 'replication')", "'master_replid2:0\\r\\n'")
+            // Planted: the guard counts from the server's start whatever changed, blind to
+            // a takeover (a promoted replica has run for a while), as it did before.
+            LIB.replace("if not e[1] and string.match(rep, 'master_replid2:0+[\\r\\n]') then", "if true then")
         } else {
             LIB.to_string()
         };
