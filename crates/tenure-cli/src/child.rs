@@ -203,7 +203,7 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, cmd:
     }
     // A term may have run out between the decision to start and now (`tenure` frozen
     // or slow): work must not start on a term that cannot stop it in time.
-    if read_stop_at(deadline_file).is_none_or(|stop_at| boottime_ns() >= stop_at) {
+    if passed_stop_at(deadline_file, boottime_ns()).is_some() {
         let _ = std::fs::write(stopped_marker(deadline_file), b"");
         eprintln!("tenure: the term ran out before the command could start; not starting it");
         return 125;

@@ -197,6 +197,36 @@ fn can_start(l: &Leadership, grace: Duration) -> bool {
 /// The least time a command gets before its supervisor must start stopping it.
 const MIN_RUN: Duration = Duration::from_millis(100);
 
+/// Returns, with why, once `health` (if any) has failed too often during `l`; never
+/// without a health check.
+async fn unhealthy(health: Option<&Health>, l: &Leadership) -> String {
+    match health {
+        Some(h) => h.clone().watch(child_env(l)).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Starts campaigning for `c`, with the signals that stop it and this process as the
+/// subreaper of every command it starts.
+async fn begin(store: Arc<dyn LeaseStore>, c: &Campaign) -> Result<(Elector, CancellationToken)> {
+    let elector = c.start(store).await?;
+    let stop = stop_on_signals()?;
+    crate::child::become_subreaper()?;
+    tracing::info!(election = %elector.election(), holder = %elector.holder(), "campaigning");
+    Ok((elector, stop))
+}
+
+/// The next term, or `None` once `stop` fired (the campaign is then shut down).
+async fn next_term(elector: &Elector, stop: &CancellationToken) -> Result<Option<Leadership>> {
+    tokio::select! {
+        l = elector.leadership() => Ok(Some(l?)),
+        _ = stop.cancelled() => {
+            elector.shutdown().await;
+            Ok(None)
+        }
+    }
+}
+
 /// Runs `cmd` while `l` holds; stops it when the term ends or `stop` fires.
 async fn supervise(
     l: &Leadership,
@@ -206,12 +236,7 @@ async fn supervise(
     stop: &CancellationToken,
 ) -> Result<End> {
     let mut child = Supervised::spawn(cmd, &child_env(l), stop_at_ns(l, grace), grace)?;
-    let unhealthy = async {
-        match health {
-            Some(h) => h.clone().watch(child_env(l)).await,
-            None => std::future::pending().await,
-        }
-    };
+    let unhealthy = unhealthy(health, l);
     tokio::pin!(unhealthy);
     tracing::info!(token = %l.token(), pid = child.pid(), "leading; started the command");
     // Tell the supervisor of every renewal, so that it stops the command on its own
@@ -258,18 +283,9 @@ async fn supervise(
 
 /// `tenure run`: returns the exit code.
 pub async fn run(store: Arc<dyn LeaseStore>, c: &Campaign, keep_going: bool, cmd: &[String]) -> Result<i32> {
-    let elector = c.start(store).await?;
-    let stop = stop_on_signals()?;
-    crate::child::become_subreaper()?;
-    tracing::info!(election = %elector.election(), holder = %elector.holder(), "campaigning");
+    let (elector, stop) = begin(store, c).await?;
     loop {
-        let l = tokio::select! {
-            l = elector.leadership() => l?,
-            _ = stop.cancelled() => {
-                elector.shutdown().await;
-                return Ok(0);
-            }
-        };
+        let Some(l) = next_term(&elector, &stop).await? else { return Ok(0) };
         if !can_start(&l, c.grace) {
             // Too little of this term is left to stop the command in time: wait for the
             // next renewal, or for the term to end.
@@ -311,18 +327,9 @@ pub async fn campaign(
     on_elected: Option<&str>,
     on_ousted: Option<&str>,
 ) -> Result<i32> {
-    let elector = c.start(store).await?;
-    let stop = stop_on_signals()?;
-    crate::child::become_subreaper()?;
-    tracing::info!(election = %elector.election(), holder = %elector.holder(), "campaigning");
+    let (elector, stop) = begin(store, c).await?;
     loop {
-        let l = tokio::select! {
-            l = elector.leadership() => l?,
-            _ = stop.cancelled() => {
-                elector.shutdown().await;
-                return Ok(0);
-            }
-        };
+        let Some(l) = next_term(&elector, &stop).await? else { return Ok(0) };
         println!("elected {}", l.token());
         let mut end = match on_elected {
             // The hook runs inside the term like tenure run's command: stopped if the term
@@ -341,16 +348,10 @@ pub async fn campaign(
             _ => None,
         };
         if end.is_none() {
-            let unhealthy = async {
-                match &c.health {
-                    Some(h) => h.clone().watch(child_env(&l)).await,
-                    None => std::future::pending().await,
-                }
-            };
             end = Some(tokio::select! {
                 _ = l.cancelled() => End::Lost,
                 _ = stop.cancelled() => End::Stopped,
-                why = unhealthy => {
+                why = unhealthy(c.health.as_ref(), &l) => {
                     tracing::warn!(token = %l.token(), "{why}; standing aside for one TTL");
                     End::Unhealthy
                 }

@@ -608,6 +608,12 @@ fn mutant(name: &str) -> bool {
     cfg!(feature = "mutants") && std::env::var("TENURE_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
 }
 
+/// Whether `e` carries the server's error code `c` ("READONLY", "OOM", …), or names it
+/// in its text (older forms).
+pub(crate) fn has_code(e: &redis::RedisError, c: &str) -> bool {
+    e.code() == Some(c) || e.to_string().contains(c)
+}
+
 /// Maps a client error to a store error that says whether a retry can help.
 ///
 /// Only what no retry mends is fatal: credentials and permissions, a bad URL, a key of
@@ -618,9 +624,8 @@ fn mutant(name: &str) -> bool {
 /// a busy script (BUSY), too many clients, and anything not recognised: a fatal mistake
 /// leaves an election without a leader until a person restarts every replica.
 pub(crate) fn redis_error(what: &str, e: redis::RedisError) -> StoreError {
+    let code = |c: &str| has_code(&e, c);
     let text = e.to_string();
-    // The server's error code ("READONLY", "OOM", …); the text as well, for older forms.
-    let code = |c: &str| e.code() == Some(c) || text.contains(c);
     let (kind, hint) = if e.kind() == redis::ErrorKind::AuthenticationFailed || code("WRONGPASS") || code("NOAUTH") {
         (ErrorKind::Unauthorized, "check the password in the store URL")
     } else if code("NOPERM") {

@@ -8,7 +8,7 @@ use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType}
 use tenure::{ErrorKind, StoreError};
 use tokio::sync::OnceCell;
 
-use crate::redis_error;
+use crate::{has_code, redis_error};
 
 /// How long finding the primary through the sentinels, or connecting to it, may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -161,12 +161,11 @@ impl Target {
     /// reached or refuses writes (a failover demoted it) is asked for again next time.
     pub(crate) fn failed(&self, e: &redis::RedisError) {
         if let Target::Sentinel(s) = self {
-            let text = e.to_string();
             let moved = e.is_io_error()
                 || e.is_connection_dropped()
                 || e.is_connection_refusal()
                 || e.is_timeout()
-                || ["READONLY", "MASTERDOWN", "LOADING"].iter().any(|c| e.code() == Some(*c) || text.contains(c));
+                || ["READONLY", "MASTERDOWN", "LOADING"].iter().any(|c| has_code(e, c));
             if moved {
                 *s.current.lock().unwrap_or_else(|p| p.into_inner()) = None;
             }
