@@ -184,8 +184,8 @@ pub enum Event {
         /// Who sent that outcome.
         from: String,
     },
-    /// The broker connection was lost; the worker gives up the elections under way,
-    /// reconnects and joins again.
+    /// The broker connection was lost, or a publish on it failed; the worker gives up the
+    /// elections under way, makes a new connection and joins again.
     LinkLost,
     /// This worker was stalled (it did not run for longer than [`Config::stall_limit`]:
     /// a frozen process, a paused VM) or cut off (it stopped hearing its own messages
@@ -626,7 +626,9 @@ impl Actor {
             // subscription lives), which no echo check catches if the publish also stalls
             // this worker. Make a new one.
             warn!(error = %crate::chain(&e), "cannot publish; making a new broker connection");
-            self.relink = true;
+            if !std::mem::replace(&mut self.relink, true) {
+                self.emit(Event::LinkLost);
+            }
         }
         env.clock
     }
