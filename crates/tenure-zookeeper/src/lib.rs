@@ -1,0 +1,818 @@
+//! ZooKeeper lease store for tenure.
+//!
+//! Each election is one **ephemeral node**, `PATH/ELECTION` (the election's `/` written as
+//! `%2F`, so every election is a child of `PATH`), created in a ZooKeeper session whose
+//! timeout is the lease's TTL. The ZooKeeper leader expires a session that it has not
+//! heard from for its timeout and deletes its nodes: the server, not a client's clock,
+//! judges when a dead, frozen or cut-off holder's lease ends.
+//!
+//! **One session per TTL.** A store keeps one session per TTL it is asked for, shared by
+//! every election it holds with that TTL; the client keeps it alive with pings, so a
+//! process pays one session however many elections it leads. The server grants a
+//! session timeout between its `minSessionTimeout` and `maxSessionTimeout` (by default 2
+//! and 20 times its `tickTime`); a TTL it would not grant exactly is refused with an
+//! error that names both. Because the session outlives a lease that its holder stops
+//! renewing while the process lives on, the store deletes such a node itself once a TTL
+//! has passed since the last acquire or renewal was sent (after the holder's own
+//! deadline, on the same clock).
+//!
+//! **Tokens and revisions.** The node's creation zxid is the fencing token: zxids only
+//! grow, across leader changes and restarts, so a node created again after a release,
+//! an eviction or an expiry gets a larger one. The node's modification zxid is the
+//! record's revision; a renewal rewrites the node's data (a write, ordered through the
+//! ZooKeeper leader) to move it.
+//!
+//! **Compare-and-set.** Every write names the node version it read: renewal checks holder,
+//! token, eviction flag and that the node belongs to this store's session; release also
+//! checks the revision. Eviction after term marks the node; the holder can no longer
+//! renew, and the node lives until the holder releases it or its session or TTL runs out.
+//!
+//! Followers wait on one persistent recursive watch per store, not on polling.
+//!
+//! ```no_run
+//! # async fn t() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = tenure_zookeeper::ZkStore::connect("zk://127.0.0.1:2181,127.0.0.1:2182/apps/tenure").await?;
+//! # Ok(()) }
+//! ```
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, UNIX_EPOCH};
+
+use tenure::{
+    Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, Renew,
+    Revision, StoreError, WatchStream, check_ttl,
+};
+use tokio::time::Instant;
+use zookeeper_client as zk;
+
+/// The default path under which election nodes live.
+pub const DEFAULT_PATH: &str = "/tenure";
+
+/// How long one request may take before it counts as lost.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The session timeout of the session that only reads and watches.
+const READER_SESSION: Duration = Duration::from_secs(10);
+
+/// A lease store on a ZooKeeper ensemble.
+#[derive(Clone)]
+pub struct ZkStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// `HOST:PORT,…` for the client.
+    hosts: String,
+    /// The parent of every election node, e.g. `/tenure`.
+    path: String,
+    /// Digest credentials, `USER:PASSWORD`.
+    auth: Option<String>,
+    described: String,
+    /// One session per TTL in milliseconds.
+    sessions: tokio::sync::Mutex<HashMap<u64, zk::Client>>,
+    /// The session that reads, deletes and watches.
+    reader: tokio::sync::Mutex<Option<zk::Client>>,
+    /// Whether `path` is known to exist.
+    path_ready: AtomicBool,
+    /// The grant nodes this store holds, by election node path.
+    held: Mutex<HashMap<String, Held>>,
+    /// Wakes the task that deletes nodes whose TTL has passed.
+    held_changed: tokio::sync::Notify,
+    sweeping: AtomicBool,
+    changes: tenure::ChangeHub,
+    listening: AtomicBool,
+}
+
+/// A grant node this store created and keeps alive.
+#[derive(Clone, Debug)]
+struct Held {
+    /// The grant node's path.
+    path: String,
+    /// Creation zxid (the token).
+    token: i64,
+    /// The node's data version after our last write.
+    version: i32,
+    /// The session that owns it.
+    session: i64,
+    /// A TTL after the latest acquire or renewal was sent: the holder's deadline has passed.
+    due: Instant,
+}
+
+/// What a URL says.
+#[derive(Debug, PartialEq)]
+struct Parsed {
+    hosts: String,
+    path: String,
+    auth: Option<String>,
+}
+
+fn parse_url(url: &str) -> Result<Parsed, StoreError> {
+    let bad = |why: &str| {
+        StoreError::invalid(format!(
+            "ZooKeeper store URL: {why}; write zk://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][/PATH] \
+             (PATH defaults to {DEFAULT_PATH})"
+        ))
+    };
+    let rest = url.strip_prefix("zk://").ok_or_else(|| bad("the scheme must be zk://"))?;
+    if rest.contains('?') || rest.contains('#') {
+        return Err(bad("parameters are not allowed"));
+    }
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    let path = path.trim_end_matches('/');
+    let path = if path.is_empty() { DEFAULT_PATH.to_string() } else { path.to_string() };
+    let mut segments = path.split('/').skip(1);
+    if segments.clone().next() == Some("zookeeper") || segments.any(|seg| seg.is_empty() || seg == "." || seg == "..") {
+        return Err(bad(&format!("{path:?} is not a ZooKeeper path of our own")));
+    }
+    let (auth, hosts) = match authority.rsplit_once('@') {
+        Some((info, hosts)) => {
+            let (u, _) = info.split_once(':').ok_or_else(|| bad("user info needs USER:PASSWORD"))?;
+            if u.is_empty() {
+                return Err(bad("the user name is empty"));
+            }
+            (Some(info.to_string()), hosts)
+        }
+        None => (None, authority),
+    };
+    for h in hosts.split(',') {
+        let (host, port) = h.rsplit_once(':').ok_or_else(|| bad(&format!("{h:?} needs a port")))?;
+        if host.is_empty() || port.parse::<u16>().is_err() {
+            return Err(bad(&format!("{h:?} is not HOST:PORT")));
+        }
+    }
+    Ok(Parsed { hosts: hosts.to_string(), path, auth })
+}
+
+/// The node name of an election: `/` is the one character of a name that ZooKeeper
+/// would read as a path separator, and `%` never occurs in a name.
+fn node_name(election: &str) -> String {
+    election.replace('/', "%2F")
+}
+
+fn election_of(node: &str) -> Option<ElectionName> {
+    ElectionName::new(node.replace("%2F", "/")).ok()
+}
+
+/// The node's data: `tenure1`, holder, TTL in ms, evicted (0/1), each on a line; then
+/// the metadata, as is.
+fn encode(holder: &HolderId, ttl: Duration, evicted: bool, metadata: &[u8]) -> Vec<u8> {
+    let mut v = format!("tenure1\n{}\n{}\n{}\n", holder, ttl.as_millis(), u8::from(evicted)).into_bytes();
+    v.extend_from_slice(metadata);
+    v
+}
+
+fn decode(election: &ElectionName, data: &[u8], stat: &zk::Stat) -> Result<LeaseRecord, StoreError> {
+    let unreadable = || {
+        StoreError::new(
+            ErrorKind::Misconfigured,
+            format!("ZooKeeper: the node of election {election} does not hold a tenure lease"),
+        )
+    };
+    let mut parts = data.splitn(5, |b| *b == b'\n');
+    let mut line = || parts.next().and_then(|l| std::str::from_utf8(l).ok()).ok_or_else(unreadable);
+    if line()? != "tenure1" {
+        return Err(unreadable());
+    }
+    let holder = HolderId::new(line()?).map_err(|_| unreadable())?;
+    let ttl = Duration::from_millis(line()?.parse().map_err(|_| unreadable())?);
+    let evicted = line()? == "1";
+    let metadata = parts.next().unwrap_or_default().to_vec();
+    let at = |ms: i64| u64::try_from(ms).ok().map(|ms| UNIX_EPOCH + Duration::from_millis(ms));
+    Ok(LeaseRecord {
+        election: election.clone(),
+        holder,
+        token: FencingToken(stat.czxid as u64),
+        revision: Revision(stat.mzxid as u64),
+        ttl,
+        acquired_at: at(stat.ctime),
+        renewed_at: at(stat.mtime),
+        remaining: None,
+        evicted,
+        metadata,
+    })
+}
+
+/// Maps a client error; `wrote` says whether the request may have changed something.
+fn error(what: &str, e: zk::Error, wrote: bool) -> StoreError {
+    use zk::Error as E;
+    let kind = match &e {
+        E::NoAuth | E::AuthFailed => ErrorKind::Unauthorized,
+        E::InvalidAcl | E::BadArguments(_) => ErrorKind::Invalid,
+        E::NoHosts | E::SessionExpired | E::ClientClosed | E::Throttled | E::NotReadOnly => ErrorKind::Unavailable,
+        _ if wrote => ErrorKind::Ambiguous,
+        _ => ErrorKind::Unavailable,
+    };
+    let hint = match kind {
+        ErrorKind::Unauthorized => ": check the user and password in the URL, and the ACL of the store's path",
+        _ => "",
+    };
+    StoreError::new(kind, format!("ZooKeeper: {what} failed: {e}{hint}")).with_source(e)
+}
+
+/// Runs one request with the store's timeout.
+async fn timed<T, E>(
+    what: &str,
+    wrote: bool,
+    f: impl Future<Output = Result<T, E>>,
+) -> Result<Result<T, E>, StoreError> {
+    match tokio::time::timeout(REQUEST_TIMEOUT, f).await {
+        Ok(r) => Ok(r),
+        Err(_) if wrote => Err(StoreError::timed_out(what, REQUEST_TIMEOUT)),
+        Err(_) => Err(StoreError::unavailable(format!("ZooKeeper: {what} got no answer within {REQUEST_TIMEOUT:?}"))),
+    }
+}
+
+fn millis(ttl: Duration) -> u64 {
+    // Round up: a session must last at least the TTL.
+    let ms = ttl.as_millis() as u64;
+    if Duration::from_millis(ms) < ttl { ms + 1 } else { ms }
+}
+
+impl ZkStore {
+    /// A store on the ensemble named by a `zk://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][/PATH]`
+    /// URL (credentials are ZooKeeper `digest` auth; nodes are then created readable and
+    /// writable by that user only). Only the URL is checked here: sessions are opened on
+    /// first use, so a server that is down is a retryable error of the first request,
+    /// and `PATH` is created then if it is missing.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let p = parse_url(url)?;
+        let described = format!("zk://{}{}", p.hosts, p.path);
+        let store = ZkStore {
+            inner: Arc::new(Inner {
+                hosts: p.hosts,
+                path: p.path,
+                auth: p.auth,
+                described,
+                sessions: Default::default(),
+                reader: Default::default(),
+                path_ready: AtomicBool::new(false),
+                held: Default::default(),
+                held_changed: Default::default(),
+                sweeping: AtomicBool::new(false),
+                changes: tenure::ChangeHub::new(),
+                listening: AtomicBool::new(false),
+            }),
+        };
+        Ok(store)
+    }
+
+    async fn open_session(&self, timeout: Duration, detached: bool) -> Result<zk::Client, StoreError> {
+        let mut connector = zk::Client::connector().with_session_timeout(timeout).with_fail_eagerly();
+        if detached {
+            connector = connector.with_detached();
+        }
+        if let Some(auth) = &self.inner.auth {
+            connector = connector.with_auth("digest", auth.as_bytes());
+        }
+        let hosts = self.inner.hosts.clone();
+        match tokio::time::timeout(REQUEST_TIMEOUT.max(timeout), connector.connect(&hosts)).await {
+            Ok(Ok(c)) => Ok(c),
+            Ok(Err(e)) => Err(error(&format!("connecting to {hosts}"), e, false)),
+            Err(_) => Err(StoreError::unavailable(format!("ZooKeeper: no server of {hosts} answered"))),
+        }
+    }
+
+    /// The session that reads, deletes and watches.
+    async fn reader(&self) -> Result<zk::Client, StoreError> {
+        let mut slot = self.inner.reader.lock().await;
+        if let Some(c) = slot.as_ref()
+            && !c.state().is_terminated()
+        {
+            return Ok(c.clone());
+        }
+        let c = self.open_session(READER_SESSION, false).await?;
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+
+    /// The session whose timeout is `ttl`, opened (and checked) on first use.
+    async fn session(&self, ttl: Duration) -> Result<zk::Client, StoreError> {
+        let ms = millis(ttl);
+        let mut sessions = self.inner.sessions.lock().await;
+        if let Some(c) = sessions.get(&ms)
+            && !c.state().is_terminated()
+        {
+            return Ok(c.clone());
+        }
+        // Detached: dropping the store does not close the session, so its leases last
+        // their TTL like any other store's (the work they guard may still be stopping).
+        let c = self.open_session(Duration::from_millis(ms), true).await?;
+        let granted = c.session_timeout();
+        if granted != Duration::from_millis(ms) {
+            let side = if granted < Duration::from_millis(ms) { "maxSessionTimeout" } else { "minSessionTimeout" };
+            return Err(StoreError::invalid(format!(
+                "ZooKeeper at {} grants a session timeout of {granted:?} where the TTL is {ttl:?}: the server's \
+                 {side} bounds it (by default minSessionTimeout is 2 and maxSessionTimeout 20 times tickTime); \
+                 choose a TTL between the server's limits, or change them in its configuration",
+                self.inner.hosts
+            )));
+        }
+        self.ensure_path(&c).await?;
+        sessions.insert(ms, c.clone());
+        Ok(c)
+    }
+
+    /// Creates the store's path (and its parents) if it is missing.
+    async fn ensure_path(&self, c: &zk::Client) -> Result<(), StoreError> {
+        if self.inner.path_ready.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let acls = self.acls();
+        let opts = zk::CreateMode::Persistent.with_acls(acls);
+        match timed("creating the store's path", true, c.mkdir(&self.inner.path, &opts)).await? {
+            Ok(()) | Err(zk::Error::NodeExists) => {}
+            Err(e) => return Err(error(&format!("creating {}", self.inner.path), e, true)),
+        }
+        self.inner.path_ready.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    fn acls(&self) -> zk::Acls<'static> {
+        if self.inner.auth.is_some() { zk::Acls::creator_all() } else { zk::Acls::anyone_all() }
+    }
+
+    fn node(&self, election: &str) -> String {
+        format!("{}/{}", self.inner.path, node_name(election))
+    }
+
+    /// Notes that we hold the grant node `path` of the election node `parent` (or renewed
+    /// it): it is deleted once `due` passes unless renewed again.
+    fn hold(&self, parent: &str, path: &str, stat: &zk::Stat, due: Instant) {
+        let fresh =
+            || Held { path: path.to_string(), token: stat.czxid, version: stat.version, session: stat.ephemeral_owner, due };
+        let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+        let h = held.entry(parent.to_string()).or_insert_with(fresh);
+        if h.token != stat.czxid {
+            *h = fresh();
+        } else {
+            h.version = h.version.max(stat.version);
+            h.due = h.due.max(due);
+        }
+        drop(held);
+        self.inner.held_changed.notify_one();
+        self.ensure_sweeper();
+    }
+
+    fn forget(&self, path: &str, token: i64) {
+        let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+        if held.get(path).is_some_and(|h| h.token == token) {
+            held.remove(path);
+        }
+    }
+
+    /// Deletes the nodes of ours whose TTL has passed since the last acquire or renewal
+    /// was sent: their holders' deadlines have passed on this same clock, and while this
+    /// process lives its session would keep them.
+    fn ensure_sweeper(&self) {
+        if self.inner.sweeping.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            loop {
+                let Some(inner) = weak.upgrade() else { return };
+                let now = Instant::now();
+                let (due, next) = {
+                    let held = inner.held.lock().unwrap_or_else(|p| p.into_inner());
+                    let due: Vec<(String, Held)> =
+                        held.iter().filter(|(_, h)| h.due <= now).map(|(p, h)| (p.clone(), h.clone())).collect();
+                    (due, held.values().map(|h| h.due).filter(|d| *d > now).min())
+                };
+                let store = ZkStore { inner };
+                for (path, h) in due {
+                    store.expire(&path, h).await;
+                }
+                let wake = store.inner.clone();
+                drop(store);
+                let sleep = tokio::time::sleep_until(next.unwrap_or(now + Duration::from_secs(3600)));
+                tokio::select! {
+                    _ = sleep => {}
+                    _ = wake.held_changed.notified() => {}
+                }
+            }
+        });
+    }
+
+    /// Deletes the grant node `h` of the election node `parent` if it is still ours and
+    /// nobody renewed it since.
+    async fn expire(&self, parent: &str, h: Held) {
+        let path = h.path.as_str();
+        {
+            let held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+            match held.get(parent) {
+                Some(now) if now.token == h.token && now.due <= Instant::now() => {}
+                _ => return,
+            }
+        }
+        let done = async {
+            let c = self.reader().await?;
+            loop {
+                let (_, stat) = match timed("reading a lease", false, c.get_data(path)).await? {
+                    Ok(v) => v,
+                    Err(zk::Error::NoNode) => return Ok(()),
+                    Err(e) => return Err(error("reading a lease", e, false)),
+                };
+                if stat.czxid != h.token || stat.ephemeral_owner != h.session {
+                    return Ok(());
+                }
+                match timed("deleting an expired lease", true, c.delete(path, Some(stat.version))).await? {
+                    Ok(()) | Err(zk::Error::NoNode) => return Ok(()),
+                    Err(zk::Error::BadVersion) => continue,
+                    Err(e) => return Err(error("deleting an expired lease", e, true)),
+                }
+            }
+        };
+        match done.await {
+            Ok(()) => self.forget(parent, h.token),
+            Err(e) => {
+                tracing::debug!(path, error = %e, "could not delete a lease whose TTL has passed; trying again");
+                let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(now) = held.get_mut(parent)
+                    && now.token == h.token
+                {
+                    now.due = now.due.max(Instant::now() + Duration::from_millis(200));
+                }
+            }
+        }
+    }
+
+    fn ensure_listener(&self) {
+        if self.inner.listening.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        let base = self.inner.path.clone();
+        tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(100);
+            loop {
+                let Some(inner) = weak.upgrade() else { return };
+                let store = ZkStore { inner };
+                let opened = match store.reader().await {
+                    Ok(c) => match timed("watching", false, c.watch(&base, zk::AddWatchMode::PersistentRecursive))
+                        .await
+                    {
+                        Ok(Ok(w)) => Some((c, w)),
+                        _ => None,
+                    },
+                    Err(_) => None,
+                };
+                let changes = store.inner.changes.clone();
+                drop(store);
+                let Some((client, mut watcher)) = opened else {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                    continue;
+                };
+                backoff = Duration::from_millis(100);
+                // (Re)watching: changes may have been missed; every watcher re-reads.
+                changes.publish(tenure::Change { election: Arc::from(""), record: None });
+                loop {
+                    let ev = tokio::time::timeout(Duration::from_secs(5), watcher.changed()).await;
+                    if weak.strong_count() == 0 {
+                        return;
+                    }
+                    let Ok(ev) = ev else { continue };
+                    match ev.event_type {
+                        zk::EventType::Session => {
+                            // Events are lost across a reconnection: everyone re-reads.
+                            changes.publish(tenure::Change { election: Arc::from(""), record: None });
+                            if ev.session_state.is_terminated() {
+                                break;
+                            }
+                        }
+                        zk::EventType::NodeCreated | zk::EventType::NodeDataChanged | zk::EventType::NodeDeleted => {
+                            // Only grant nodes, PATH/ELECTION/grant-N, carry leases.
+                            let Some((node, grant)) = ev
+                                .path
+                                .strip_prefix(&base)
+                                .and_then(|p| p.strip_prefix('/'))
+                                .and_then(|p| p.split_once('/'))
+                            else {
+                                continue;
+                            };
+                            let Some(election) = election_of(node).filter(|_| grant.starts_with(GRANT)) else {
+                                continue;
+                            };
+                            let record = if ev.event_type == zk::EventType::NodeDeleted {
+                                Some(None)
+                            } else {
+                                match timed("reading a lease", false, client.get_data(&ev.path)).await {
+                                    Ok(Ok((data, stat))) => decode(&election, &data, &stat).ok().map(Some),
+                                    Ok(Err(zk::Error::NoNode)) => Some(None),
+                                    _ => None,
+                                }
+                            };
+                            changes.publish(tenure::Change { election: Arc::from(election.as_str()), record });
+                        }
+                        zk::EventType::NodeChildrenChanged => {}
+                    }
+                }
+            }
+        });
+    }
+
+    /// The grant node of `election` as it stands: its path, record and stat, or `None`.
+    async fn read(&self, c: &zk::Client, election: &ElectionName) -> Result<Option<Grant>, StoreError> {
+        Ok(self.lookup(c, election).await?.1)
+    }
+
+    /// The election node's version (`None` if it does not exist yet) and its grant node,
+    /// read together: a grant is created only by a transaction that also moves that version.
+    async fn lookup(&self, c: &zk::Client, election: &ElectionName) -> Result<(Option<i32>, Option<Grant>), StoreError> {
+        let parent = self.node(election.as_str());
+        loop {
+            let (children, parent_stat) = match timed("reading a lease", false, c.get_children(&parent)).await? {
+                Ok(v) => v,
+                Err(zk::Error::NoNode) => return Ok((None, None)),
+                Err(e) => return Err(error("reading a lease", e, false)),
+            };
+            // One grant at a time: every grant is created by a write that also bumps the
+            // election node's version, which it checks; the newest name sorts last.
+            let Some(child) = children.iter().filter(|c| c.starts_with(GRANT)).max() else {
+                return Ok((Some(parent_stat.version), None));
+            };
+            let path = format!("{parent}/{child}");
+            match timed("reading a lease", false, c.get_data(&path)).await? {
+                Ok((data, stat)) => {
+                    return Ok((Some(parent_stat.version), Some((path, decode(election, &data, &stat)?, stat))));
+                }
+                Err(zk::Error::NoNode) => continue,
+                Err(e) => return Err(error("reading a lease", e, false)),
+            }
+        }
+    }
+
+    /// Rewrites our own grant node to renew it, if it is still the grant `holder`/`token`
+    /// of this session and not evicted. `Ok(Err(current))` when it is not.
+    #[allow(clippy::too_many_arguments)]
+    async fn rewrite(
+        &self,
+        c: &zk::Client,
+        election: &ElectionName,
+        holder: &HolderId,
+        token: FencingToken,
+        ttl: Duration,
+        metadata: &[u8],
+        sent: Instant,
+    ) -> Result<Result<LeaseRecord, Option<LeaseRecord>>, StoreError> {
+        let parent = self.node(election.as_str());
+        // The common case: the grant node is as our last write left it; one round trip.
+        // A grant node's path is never used twice, so its version names our grant.
+        let known = {
+            let held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+            held.get(&parent)
+                .filter(|h| h.token as u64 == token.0 && h.session == c.session_id().0)
+                .map(|h| (h.path.clone(), h.version))
+        };
+        let data = encode(holder, ttl, false, metadata);
+        let (mut path, mut version) = match known {
+            Some((p, v)) => (p, Some(v)),
+            None => (String::new(), None),
+        };
+        loop {
+            if version.is_none() {
+                let Some((p, cur, stat)) = self.read(c, election).await? else { return Ok(Err(None)) };
+                if cur.holder != *holder
+                    || cur.token != token
+                    || cur.evicted
+                    || stat.ephemeral_owner != c.session_id().0
+                {
+                    return Ok(Err(Some(cur)));
+                }
+                (path, version) = (p, Some(stat.version));
+            }
+            match timed("renewing a lease", true, c.set_data(&path, &data, version)).await? {
+                Ok(stat) => {
+                    self.hold(&parent, &path, &stat, sent + ttl);
+                    return Ok(Ok(decode(election, &data, &stat)?));
+                }
+                Err(zk::Error::BadVersion | zk::Error::NoNode) => version = None,
+                Err(e) => return Err(error("renewing a lease", e, true)),
+            }
+        }
+    }
+
+    /// Creates a grant node if the election has none, in one transaction that bumps the
+    /// election node's version from `version`. `None` if someone else wrote first.
+    async fn create_grant(
+        &self,
+        c: &zk::Client,
+        parent: &str,
+        version: i32,
+        data: &[u8],
+    ) -> Result<Option<(String, zk::Stat)>, StoreError> {
+        let path = format!("{parent}/{GRANT}{:010}", i64::from(version) + 1);
+        let opts = zk::CreateMode::Ephemeral.with_acls(self.acls());
+        let mut w = c.new_multi_writer();
+        w.add_set_data(parent, b"", Some(version)).map_err(|e| error("acquiring a lease", e, true))?;
+        w.add_create(&path, data, &opts).map_err(|e| error("acquiring a lease", e, true))?;
+        let stat = match timed("acquiring a lease", true, w.commit()).await? {
+            Ok(results) => match results.into_iter().nth(1) {
+                Some(zk::MultiWriteResult::Create { stat, .. }) => stat,
+                _ => return Err(StoreError::ambiguous("ZooKeeper: a transaction answered without its create")),
+            },
+            Err(zk::MultiWriteError::OperationFailed { source: zk::Error::BadVersion | zk::Error::NodeExists, .. }) => {
+                return Ok(None);
+            }
+            Err(zk::MultiWriteError::OperationFailed { source, .. } | zk::MultiWriteError::RequestFailed { source }) => {
+                return Err(error("acquiring a lease", source, true));
+            }
+        };
+        if !stat.is_invalid() {
+            return Ok(Some((path, stat)));
+        }
+        // Some servers answer a create inside a transaction without its stat: read it.
+        match timed("reading a lease", false, c.get_data(&path)).await? {
+            Ok((_, stat)) => Ok(Some((path, stat))),
+            Err(e) => Err(error("reading a new lease", e, true)),
+        }
+    }
+}
+
+/// The name prefix of grant nodes under an election's node.
+const GRANT: &str = "grant-";
+
+/// A grant node: its path, the record it holds and its stat.
+type Grant = (String, LeaseRecord, zk::Stat);
+
+#[async_trait::async_trait]
+impl LeaseStore for ZkStore {
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
+        req.validate()?;
+        let c = self.session(req.ttl).await?;
+        let parent = self.node(req.election.as_str());
+        let data = encode(&req.holder, req.ttl, false, &req.metadata);
+        for _ in 0..10 {
+            let sent = Instant::now();
+            let (version, grant) = self.lookup(&c, &req.election).await?;
+            if let Some((_, cur, stat)) = grant {
+                if cur.holder != req.holder || cur.evicted || stat.ephemeral_owner != c.session_id().0 {
+                    return Ok(Acquire::Held(cur));
+                }
+                // Our own live grant: a renewal that keeps the token.
+                match self.rewrite(&c, &req.election, &req.holder, cur.token, req.ttl, &req.metadata, sent).await? {
+                    Ok(rec) => return Ok(Acquire::Acquired(rec)),
+                    Err(Some(cur)) => return Ok(Acquire::Held(cur)),
+                    Err(None) => continue,
+                }
+            }
+            let Some(version) = version else {
+                let opts = zk::CreateMode::Persistent.with_acls(self.acls());
+                match timed("creating an election node", true, c.create(&parent, b"", &opts)).await? {
+                    Ok(_) | Err(zk::Error::NodeExists) => continue,
+                    Err(zk::Error::NoNode) => {
+                        self.inner.path_ready.store(false, Ordering::Release);
+                        self.ensure_path(&c).await?;
+                        continue;
+                    }
+                    Err(e) => return Err(error("creating an election node", e, true)),
+                }
+            };
+            if let Some((path, stat)) = self.create_grant(&c, &parent, version, &data).await? {
+                self.hold(&parent, &path, &stat, sent + req.ttl);
+                return Ok(Acquire::Acquired(decode(&req.election, &data, &stat)?));
+            }
+        }
+        Err(StoreError::unavailable(format!("ZooKeeper: the lease of {} kept changing under us", req.election)))
+    }
+
+    async fn renew(&self, held: &LeaseRecord, ttl: Duration) -> Result<Renew, StoreError> {
+        check_ttl(ttl)?;
+        let sent = Instant::now();
+        let c = self.session(ttl).await?;
+        match self.rewrite(&c, &held.election, &held.holder, held.token, ttl, &held.metadata, sent).await? {
+            Ok(rec) => Ok(Renew::Renewed(rec)),
+            Err(cur) => Ok(Renew::Lost(cur)),
+        }
+    }
+
+    async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
+        let c = self.reader().await?;
+        loop {
+            let Some((path, cur, stat)) = self.read(&c, &held.election).await? else { return Ok(()) };
+            if cur.holder != held.holder || cur.token != held.token || cur.revision != held.revision {
+                return Ok(());
+            }
+            match timed("releasing a lease", true, c.delete(&path, Some(stat.version))).await? {
+                Ok(()) | Err(zk::Error::NoNode) => {
+                    self.forget(&self.node(held.election.as_str()), stat.czxid);
+                    return Ok(());
+                }
+                Err(zk::Error::BadVersion) => continue,
+                Err(e) => return Err(error("releasing a lease", e, true)),
+            }
+        }
+    }
+
+    async fn get(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {
+        let c = self.reader().await?;
+        Ok(self.read(&c, election).await?.map(|(_, r, _)| r))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        let c = self.reader().await?;
+        let nodes = match timed("listing leases", false, c.list_children(&self.inner.path)).await? {
+            Ok(v) => v,
+            Err(zk::Error::NoNode) => return Ok(Vec::new()),
+            Err(e) => return Err(error("listing leases", e, false)),
+        };
+        let mut names: Vec<ElectionName> =
+            nodes.iter().filter_map(|n| election_of(n)).filter(|e| e.as_str().starts_with(prefix)).collect();
+        names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        let mut out = Vec::new();
+        // Up to 100 elections per request: their grant nodes, then those nodes' data.
+        for chunk in names.chunks(100) {
+            let mut reader = c.new_multi_reader();
+            for e in chunk {
+                reader.add_get_children(&self.node(e.as_str())).map_err(|e| error("listing leases", e, false))?;
+            }
+            let children = match timed("listing leases", false, reader.commit()).await? {
+                Ok(r) => r,
+                Err(e) => return Err(error("listing leases", e, false)),
+            };
+            let mut grants = Vec::new();
+            for (e, r) in chunk.iter().zip(children) {
+                if let zk::MultiReadResult::Children { children } = r
+                    && let Some(g) = children.iter().filter(|c| c.starts_with(GRANT)).max()
+                {
+                    grants.push((e, format!("{}/{g}", self.node(e.as_str()))));
+                }
+            }
+            let mut reader = c.new_multi_reader();
+            for (_, path) in &grants {
+                reader.add_get_data(path).map_err(|e| error("listing leases", e, false))?;
+            }
+            let data = match timed("listing leases", false, reader.commit()).await? {
+                Ok(r) => r,
+                Err(e) => return Err(error("listing leases", e, false)),
+            };
+            for ((e, _), r) in grants.into_iter().zip(data) {
+                if let zk::MultiReadResult::Data { data, stat } = r {
+                    out.push(decode(e, &data, &stat)?);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn evict(&self, election: &ElectionName, how: Evict) -> Result<Option<LeaseRecord>, StoreError> {
+        let c = self.reader().await?;
+        loop {
+            let Some((path, cur, stat)) = self.read(&c, election).await? else { return Ok(None) };
+            let done = match how {
+                Evict::Now => timed("evicting", true, c.delete(&path, Some(stat.version))).await?,
+                Evict::AfterTerm if cur.evicted => return Ok(Some(cur)),
+                Evict::AfterTerm => {
+                    let data = encode(&cur.holder, cur.ttl, true, &cur.metadata);
+                    timed("evicting", true, c.set_data(&path, &data, Some(stat.version))).await?.map(|_| ())
+                }
+            };
+            match done {
+                Ok(()) => return Ok(Some(cur)),
+                Err(zk::Error::BadVersion | zk::Error::NoNode) => continue,
+                Err(e) => return Err(error("evicting", e, true)),
+            }
+        }
+    }
+
+    fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
+        self.ensure_listener();
+        Some(tenure::watch_changes(Arc::new(self.clone()), &self.inner.changes, election))
+    }
+
+    fn describe(&self) -> String {
+        self.inner.described.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_parsed_and_checked() {
+        let p = parse_url("zk://u:s3cret@h1:2181,h2:2182/apps/tenure/").unwrap();
+        assert_eq!(p, Parsed { hosts: "h1:2181,h2:2182".into(), path: "/apps/tenure".into(), auth: Some("u:s3cret".into()) });
+        assert_eq!(parse_url("zk://h:2181").unwrap().path, DEFAULT_PATH);
+        for bad in ["zk://h", "zk://h:x", "zk://h:1/a//b", "zk://h:1/zookeeper", "zk://h:1?x=1", "redis://h:1", "zk://:p@h:1"] {
+            assert_eq!(parse_url(bad).err().map(|e| e.kind()), Some(ErrorKind::Invalid), "{bad}");
+        }
+    }
+
+    #[test]
+    fn names_map_to_one_node_each_and_back() {
+        for name in ["a", "jobs/nightly", "a.b_c-d/e/f"] {
+            let node = node_name(name);
+            assert!(!node.contains('/'));
+            assert_eq!(election_of(&node).unwrap().as_str(), name);
+        }
+        // A prefix maps to the prefix of the node names.
+        assert!(node_name("jobs/nightly").starts_with(&node_name("jobs/")));
+    }
+}

@@ -1,0 +1,239 @@
+//! The ZooKeeper store against throwaway ZooKeeper servers: the conformance suite
+//! (restarts included), the multi-candidate scenario on one server and on a three-member
+//! ensemble, expiry judged by the server, TTLs the server would not grant, and clear
+//! errors for wrong credentials and unreachable servers.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tenure::{Acquire, AcquireRequest, ElectionName, ErrorKind, HolderId, LeaseStore, Renew};
+use tenure_testkit::conformance::{self, Harness};
+use tenure_testkit::proxy::{Mode, Proxy};
+use tenure_testkit::scenario::{self, ScenarioHarness};
+use tenure_testkit::servers::{self, Kind, Server};
+use tenure_zookeeper::ZkStore;
+
+struct Zk {
+    server: Mutex<Server>,
+    /// Clients reach the server through this proxy, so a test can cut their connections.
+    proxy: Proxy,
+}
+
+impl Zk {
+    fn launch() -> Option<Self> {
+        let server = servers::launch(Kind::ZooKeeper)?;
+        let proxy = Proxy::start(("127.0.0.1", server.port())).unwrap();
+        Some(Self { server: Mutex::new(server), proxy })
+    }
+
+    fn url(&self) -> String {
+        format!("zk://127.0.0.1:{}/tenure", self.proxy.port())
+    }
+
+    fn direct_url(&self) -> String {
+        self.server.lock().unwrap().url()
+    }
+}
+
+#[async_trait::async_trait]
+impl Harness for Zk {
+    async fn open(&self) -> Arc<dyn LeaseStore> {
+        Arc::new(ZkStore::connect(&self.url()).await.unwrap())
+    }
+    async fn restart(&self) -> bool {
+        self.server.lock().unwrap().restart();
+        true
+    }
+}
+
+#[async_trait::async_trait]
+impl ScenarioHarness for Zk {
+    async fn open(&self) -> Arc<dyn LeaseStore> {
+        Harness::open(self).await
+    }
+    async fn kill_connections(&self) {
+        self.proxy.set(Mode::Cut);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        self.proxy.set(Mode::Pass);
+    }
+    async fn restart(&self) {
+        self.server.lock().unwrap().restart();
+    }
+}
+
+fn req(name: &str, holder: &str, ttl: Duration) -> AcquireRequest {
+    AcquireRequest::new(ElectionName::new(name).unwrap(), HolderId::new(holder).unwrap(), ttl)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_store_conforms() {
+    let Some(zk) = Zk::launch() else { return };
+    conformance::run_all(zk).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_candidates_survive_killed_connections_and_a_restart() {
+    let Some(zk) = Zk::launch() else { return };
+    // The server expires sessions in whole ticks (100 ms here).
+    let r = scenario::multi_candidate(&zk, Duration::from_secs(2), Duration::from_millis(1000)).await;
+    eprintln!("zookeeper scenario: {} terms, takeover {:?} after the leader was cut off", r.terms, r.takeover);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_cut_off_for_longer_than_its_ttl_loses_the_lease_to_the_server_s_expiry() {
+    let Some(zk) = Zk::launch() else { return };
+    let cut_off = ZkStore::connect(&zk.url()).await.unwrap();
+    let other = ZkStore::connect(&zk.direct_url()).await.unwrap();
+    let ttl = Duration::from_secs(1);
+    let sent = Instant::now();
+    let Acquire::Acquired(lease) = cut_off.try_acquire(&req("expiry/cut", "a", ttl)).await.unwrap() else { panic!() };
+    // The holder's process lives on (its own clean-up would delete the node at the same
+    // TTL): silence it so that only the server can end the lease.
+    zk.proxy.set(Mode::BlackHole);
+    let taken = loop {
+        match other.try_acquire(&req("expiry/cut", "b", ttl)).await.unwrap() {
+            Acquire::Acquired(l) => break l,
+            Acquire::Held(r) => assert_eq!(r.holder, lease.holder),
+        }
+        assert!(sent.elapsed() < ttl * 4, "the server did not expire a silent session");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let after = sent.elapsed();
+    assert!(after >= ttl, "another candidate took the lease {after:?} after it was granted for {ttl:?}");
+    assert!(taken.token > lease.token);
+    zk.proxy.set(Mode::Pass);
+    // The old holder learns it lost (its session is gone; a new one cannot renew the node).
+    let t0 = Instant::now();
+    loop {
+        match cut_off.renew(&lease, ttl).await {
+            Ok(Renew::Lost(cur)) => {
+                assert_eq!(cur.map(|c| c.holder), Some(taken.holder.clone()));
+                break;
+            }
+            Ok(Renew::Renewed(r)) => panic!("a lease the server expired was renewed: {r:?}"),
+            Err(e) => assert!(e.is_retryable(), "{e}"),
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "the old holder never heard that it lost");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("taken over {after:?} after the grant, TTL {ttl:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ttl_the_server_would_not_grant_is_refused_naming_both() {
+    let Some(zk) = Zk::launch() else { return };
+    let store = ZkStore::connect(&zk.url()).await.unwrap();
+    // The test server grants session timeouts from 200 ms to 10 minutes.
+    for ttl in [Duration::from_millis(150), Duration::from_secs(11 * 60)] {
+        let err = store.try_acquire(&req("ttl/bad", "a", ttl)).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Invalid, "{err}");
+        let msg = err.to_string();
+        assert!(msg.contains(&format!("{ttl:?}")) && msg.contains("SessionTimeout"), "{msg}");
+    }
+    assert_eq!(store.get(&ElectionName::new("ttl/bad").unwrap()).await.unwrap(), None);
+    let Acquire::Acquired(_) = store.try_acquire(&req("ttl/bad", "a", Duration::from_millis(200))).await.unwrap()
+    else {
+        panic!()
+    };
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_process_holds_many_elections_in_one_session() {
+    let Some(zk) = Zk::launch() else { return };
+    let store = ZkStore::connect(&zk.url()).await.unwrap();
+    let ttl = Duration::from_secs(3);
+    let mut held = Vec::new();
+    for i in 0..50 {
+        match store.try_acquire(&req(&format!("many/{i}"), "many", ttl)).await.unwrap() {
+            Acquire::Acquired(l) => held.push(l),
+            Acquire::Held(r) => panic!("held by {}", r.holder),
+        }
+    }
+    let answers = store.renew_many(&held, ttl).await;
+    assert!(answers.iter().all(|a| matches!(a, Ok(Renew::Renewed(_)))), "{answers:?}");
+    assert_eq!(store.list("many/").await.unwrap().len(), 50);
+    // Every node belongs to one session: the server holds one session for the process's
+    // leases (and one that reads), whatever their number.
+    let connections = connections(zk.server.lock().unwrap().port());
+    assert!(connections <= 3, "{connections} connections for 50 elections");
+}
+
+/// The number of client connections the server reports (its `srvr` command).
+fn connections(port: u16) -> usize {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    conn.write_all(b"srvr").unwrap();
+    let mut text = String::new();
+    conn.read_to_string(&mut text).unwrap();
+    // Counts this connection too.
+    let n: usize = text.lines().find_map(|l| l.strip_prefix("Connections: ")).unwrap().trim().parse().unwrap();
+    n - 1
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_credentials_are_a_clear_error() {
+    let Some(zk) = Zk::launch() else { return };
+    let port = zk.proxy.port();
+    let good = ZkStore::connect(&format!("zk://tenure:right-password@127.0.0.1:{port}/secured")).await.unwrap();
+    let Acquire::Acquired(_) = good.try_acquire(&req("x", "a", Duration::from_secs(5))).await.unwrap() else {
+        panic!()
+    };
+    let bad = ZkStore::connect(&format!("zk://tenure:wrong-password@127.0.0.1:{port}/secured")).await.unwrap();
+    let err = bad.get(&ElectionName::new("x").unwrap()).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
+    assert!(err.to_string().contains("check the user and password"), "{err}");
+    assert!(!format!("{err:?}").contains("wrong-password"), "the password never shows");
+    assert!(!bad.describe().contains("password"), "{}", bad.describe());
+    let err = bad.try_acquire(&req("y", "b", Duration::from_secs(5))).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
+    // Without credentials the path is closed too.
+    let anonymous = ZkStore::connect(&format!("zk://127.0.0.1:{port}/secured")).await.unwrap();
+    assert_eq!(anonymous.get(&ElectionName::new("x").unwrap()).await.unwrap_err().kind(), ErrorKind::Unauthorized);
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_a_retryable_error() {
+    let port = servers::free_port();
+    let store = ZkStore::connect(&format!("zk://127.0.0.1:{port}")).await.unwrap();
+    let err = store.get(&ElectionName::new("x").unwrap()).await.unwrap_err();
+    assert!(err.is_retryable(), "{err}");
+    assert!(err.to_string().contains("ZooKeeper"), "{err}");
+    let err = store.try_acquire(&req("x", "a", Duration::from_secs(2))).await.unwrap_err();
+    assert!(err.is_retryable(), "{err}");
+}
+
+/// A three-member ensemble: "killing connections" kills one member (in turn, the leader
+/// first) and starts it again; a restart restarts every member, one at a time.
+struct Ensemble {
+    ensemble: Mutex<servers::ZkEnsemble>,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl ScenarioHarness for Ensemble {
+    async fn open(&self) -> Arc<dyn LeaseStore> {
+        let url = self.ensemble.lock().unwrap().url();
+        Arc::new(ZkStore::connect(&url).await.unwrap())
+    }
+    async fn kill_connections(&self) {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut e = self.ensemble.lock().unwrap();
+        let i = if n == 0 { e.leader().unwrap_or(0) } else { n % 3 };
+        e.members[i].kill();
+        e.members[i].start();
+    }
+    async fn restart(&self) {
+        let mut e = self.ensemble.lock().unwrap();
+        for m in e.members.iter_mut() {
+            m.restart();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_candidates_on_a_three_member_ensemble_survive_member_kills_and_a_rolling_restart() {
+    let Some(ensemble) = servers::ZkEnsemble::launch(3) else { return };
+    let h = Ensemble { ensemble: Mutex::new(ensemble), next: Default::default() };
+    let r = scenario::multi_candidate(&h, Duration::from_secs(2), Duration::from_millis(1500)).await;
+    eprintln!("zookeeper ensemble scenario: {} terms, takeover {:?} after the leader was cut off", r.terms, r.takeover);
+}
