@@ -32,9 +32,12 @@ Store: --store URL or TENURE_STORE. Supported: sqlite:PATH (default:
 $XDG_STATE_HOME/tenure/tenure.db, else ~/.local/state/tenure/tenure.db),
 postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME],
 redis://[:PASSWORD@]HOST[:PORT][/DB][?prefix=NAME] (rediss:// for TLS),
+redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT…]/MASTER_NAME (Redis behind Sentinel),
 mysql://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME] (or mariadb://),
 etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][?prefix=NAME] (etcds:// for TLS),
 nats://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][/BUCKET] (one TTL per bucket),
+zk://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][/PATH] (ZooKeeper; TTL within the server's
+session timeout limits),
 azblob://ACCOUNT/CONTAINER[/PREFIX] (AZURE_STORAGE_CONNECTION_STRING or AZURE_STORAGE_KEY;
 TTL 15s to 60s), s3://BUCKET[/PREFIX] and dynamodb://TABLE (AWS_ACCESS_KEY_ID,
 AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL; ?region=, ?endpoint=) and

@@ -14,6 +14,7 @@ pub const SCHEMES: &str = "sqlite:PATH, postgres://USER[:PASSWORD]@HOST[:PORT]/D
                            mysql://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME] (or mariadb://), \
                            etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][?prefix=NAME] (etcds:// for TLS), \
                            nats://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][/BUCKET], \
+                           zk://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][/PATH], \
                            azblob://ACCOUNT/CONTAINER[/PREFIX], s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX], \
                            dynamodb://TABLE";
 
@@ -80,6 +81,7 @@ pub async fn open(url: Option<&str>) -> Result<Arc<dyn LeaseStore>> {
                 "mysql" | "mariadb" => connect!("mysql", "MySQL", tenure_mysql::MysqlStore, url),
                 "etcd" | "etcds" => connect!("etcd", "etcd", tenure_etcd::EtcdStore, url),
                 "nats" => connect!("nats", "NATS", tenure_nats::NatsStore, url),
+                "zk" => connect!("zookeeper", "ZooKeeper", tenure_zookeeper::ZkStore, url),
                 "azblob" => connect!("cloud", "Azure Blob", tenure_cloud::AzureStore, url),
                 "s3" => connect!("cloud", "S3", tenure_cloud::S3Store, url),
                 "gs" => connect!("cloud", "GCS", tenure_cloud::GcsStore, url),

@@ -410,6 +410,12 @@ fn tenure_run_on_nats() {
 }
 
 #[test]
+fn tenure_run_on_zookeeper() {
+    let Some(server) = tenure_testkit::servers::launch(tenure_testkit::servers::Kind::ZooKeeper) else { return };
+    crash_takeover_on(server.url());
+}
+
+#[test]
 fn tenure_run_on_s3() {
     let Some(server) = tenure_testkit::servers::launch(tenure_testkit::servers::Kind::Moto) else { return };
     crash_takeover_on(format!("s3://cli?endpoint={}", server.url()));
