@@ -294,7 +294,8 @@ impl ZkEnsemble {
         let mut members = Vec::new();
         for (i, &(port, quorum, _)) in ports.iter().enumerate() {
             let dir = tempfile::Builder::new().prefix("tenure-server-").tempdir().expect("a temporary directory");
-            let extra = std::iter::once(format!("myid={}", i + 1)).chain(servers.iter().cloned()).map(OsString::from).collect();
+            let extra =
+                std::iter::once(format!("myid={}", i + 1)).chain(servers.iter().cloned()).map(OsString::from).collect();
             let mut m = Server {
                 kind: Kind::ZooKeeper,
                 port,

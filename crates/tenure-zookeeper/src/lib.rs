@@ -302,9 +302,12 @@ impl ZkStore {
         }
         // Detached: dropping the store does not close the session, so its leases last
         // their TTL like any other store's (the work they guard may still be stopping).
-        let c = self.open_session(Duration::from_millis(ms), true).await?;
+        // The planted bug: a session shorter than the TTL, which the server expires while
+        // the holder still believes it leads.
+        let asked = if mutant("session-shorter-than-ttl") { ms / 2 } else { ms };
+        let c = self.open_session(Duration::from_millis(asked), true).await?;
         let granted = c.session_timeout();
-        if granted != Duration::from_millis(ms) {
+        if granted != Duration::from_millis(asked) {
             let side = if granted < Duration::from_millis(ms) { "maxSessionTimeout" } else { "minSessionTimeout" };
             return Err(StoreError::invalid(format!(
                 "ZooKeeper at {} grants a session timeout of {granted:?} where the TTL is {ttl:?}: the server's \
@@ -344,8 +347,13 @@ impl ZkStore {
     /// Notes that we hold the grant node `path` of the election node `parent` (or renewed
     /// it): it is deleted once `due` passes unless renewed again.
     fn hold(&self, parent: &str, path: &str, stat: &zk::Stat, due: Instant) {
-        let fresh =
-            || Held { path: path.to_string(), token: stat.czxid, version: stat.version, session: stat.ephemeral_owner, due };
+        let fresh = || Held {
+            path: path.to_string(),
+            token: stat.czxid,
+            version: stat.version,
+            session: stat.ephemeral_owner,
+            due,
+        };
         let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
         let h = held.entry(parent.to_string()).or_insert_with(fresh);
         if h.token != stat.czxid {
@@ -454,12 +462,12 @@ impl ZkStore {
                 let Some(inner) = weak.upgrade() else { return };
                 let store = ZkStore { inner };
                 let opened = match store.reader().await {
-                    Ok(c) => match timed("watching", false, c.watch(&base, zk::AddWatchMode::PersistentRecursive))
-                        .await
-                    {
-                        Ok(Ok(w)) => Some((c, w)),
-                        _ => None,
-                    },
+                    Ok(c) => {
+                        match timed("watching", false, c.watch(&base, zk::AddWatchMode::PersistentRecursive)).await {
+                            Ok(Ok(w)) => Some((c, w)),
+                            _ => None,
+                        }
+                    }
                     Err(_) => None,
                 };
                 let changes = store.inner.changes.clone();
@@ -524,7 +532,11 @@ impl ZkStore {
 
     /// The election node's version (`None` if it does not exist yet) and its grant node,
     /// read together: a grant is created only by a transaction that also moves that version.
-    async fn lookup(&self, c: &zk::Client, election: &ElectionName) -> Result<(Option<i32>, Option<Grant>), StoreError> {
+    async fn lookup(
+        &self,
+        c: &zk::Client,
+        election: &ElectionName,
+    ) -> Result<(Option<i32>, Option<Grant>), StoreError> {
         let parent = self.node(election.as_str());
         loop {
             let (children, parent_stat) = match timed("reading a lease", false, c.get_children(&parent)).await? {
@@ -617,10 +629,14 @@ impl ZkStore {
                 Some(zk::MultiWriteResult::Create { stat, .. }) => stat,
                 _ => return Err(StoreError::ambiguous("ZooKeeper: a transaction answered without its create")),
             },
-            Err(zk::MultiWriteError::OperationFailed { source: zk::Error::BadVersion | zk::Error::NodeExists, .. }) => {
+            Err(zk::MultiWriteError::OperationFailed {
+                source: zk::Error::BadVersion | zk::Error::NodeExists, ..
+            }) => {
                 return Ok(None);
             }
-            Err(zk::MultiWriteError::OperationFailed { source, .. } | zk::MultiWriteError::RequestFailed { source }) => {
+            Err(
+                zk::MultiWriteError::OperationFailed { source, .. } | zk::MultiWriteError::RequestFailed { source },
+            ) => {
                 return Err(error("acquiring a lease", source, true));
             }
         };
@@ -633,6 +649,12 @@ impl ZkStore {
             Err(e) => Err(error("reading a new lease", e, true)),
         }
     }
+}
+
+/// Whether the planted bug `name` is switched on (`TENURE_MUTANT=name`), in a build with
+/// the `mutants` feature, for CI to prove its checks catch it.
+fn mutant(name: &str) -> bool {
+    cfg!(feature = "mutants") && std::env::var("TENURE_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
 }
 
 /// The name prefix of grant nodes under an election's node.
@@ -798,9 +820,14 @@ mod tests {
     #[test]
     fn urls_are_parsed_and_checked() {
         let p = parse_url("zk://u:s3cret@h1:2181,h2:2182/apps/tenure/").unwrap();
-        assert_eq!(p, Parsed { hosts: "h1:2181,h2:2182".into(), path: "/apps/tenure".into(), auth: Some("u:s3cret".into()) });
+        assert_eq!(
+            p,
+            Parsed { hosts: "h1:2181,h2:2182".into(), path: "/apps/tenure".into(), auth: Some("u:s3cret".into()) }
+        );
         assert_eq!(parse_url("zk://h:2181").unwrap().path, DEFAULT_PATH);
-        for bad in ["zk://h", "zk://h:x", "zk://h:1/a//b", "zk://h:1/zookeeper", "zk://h:1?x=1", "redis://h:1", "zk://:p@h:1"] {
+        for bad in
+            ["zk://h", "zk://h:x", "zk://h:1/a//b", "zk://h:1/zookeeper", "zk://h:1?x=1", "redis://h:1", "zk://:p@h:1"]
+        {
             assert_eq!(parse_url(bad).err().map(|e| e.kind()), Some(ErrorKind::Invalid), "{bad}");
         }
     }

@@ -116,8 +116,9 @@ struct Args {
     dynamodb: bool,
     /// libfaketime, when candidates run with skewed clocks.
     skew: Option<PathBuf>,
-    /// With `--server etcd`: a cluster of this many members instead of one server.
-    etcd_members: usize,
+    /// With `--server etcd` or `--server zookeeper`: a cluster of this many members instead
+    /// of one server.
+    members: usize,
     /// With `--server redis`: a primary, a replica and three sentinels, failed over.
     sentinel: bool,
     candidates: usize,
@@ -134,7 +135,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         server: None,
         dynamodb: false,
         skew: None,
-        etcd_members: 1,
+        members: 1,
         sentinel: false,
         candidates: 4,
         duration: Duration::from_secs(60),
@@ -152,8 +153,8 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             }
             "--dynamodb" => a.dynamodb = true,
             "--sentinel" => a.sentinel = true,
-            "--etcd-members" => {
-                a.etcd_members = value()?.parse().map_err(|e| format!("--etcd-members: {e}"))?;
+            "--members" | "--etcd-members" => {
+                a.members = value()?.parse().map_err(|e| format!("{flag}: {e}"))?;
             }
             "--candidates" => a.candidates = value()?.parse().map_err(|e| format!("--candidates: {e}"))?,
             "--duration" => a.duration = parse_duration(&value()?).ok_or("--duration: e.g. 60s or 10m")?,
@@ -173,8 +174,8 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                 a.skew = Some(lib);
             }
             "-h" | "--help" => {
-                return Err("usage: tenure-torture [--tenure PATH] [--store URL | --server postgres|redis|mariadb|etcd|nats|azurite|moto [--dynamodb]|fake-gcs] [--candidates 4] [--duration 60s] \
-                            [--etcd-members 3] [--sentinel] [--ttl 2s] [--grace 300ms] [--seed N] [--skew]\n       tenure-torture probe --dir DIR"
+                return Err("usage: tenure-torture [--tenure PATH] [--store URL | --server postgres|redis|mariadb|etcd|nats|azurite|moto [--dynamodb]|fake-gcs|zookeeper] [--candidates 4] [--duration 60s] \
+                            [--members 3] [--sentinel] [--ttl 2s] [--grace 300ms] [--seed N] [--skew]\n       tenure-torture probe --dir DIR"
                     .into());
             }
             other => return Err(format!("unknown argument {other:?}; see --help")),
@@ -189,8 +190,8 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     if a.candidates < 2 {
         return Err("--candidates must be at least 2".into());
     }
-    if a.etcd_members != 1 && (a.server != Some(Kind::Etcd) || a.etcd_members < 3) {
-        return Err("--etcd-members needs --server etcd and at least 3 members".into());
+    if a.members != 1 && (!matches!(a.server, Some(Kind::Etcd | Kind::ZooKeeper)) || a.members < 3) {
+        return Err("--members needs --server etcd or zookeeper and at least 3 members".into());
     }
     if a.sentinel && a.server != Some(Kind::Redis) {
         return Err("--sentinel needs --server redis".into());
@@ -366,11 +367,21 @@ fn percentile(sorted: &[u64], p: f64) -> Duration {
 fn torture(a: Args) -> Result<bool, String> {
     let tmp = tempfile::tempdir().map_err(|e| format!("cannot create a temporary directory: {e}"))?;
     let dir = tmp.path().to_path_buf();
-    // An etcd cluster whose members are killed, paused and restarted: candidates reach all
-    // of them directly (no proxy), and the faults hit members, not connections.
-    let mut cluster = match a.etcd_members {
-        1 => None,
-        n => Some(servers::EtcdCluster::launch(n).ok_or("etcd is not installed")?),
+    // An etcd cluster or ZooKeeper ensemble whose members are killed, paused and restarted:
+    // candidates reach all of them directly (no proxy), and the faults hit members, not
+    // connections.
+    let (mut cluster, cluster_url) = match (a.members, a.server) {
+        (1, _) => (None, String::new()),
+        (n, Some(Kind::ZooKeeper)) => {
+            let e = servers::ZkEnsemble::launch(n).ok_or("ZooKeeper is not installed")?;
+            let url = e.url();
+            (Some(e.members), url)
+        }
+        (n, _) => {
+            let c = servers::EtcdCluster::launch(n).ok_or("etcd is not installed")?;
+            let url = c.url();
+            (Some(c.members), url)
+        }
     };
     // Redis behind Sentinel, failed over (forced, or a killed primary) as the faults:
     // candidates find the primary through the sentinels (no proxy).
@@ -384,7 +395,7 @@ fn torture(a: Args) -> Result<bool, String> {
     };
     let store = match (&a.store, &server) {
         (Some(url), _) => url.clone(),
-        (None, None) if cluster.is_some() => cluster.as_ref().map(servers::EtcdCluster::url).unwrap_or_default(),
+        (None, None) if cluster.is_some() => cluster_url.clone(),
         (None, None) if sentinels.is_some() => sentinels.as_ref().map(servers::RedisSentinels::url).unwrap_or_default(),
         (None, Some(s)) if s.kind() == Kind::MariaDb => mariadb_app_url(s)?,
         (None, Some(s)) => store_url(s, a.dynamodb),
@@ -460,21 +471,21 @@ fn torture(a: Args) -> Result<bool, String> {
             if let Some((i, until)) = member_paused
                 && Instant::now() >= until
             {
-                c.members[i].resume();
+                c[i].resume();
                 member_paused = None;
                 append(&dir.join("faults"), &format!("{} member {i} thawed", now_ns()));
             }
             if member_paused.is_none() && rng.usize(0..3) == 0 {
-                let i = rng.usize(0..c.members.len());
+                let i = rng.usize(0..c.len());
                 restart_times.push(now_ns());
                 if rng.bool() {
-                    c.members[i].kill();
-                    c.members[i].start();
-                    note(&mut faults, &dir, "etcd member killed and restarted");
+                    c[i].kill();
+                    c[i].start();
+                    note(&mut faults, &dir, "member killed and restarted");
                 } else {
-                    c.members[i].pause();
+                    c[i].pause();
                     member_paused = Some((i, Instant::now() + a.ttl.mul_f64(1.2 + 1.3 * rng.f64())));
-                    note(&mut faults, &dir, "etcd member paused");
+                    note(&mut faults, &dir, "member paused");
                 }
                 continue;
             }
@@ -632,7 +643,7 @@ fn torture(a: Args) -> Result<bool, String> {
         refuse_writes(s, false, &mut rng).ok_or("cannot make the server take writes again")?;
     }
     if let (Some(c), Some((i, _))) = (cluster.as_ref(), member_paused) {
-        c.members[i].resume();
+        c[i].resume();
     }
     let until = now_ns();
     for c in cands.iter_mut() {
@@ -684,8 +695,8 @@ fn torture(a: Args) -> Result<bool, String> {
     let restarts = [
         "server restart",
         "Redis restart from an older snapshot",
-        "etcd member killed and restarted",
-        "etcd member paused",
+        "member killed and restarted",
+        "member paused",
         "Sentinel failover (forced)",
         "Sentinel failover (primary killed)",
     ]
