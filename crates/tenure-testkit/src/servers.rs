@@ -241,25 +241,10 @@ impl EtcdCluster {
             ports.iter().enumerate().map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}")).collect();
         let mut members = Vec::new();
         for (i, &(port, peer_port)) in ports.iter().enumerate() {
-            let dir = tempfile::Builder::new().prefix("tenure-server-").tempdir().expect("a temporary directory");
             let extra = ["--name".to_string(), format!("m{i}"), "--initial-cluster".to_string(), initial.join(",")]
                 .into_iter()
-                .chain(["--initial-cluster-token".to_string(), format!("tenure-{}", ports[0].0)])
-                .map(OsString::from)
-                .collect();
-            let mut m = Server {
-                kind: Kind::Etcd,
-                port,
-                peer_port,
-                dir,
-                program: program.clone(),
-                child: None,
-                password: None,
-                extra,
-            };
-            m.init();
-            m.spawn();
-            members.push(m);
+                .chain(["--initial-cluster-token".to_string(), format!("tenure-{}", ports[0].0)]);
+            members.push(Server::member(Kind::Etcd, &program, port, peer_port, extra));
         }
         // A member serves only once a quorum has elected a leader: start all, then wait.
         for m in &mut members {
@@ -293,22 +278,8 @@ impl ZkEnsemble {
             ports.iter().enumerate().map(|(i, (_, q, e))| format!("server.{}=127.0.0.1:{q}:{e}", i + 1)).collect();
         let mut members = Vec::new();
         for (i, &(port, quorum, _)) in ports.iter().enumerate() {
-            let dir = tempfile::Builder::new().prefix("tenure-server-").tempdir().expect("a temporary directory");
-            let extra =
-                std::iter::once(format!("myid={}", i + 1)).chain(servers.iter().cloned()).map(OsString::from).collect();
-            let mut m = Server {
-                kind: Kind::ZooKeeper,
-                port,
-                peer_port: quorum,
-                dir,
-                program: program.clone(),
-                child: None,
-                password: None,
-                extra,
-            };
-            m.init();
-            m.spawn();
-            members.push(m);
+            let extra = std::iter::once(format!("myid={}", i + 1)).chain(servers.iter().cloned());
+            members.push(Server::member(Kind::ZooKeeper, &program, port, quorum, extra));
         }
         for m in &mut members {
             m.wait_ready();
@@ -372,6 +343,18 @@ pub fn launch_configured(kind: Kind, password: Option<&str>, extra: &[&str]) -> 
 }
 
 impl Server {
+    /// A cluster member of `kind` on its own ports and data directory, started but not
+    /// yet serving (a member serves only once a quorum has formed).
+    fn member(kind: Kind, program: &Path, port: u16, peer_port: u16, extra: impl Iterator<Item = String>) -> Server {
+        let dir = tempfile::Builder::new().prefix("tenure-server-").tempdir().expect("a temporary directory");
+        let extra = extra.map(OsString::from).collect();
+        let mut m =
+            Server { kind, port, peer_port, dir, program: program.to_path_buf(), child: None, password: None, extra };
+        m.init();
+        m.spawn();
+        m
+    }
+
     /// What kind of server this is.
     pub fn kind(&self) -> Kind {
         self.kind
