@@ -7,10 +7,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
-use tenure::{
-    Acquire, AcquireRequest, ElectionName, Elector, Event, Evict, HolderId, LeaseRecord, LeaseStore, Renew, StoreError,
-    WatchStream,
-};
+use tenure::store::{Acquire, AcquireRequest, Renew, WatchStream};
+use tenure::{ElectionName, Elector, Event, Evict, HolderId, LeaseRecord, LeaseStore, StoreError};
 use tokio::sync::broadcast;
 
 /// What `tenure bench` measures.
@@ -163,7 +161,7 @@ impl LeaseStore for Probe {
             ev
         })))
     }
-    fn expiry(&self) -> tenure::ExpiryJudge {
+    fn expiry(&self) -> tenure::store::ExpiryJudge {
         self.inner.expiry()
     }
     fn describe(&self) -> String {
@@ -594,7 +592,7 @@ where
     if s.processes == 0 {
         bail!("--processes must be at least 1");
     }
-    let exe = std::env::current_exe().context("cannot find this program to start the contest's other processes")?;
+    let exe = crate::child::own_program().context("cannot find this program to start the contest's other processes")?;
     let mut peers = Vec::new();
     for _ in 1..s.processes {
         let mut cmd = tokio::process::Command::new(&exe);

@@ -370,12 +370,20 @@ pub struct Supervised {
     _dir: tempfile::TempDir,
 }
 
+/// This very program, to start another process of it: `/proc/self/exe` where there is
+/// one, which still runs this build after a package upgrade has replaced or removed its
+/// file (the path `current_exe` names is then gone, and the next term could not start).
+pub fn own_program() -> std::io::Result<PathBuf> {
+    let proc = Path::new("/proc/self/exe");
+    if proc.exists() { Ok(proc.to_path_buf()) } else { std::env::current_exe() }
+}
+
 impl Supervised {
     /// Starts `cmd` with `env` added to our environment. The supervisor stops it on its
     /// own at `stop_at_ns` (on [`boottime_ns`]'s clock) unless [`Supervised::extend`]
     /// moves that on.
     pub fn spawn(cmd: &[String], env: &[(&str, String)], stop_at_ns: u64, grace: Duration) -> Result<Self> {
-        let exe = std::env::current_exe().context("cannot find the tenure executable to supervise the command")?;
+        let exe = own_program().context("cannot find the tenure executable to supervise the command")?;
         let dir = tempfile::Builder::new()
             .prefix("tenure-run-")
             .tempdir()
@@ -383,6 +391,7 @@ impl Supervised {
         let deadline_file = dir.path().join("deadline");
         write_stop_at(&deadline_file, stop_at_ns).context("cannot write the command's deadline file")?;
         let child = Command::new(exe)
+            .arg0("tenure")
             .arg("__child")
             .arg(std::process::id().to_string())
             .arg(&deadline_file)

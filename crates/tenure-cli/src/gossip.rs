@@ -87,8 +87,13 @@ pub async fn worker(s: WorkerArgs, store: Option<&str>) -> Result<i32> {
                  a SQLite file of each machine's own would not stop a split from running an action twice"
             );
         }
-        if !(tenure::MIN_TTL..=tenure::MAX_TTL).contains(&s.claim_ttl) {
-            bail!("--claim-ttl {:?} must lie between {:?} and {:?}", s.claim_ttl, tenure::MIN_TTL, tenure::MAX_TTL);
+        if !(tenure::store::MIN_TTL..=tenure::store::MAX_TTL).contains(&s.claim_ttl) {
+            bail!(
+                "--claim-ttl {:?} must lie between {:?} and {:?}",
+                s.claim_ttl,
+                tenure::store::MIN_TTL,
+                tenure::store::MAX_TTL
+            );
         }
         Some(Claim { ttl: s.claim_ttl, ..Claim::new(store_url::open(store).await?) })
     } else {

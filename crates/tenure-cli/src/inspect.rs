@@ -229,7 +229,7 @@ mod tests {
             election: ElectionName::new("a").unwrap(),
             holder: tenure::HolderId::new("h").unwrap(),
             token: tenure::FencingToken(7),
-            revision: tenure::Revision(1),
+            revision: tenure::store::Revision(1),
             ttl: Duration::from_secs(1),
             acquired_at: None,
             renewed_at: None,

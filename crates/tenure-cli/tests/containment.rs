@@ -463,3 +463,47 @@ fn a_command_that_exits_while_tenure_is_frozen_leaves_no_worker_running() {
     wait_pids(&pids, 1);
     freeze_and_check_work_stops(&mut leader, &log);
 }
+
+#[test]
+fn a_tenure_run_whose_binary_is_replaced_starts_its_command_again_in_the_next_term() {
+    // A package upgrade replaces the tenure binary while `tenure run` leads. The next term
+    // (here after an eviction) must still start the command, not end the campaign.
+    let env = Env::new();
+    let copy = env.path("tenure");
+    std::fs::copy(TENURE, &copy).unwrap();
+    let log = env.path("log");
+    let script = format!("echo start >> {}; exec sleep 600", log.display());
+    let mut a = Command::new(&copy)
+        .env("TENURE_STORE", env.sqlite())
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .args(["run", "jobs/upgrade", "--ttl", "2s", "--grace", "300ms", "--", "sh", "-c", &script])
+        .spawn()
+        .map(Proc)
+        .unwrap();
+    let starts = || std::fs::read_to_string(&log).unwrap_or_default().lines().count();
+    let t0 = Instant::now();
+    while starts() == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(20), "nobody led");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The upgrade: the file is removed and a new one written in its place.
+    std::fs::remove_file(&copy).unwrap();
+    std::fs::copy(TENURE, &copy).unwrap();
+    let out = Command::new(TENURE)
+        .env("TENURE_STORE", env.sqlite())
+        .args(["evict", "jobs/upgrade", "--yes"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let t0 = Instant::now();
+    while starts() < 2 {
+        if let Some(status) = a.0.try_wait().unwrap() {
+            panic!("tenure run exited ({status}) instead of starting its command again");
+        }
+        assert!(t0.elapsed() < Duration::from_secs(15), "the command was not started again");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(a.0.try_wait().unwrap().is_none(), "tenure run exited");
+}

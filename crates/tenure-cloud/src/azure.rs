@@ -11,10 +11,8 @@ use std::time::{Duration, SystemTime};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use ring::{digest, hmac};
-use tenure::{
-    Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, Judgement, LeaseRecord, LeaseStore, ObservedExpiry, Renew,
-    StoreError, check_ttl,
-};
+use tenure::store::{Acquire, AcquireRequest, Judgement, ObservedExpiry, Renew, check_ttl};
+use tenure::{ElectionName, ErrorKind, Evict, LeaseRecord, LeaseStore, StoreError};
 
 use crate::http::{self, Reply, encode, hex, http_date, xml_values};
 use crate::object::Body;

@@ -4,7 +4,8 @@
 use std::time::{Duration, SystemTime};
 
 use serde_json::{Value, json};
-use tenure::{ErrorKind, ObservedExpiry, StoreError};
+use tenure::store::ObservedExpiry;
+use tenure::{ErrorKind, StoreError};
 
 use crate::http::{self, Reply};
 use crate::object::{Objects, ObservedStore, Stored};

@@ -3,7 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use tenure::{ErrorKind, ObservedExpiry, StoreError};
+use tenure::store::ObservedExpiry;
+use tenure::{ErrorKind, StoreError};
 use tokio::sync::Mutex;
 
 use crate::http::{self, Reply, encode};

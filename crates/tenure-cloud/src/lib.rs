@@ -5,7 +5,7 @@
 //! - [`S3Store`] (`s3://BUCKET[/PREFIX]`), [`GcsStore`] (`gs://BUCKET[/PREFIX]`) and
 //!   [`DynamoStore`] (`dynamodb://TABLE`): one object or item per election, written only
 //!   conditionally on the version read. These services have no clock a lease can rely
-//!   on, so expiry is judged by the observer ([`tenure::ObservedExpiry`]): a candidate
+//!   on, so expiry is judged by the observer ([`tenure::store::ObservedExpiry`]): a candidate
 //!   takes over only after seeing the same version unchanged for the TTL plus a margin.
 //!
 //! None of them can notify: followers poll.

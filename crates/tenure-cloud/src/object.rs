@@ -5,10 +5,8 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
-use tenure::{
-    Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, ExpiryJudge, FencingToken, HolderId, Judgement,
-    LeaseRecord, LeaseStore, ObservedExpiry, Renew, Revision, StoreError, check_ttl,
-};
+use tenure::store::{Acquire, AcquireRequest, ExpiryJudge, Judgement, ObservedExpiry, Renew, Revision, check_ttl};
+use tenure::{ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, StoreError};
 
 use crate::http::{hex, unhex, wall_ms};
 

@@ -3,7 +3,8 @@
 
 use std::time::SystemTime;
 
-use tenure::{ErrorKind, ObservedExpiry, StoreError};
+use tenure::store::ObservedExpiry;
+use tenure::{ErrorKind, StoreError};
 
 use crate::http::{self, Reply, encode, xml_values};
 use crate::object::{Objects, ObservedStore, Stored};

@@ -6,7 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure::{AcquireRequest, ElectionName, ErrorKind, ExpiryJudge, HolderId};
+use tenure::store::{AcquireRequest, ExpiryJudge};
+use tenure::{ElectionName, ErrorKind, HolderId};
 use tenure_cloud::{AzureConfig, AzureStore};
 use tenure_testkit::conformance;
 use tenure_testkit::scenario;

@@ -5,7 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure::{ErrorKind, ExpiryJudge};
+use tenure::ErrorKind;
+use tenure::store::ExpiryJudge;
 use tenure_cloud::{GcsAuth, GcsConfig, GcsStore};
 use tenure_testkit::conformance;
 use tenure_testkit::scenario;

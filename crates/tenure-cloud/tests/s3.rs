@@ -5,7 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure::{Acquire, AcquireRequest, ElectionName, ErrorKind, ExpiryJudge, HolderId};
+use tenure::store::{Acquire, AcquireRequest, ExpiryJudge};
+use tenure::{ElectionName, ErrorKind, HolderId};
 use tenure_cloud::{AwsCredentials, S3Config, S3Store};
 use tenure_testkit::conformance;
 use tenure_testkit::scenario;

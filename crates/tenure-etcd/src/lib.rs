@@ -39,10 +39,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 mod rpc;
 
 use rpc::{Client, pb, txn};
-use tenure::{
-    Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, Renew,
-    Revision, StoreError, WatchStream, check_ttl,
-};
+use tenure::store::{Acquire, AcquireRequest, Renew, Revision, WatchStream, check_ttl};
+use tenure::{ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, StoreError};
 use tokio::sync::OnceCell;
 
 /// The default key prefix.
@@ -65,8 +63,7 @@ struct Inner {
     described: String,
     /// One etcd lease per TTL in whole seconds.
     leases: Mutex<HashMap<i64, Arc<tokio::sync::Mutex<LeaseSlot>>>>,
-    changes: tenure::ChangeHub,
-    listening: AtomicBool,
+    changes: tenure::store::ChangeHub,
     /// Keys of ours whose release failed: (key, create revision). They are bound to a
     /// shared etcd lease that the process's other elections keep alive, so they are
     /// deleted before the next keep-alive instead of living as long as the process.
@@ -322,8 +319,7 @@ impl EtcdStore {
                 keys: format!("{}/lease/", p.prefix),
                 described,
                 leases: Mutex::new(HashMap::new()),
-                changes: tenure::ChangeHub::new(),
-                listening: AtomicBool::new(false),
+                changes: tenure::store::ChangeHub::new(),
                 abandoned: Mutex::new(Vec::new()),
                 version_checked: AtomicBool::new(false),
             }),
@@ -548,58 +544,14 @@ impl EtcdStore {
     }
 
     fn ensure_listener(&self) {
-        if self.inner.listening.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        let weak = Arc::downgrade(&self.inner);
-        let keys = self.inner.keys.clone();
-        tokio::spawn(async move {
-            let mut backoff = Duration::from_millis(100);
-            loop {
-                let Some(inner) = weak.upgrade() else { return };
-                let store = EtcdStore { inner };
-                let opened = match store.client().await {
-                    Ok(c) => timed("watching", c.watch_prefix(keys.as_bytes())).await.ok(),
-                    Err(_) => None,
-                };
-                let changes = store.inner.changes.clone();
-                drop(store);
-                let Some(mut watch) = opened else {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
-                    continue;
-                };
-                backoff = Duration::from_millis(100);
-                // (Re)watching: changes may have been missed; every watcher re-reads.
-                changes.publish(tenure::Change { election: Arc::from(""), record: None });
-                loop {
-                    let m = tokio::time::timeout(Duration::from_secs(5), watch.message()).await;
-                    let Some(inner) = weak.upgrade() else { return };
-                    let this = EtcdStore { inner };
-                    match m {
-                        Ok(Ok(Some(resp))) => {
-                            if resp.canceled {
-                                break;
-                            }
-                            // Each event carries the key as it now stands: followers need
-                            // no read while the leader renews.
-                            for ev in &resp.events {
-                                let Some(kv) = &ev.kv else { continue };
-                                let Some(name) = kv.key.strip_prefix(keys.as_bytes()) else { continue };
-                                let record = if ev.r#type == pb::EventType::Delete as i32 {
-                                    Some(None)
-                                } else {
-                                    this.record(kv).ok().map(Some)
-                                };
-                                let election = Arc::from(String::from_utf8_lossy(name).as_ref());
-                                changes.publish(tenure::Change { election, record });
-                            }
-                        }
-                        Ok(_) => break,
-                        Err(_) => {}
-                    }
-                }
-            }
+        self.inner.changes.listen(&self.inner, |inner| async move {
+            let keys = inner.keys.clone();
+            let weak = Arc::downgrade(&inner);
+            let store = EtcdStore { inner };
+            let client = store.client().await.ok()?;
+            let watch = timed("watching", client.watch_prefix(keys.as_bytes())).await.ok()?;
+            let feed = KeyEvents { watch, store: weak, keys, pending: Default::default() };
+            Some(Box::new(feed) as Box<dyn tenure::store::ChangeFeed>)
         });
     }
 
@@ -817,11 +769,51 @@ impl LeaseStore for EtcdStore {
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
         self.ensure_listener();
-        Some(tenure::watch_changes(Arc::new(self.clone()), &self.inner.changes, election))
+        Some(tenure::store::watch_changes(Arc::new(self.clone()), &self.inner.changes, election))
     }
 
     fn describe(&self) -> String {
         self.inner.described.clone()
+    }
+}
+
+/// The store's prefix watch. Each event carries the key as it now stands: followers need
+/// no read while the leader renews.
+struct KeyEvents {
+    watch: tonic::Streaming<pb::WatchResponse>,
+    /// To read records with (weakly: the listener must not keep the store).
+    store: std::sync::Weak<Inner>,
+    keys: String,
+    /// Changes of a response not handed out yet.
+    pending: std::collections::VecDeque<tenure::store::Change>,
+}
+
+#[async_trait::async_trait]
+impl tenure::store::ChangeFeed for KeyEvents {
+    async fn next(&mut self) -> Option<tenure::store::Change> {
+        loop {
+            if let Some(c) = self.pending.pop_front() {
+                return Some(c);
+            }
+            let resp = self.watch.message().await.ok()??;
+            if resp.canceled {
+                return None;
+            }
+            let store = EtcdStore { inner: self.store.upgrade()? };
+            for ev in &resp.events {
+                let Some(kv) = &ev.kv else { continue };
+                let Some(name) = kv.key.strip_prefix(self.keys.as_bytes()) else { continue };
+                let name = String::from_utf8_lossy(name);
+                self.pending.push_back(if ev.r#type == pb::EventType::Delete as i32 {
+                    tenure::store::Change::now(&name, None)
+                } else {
+                    match store.record(kv) {
+                        Ok(r) => tenure::store::Change::record(r),
+                        Err(_) => tenure::store::Change::read_again(&name),
+                    }
+                });
+            }
+        }
     }
 }
 

@@ -5,7 +5,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tenure::{Acquire, AcquireRequest, ElectionName, ErrorKind, HolderId, LeaseStore, Renew};
+use tenure::store::{Acquire, AcquireRequest, Renew};
+use tenure::{ElectionName, ErrorKind, HolderId, LeaseStore};
 use tenure_etcd::EtcdStore;
 use tenure_testkit::conformance::{self, Harness};
 use tenure_testkit::proxy::{Mode, Proxy};

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tenure::{Acquire, AcquireRequest, ElectionName, HolderId, LeaseStore, MAX_METADATA};
+use tenure::store::{Acquire, AcquireRequest, MAX_METADATA};
+use tenure::{ElectionName, HolderId, LeaseStore};
 use tokio::task::JoinHandle;
 
 use crate::GossipError;

@@ -19,10 +19,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{MySql, Row, Transaction};
-use tenure::{
-    Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, Renew,
-    Revision, StoreError, check_ttl,
-};
+use tenure::store::{Acquire, AcquireRequest, Renew, Revision, check_ttl};
+use tenure::{ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, StoreError};
 use tokio::sync::OnceCell;
 
 /// The default lease table.
@@ -106,7 +104,7 @@ fn split_table(url: &str) -> Result<(String, String), StoreError> {
     };
     let (url, mut ours) = tenure::url::take_params(&url, &["table"]);
     let table = ours.remove(0).unwrap_or_else(|| DEFAULT_TABLE.to_string());
-    tenure::url::check_table_name(&table, 64)?;
+    tenure::store::check_table_name(&table, 64)?;
     Ok((url, table))
 }
 

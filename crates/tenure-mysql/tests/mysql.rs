@@ -104,12 +104,14 @@ async fn a_read_only_server_is_retried_and_served_again() {
     }
     let app = my.url.replacen("root@", "app:app-pw@", 1);
     let store = MysqlStore::connect(&app).await.unwrap();
-    let req = tenure::AcquireRequest::new(
+    let req = tenure::store::AcquireRequest::new(
         ElectionName::new("ro/x").unwrap(),
         tenure::HolderId::new("a").unwrap(),
         Duration::from_secs(10),
     );
-    let tenure::Acquire::Acquired(lease) = store.try_acquire(&req).await.unwrap() else { panic!("not acquired") };
+    let tenure::store::Acquire::Acquired(lease) = store.try_acquire(&req).await.unwrap() else {
+        panic!("not acquired")
+    };
     // What a replica is after a failover, or an operator fencing the old primary.
     sqlx::query("SET GLOBAL read_only = ON").execute(&admin).await.unwrap();
     let err = store.renew(&lease, Duration::from_secs(10)).await.expect_err("a read-only server took a write");
@@ -117,5 +119,5 @@ async fn a_read_only_server_is_retried_and_served_again() {
     assert!(err.to_string().contains("no writes"), "{err}");
     sqlx::query("SET GLOBAL read_only = OFF").execute(&admin).await.unwrap();
     let renewed = store.renew(&lease, Duration::from_secs(10)).await;
-    assert!(matches!(renewed, Ok(tenure::Renew::Renewed(_))), "not served again: {renewed:?}");
+    assert!(matches!(renewed, Ok(tenure::store::Renew::Renewed(_))), "not served again: {renewed:?}");
 }

@@ -30,15 +30,12 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream::kv::{Entry, Operation, Store, UpdateErrorKind};
 use async_nats::jetstream::{self, stream};
-use tenure::{
-    Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, Renew,
-    Revision, StoreError, WatchStream, check_ttl,
-};
+use tenure::store::{Acquire, AcquireRequest, Renew, Revision, WatchStream, check_ttl};
+use tenure::{ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, StoreError};
 use tokio::sync::OnceCell;
 use tokio_stream::StreamExt;
 
@@ -60,8 +57,7 @@ struct Inner {
     /// The bucket and its max-age, once it exists.
     bucket: tokio::sync::Mutex<Option<(Store, Duration)>>,
     described: String,
-    changes: tenure::ChangeHub,
-    listening: AtomicBool,
+    changes: tenure::store::ChangeHub,
     /// Per election, the last revision this store wrote or read, with its holder and
     /// token: a renewal of exactly that record needs no read first.
     known: std::sync::Mutex<HashMap<ElectionName, (Revision, HolderId, FencingToken)>>,
@@ -254,8 +250,7 @@ impl NatsStore {
                 client: OnceCell::new(),
                 bucket: tokio::sync::Mutex::new(None),
                 described,
-                changes: tenure::ChangeHub::new(),
-                listening: AtomicBool::new(false),
+                changes: tenure::store::ChangeHub::new(),
                 known: std::sync::Mutex::new(HashMap::new()),
             }),
         })
@@ -476,50 +471,37 @@ impl NatsStore {
     }
 
     fn ensure_listener(&self) {
-        if self.inner.listening.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        let weak = Arc::downgrade(&self.inner);
-        tokio::spawn(async move {
-            let mut backoff = Duration::from_millis(100);
-            loop {
-                let Some(inner) = weak.upgrade() else { return };
-                let store = NatsStore { inner };
-                let (watch, ttl) = match store.bucket(None).await {
-                    Ok(Some((kv, ttl))) => {
-                        (tokio::time::timeout(REQUEST_TIMEOUT, kv.watch_all()).await.ok().and_then(|r| r.ok()), ttl)
-                    }
-                    _ => (None, Duration::ZERO),
-                };
-                let changes = store.inner.changes.clone();
-                drop(store);
-                let Some(mut watch) = watch else {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
-                    continue;
-                };
-                backoff = Duration::from_millis(100);
-                // (Re)watching: changes may have been missed; every watcher re-reads.
-                changes.publish(tenure::Change { election: Arc::from(""), record: None });
-                loop {
-                    let m = tokio::time::timeout(Duration::from_secs(5), watch.next()).await;
-                    let Some(inner) = weak.upgrade() else { return };
-                    let this = NatsStore { inner };
-                    match m {
-                        // Each entry is the key as it now stands: followers need no read
-                        // while the leader renews.
-                        Ok(Some(Ok(entry))) => {
-                            if let Some(name) = election_of(&entry.key) {
-                                let record = this.record(&entry, ttl).ok();
-                                changes.publish(tenure::Change { election: Arc::from(name.as_str()), record });
-                            }
-                        }
-                        Ok(_) => break,
-                        Err(_) => {}
-                    }
-                }
-            }
+        self.inner.changes.listen(&self.inner, |inner| async move {
+            let weak = Arc::downgrade(&inner);
+            let store = NatsStore { inner };
+            let (kv, ttl) = store.bucket(None).await.ok()??;
+            let watch = tokio::time::timeout(REQUEST_TIMEOUT, kv.watch_all()).await.ok()?.ok()?;
+            Some(Box::new(Entries { watch, store: weak, ttl }) as Box<dyn tenure::store::ChangeFeed>)
         });
+    }
+}
+
+/// The bucket's watch. Each entry is the key as it now stands: followers need no read
+/// while the leader renews.
+struct Entries {
+    watch: async_nats::jetstream::kv::Watch,
+    /// To read records with (weakly: the listener must not keep the store).
+    store: std::sync::Weak<Inner>,
+    ttl: Duration,
+}
+
+#[async_trait::async_trait]
+impl tenure::store::ChangeFeed for Entries {
+    async fn next(&mut self) -> Option<tenure::store::Change> {
+        loop {
+            let entry = self.watch.next().await?.ok()?;
+            let Some(name) = election_of(&entry.key) else { continue };
+            let store = NatsStore { inner: self.store.upgrade()? };
+            return Some(match store.record(&entry, self.ttl) {
+                Ok(r) => tenure::store::Change::now(name.as_str(), r),
+                Err(_) => tenure::store::Change::read_again(name.as_str()),
+            });
+        }
     }
 }
 
@@ -682,7 +664,7 @@ impl LeaseStore for NatsStore {
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
         self.ensure_listener();
-        Some(tenure::watch_changes(Arc::new(self.clone()), &self.inner.changes, election))
+        Some(tenure::store::watch_changes(Arc::new(self.clone()), &self.inner.changes, election))
     }
 
     fn describe(&self) -> String {

@@ -6,7 +6,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tenure::{Acquire, AcquireRequest, ElectionName, ErrorKind, HolderId, LeaseStore};
+use tenure::store::{Acquire, AcquireRequest};
+use tenure::{ElectionName, ErrorKind, HolderId, LeaseStore};
 use tenure_nats::NatsStore;
 use tenure_testkit::conformance::{self, Harness};
 use tenure_testkit::proxy::{Mode, Proxy};

@@ -22,10 +22,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Row, Transaction};
-use tenure::{
-    Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, Renew,
-    Revision, StoreError, WatchStream, check_ttl,
-};
+use tenure::store::{Acquire, AcquireRequest, Renew, Revision, WatchStream, check_ttl};
+use tenure::{ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, StoreError};
 use tokio::sync::OnceCell;
 
 /// The default lease table.
@@ -45,8 +43,7 @@ struct Inner {
     sql: Sql,
     schema: OnceCell<()>,
     /// Names of elections that changed, from the shared LISTEN connection.
-    changes: tenure::ChangeHub,
-    listening: std::sync::atomic::AtomicBool,
+    changes: tenure::store::ChangeHub,
 }
 
 /// The statements, with the table name filled in.
@@ -126,7 +123,7 @@ fn split_table(url: &str) -> Result<(String, String), StoreError> {
     let (url, mut ours) = tenure::url::take_params(url, &["table"]);
     let table = ours.remove(0).unwrap_or_else(|| DEFAULT_TABLE.to_string());
     // The trigger is named <table>_notify, and PostgreSQL names are at most 63 bytes.
-    tenure::url::check_table_name(&table, 56)?;
+    tenure::store::check_table_name(&table, 56)?;
     Ok((url, table))
 }
 
@@ -159,8 +156,7 @@ impl PostgresStore {
                 table,
                 described,
                 schema: OnceCell::new(),
-                changes: tenure::ChangeHub::new(),
-                listening: std::sync::atomic::AtomicBool::new(false),
+                changes: tenure::store::ChangeHub::new(),
             }),
         })
     }
@@ -256,53 +252,29 @@ impl PostgresStore {
 
     /// Starts the shared LISTEN connection, once.
     fn ensure_listener(&self) {
-        use std::sync::atomic::Ordering;
-        if self.inner.listening.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        let inner = Arc::downgrade(&self.inner);
         let (pool, channel) = (self.inner.pool.clone(), self.inner.table.clone());
-        tokio::spawn(async move {
-            let mut backoff = Duration::from_millis(100);
-            loop {
-                let mut listener = match PgListener::connect_with(&pool).await {
-                    Ok(l) => l,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "LISTEN connection failed; retrying");
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_secs(2));
-                        if inner.strong_count() == 0 {
-                            return;
-                        }
-                        continue;
-                    }
-                };
-                if listener.listen(&channel).await.is_err() {
-                    tokio::time::sleep(backoff).await;
-                    continue;
-                }
-                backoff = Duration::from_millis(100);
-                // Changes may have been missed while disconnected: wake every watcher.
-                match inner.upgrade() {
-                    Some(i) => {
-                        i.changes.publish(tenure::Change { election: Arc::from(""), record: None });
-                    }
-                    None => return,
-                }
-                loop {
-                    let n = tokio::time::timeout(Duration::from_secs(5), listener.try_recv()).await;
-                    let Some(i) = inner.upgrade() else { return };
-                    match n {
-                        Ok(Ok(Some(n))) => {
-                            i.changes.publish(tenure::Change::parse(n.payload()));
-                        }
-                        // Disconnected (None) or failed: reconnect and resynchronise.
-                        Ok(Ok(None)) | Ok(Err(_)) => break,
-                        Err(_) => {} // quiet; check that someone still cares
-                    }
-                }
+        self.inner.changes.listen(&self.inner, move |_| {
+            let (pool, channel) = (pool.clone(), channel.clone());
+            async move {
+                let mut listener = PgListener::connect_with(&pool)
+                    .await
+                    .inspect_err(|e| tracing::debug!(error = %e, "LISTEN connection failed; retrying"))
+                    .ok()?;
+                listener.listen(&channel).await.ok()?;
+                Some(Box::new(Notifications(listener)) as Box<dyn tenure::store::ChangeFeed>)
             }
         });
+    }
+}
+
+/// The trigger's notifications on the store's channel.
+struct Notifications(PgListener);
+
+#[async_trait::async_trait]
+impl tenure::store::ChangeFeed for Notifications {
+    async fn next(&mut self) -> Option<tenure::store::Change> {
+        // Disconnected (None) or failed: the listener reconnects and resynchronises.
+        self.0.try_recv().await.ok().flatten().map(|n| tenure::store::Change::parse(n.payload()))
     }
 }
 
@@ -497,7 +469,7 @@ impl LeaseStore for PostgresStore {
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
         self.ensure_listener();
-        Some(tenure::watch_changes(Arc::new(self.clone()), &self.inner.changes, election))
+        Some(tenure::store::watch_changes(Arc::new(self.clone()), &self.inner.changes, election))
     }
 
     fn describe(&self) -> String {
@@ -521,18 +493,27 @@ mod tests {
         let mut listener = PgListener::connect_with(&pool).await.unwrap();
         listener.listen(DEFAULT_TABLE).await.unwrap();
         let name = ElectionName::new("billing/nightly").unwrap();
-        let req =
-            tenure::AcquireRequest::new(name.clone(), HolderId::new("web-1.42.ab").unwrap(), Duration::from_secs(9))
-                .with_metadata(b"host:8080\t\x00".to_vec());
-        let tenure::Acquire::Acquired(held) = store.try_acquire(&req).await.unwrap() else { panic!("not acquired") };
+        let req = tenure::store::AcquireRequest::new(
+            name.clone(),
+            HolderId::new("web-1.42.ab").unwrap(),
+            Duration::from_secs(9),
+        )
+        .with_metadata(b"host:8080\t\x00".to_vec());
+        let tenure::store::Acquire::Acquired(held) = store.try_acquire(&req).await.unwrap() else {
+            panic!("not acquired")
+        };
         store.renew(&held, Duration::from_secs(9)).await.unwrap();
         let mut compared = 0;
         for _ in 0..2 {
             let n = tokio::time::timeout(Duration::from_secs(5), listener.recv()).await.unwrap().unwrap();
-            let carried = tenure::Change::parse(n.payload()).record.expect("the payload carries the record");
+            let tenure::store::Change::Election { carries: tenure::store::Carries::Record(carried), .. } =
+                tenure::store::Change::parse(n.payload())
+            else {
+                panic!("the payload carries the record")
+            };
             let stored = store.get(&name).await.unwrap();
             let strip = |r: Option<LeaseRecord>| r.map(|r| LeaseRecord { remaining: None, ..r });
-            let carried = strip(carried);
+            let carried = strip(Some(carried));
             // The first notification is the acquire's, the second the renewal's.
             assert_eq!(carried.as_ref().map(|r| (&r.holder, r.token)), Some((&held.holder, held.token)));
             if carried.as_ref().map(|r| r.revision) == stored.as_ref().map(|r| r.revision) {
@@ -543,7 +524,13 @@ mod tests {
         assert_eq!(compared, 1, "the renewal's notification matches the row as it stands");
         store.release(&store.get(&name).await.unwrap().unwrap()).await.unwrap();
         let n = tokio::time::timeout(Duration::from_secs(5), listener.recv()).await.unwrap().unwrap();
-        assert_eq!(tenure::Change::parse(n.payload()).record, Some(None), "a release carries no lease");
+        assert!(
+            matches!(
+                tenure::store::Change::parse(n.payload()),
+                tenure::store::Change::Election { carries: tenure::store::Carries::NoLease, .. }
+            ),
+            "a release carries no lease"
+        );
     }
 
     #[test]

@@ -98,12 +98,14 @@ async fn an_unreachable_server_is_a_retryable_error() {
 async fn a_read_only_server_is_retried_and_served_again() {
     let Some(pg) = Pg::launch() else { return };
     let store = PostgresStore::connect(&pg.url).await.unwrap();
-    let req = tenure::AcquireRequest::new(
+    let req = tenure::store::AcquireRequest::new(
         ElectionName::new("ro/x").unwrap(),
         tenure::HolderId::new("a").unwrap(),
         Duration::from_secs(10),
     );
-    let tenure::Acquire::Acquired(lease) = store.try_acquire(&req).await.unwrap() else { panic!("not acquired") };
+    let tenure::store::Acquire::Acquired(lease) = store.try_acquire(&req).await.unwrap() else {
+        panic!("not acquired")
+    };
     // What a standby does after a failover, or an operator fencing the old primary.
     let admin = sqlx::PgPool::connect(&pg.url).await.unwrap();
     let read_only = |on: bool| {
@@ -133,7 +135,7 @@ async fn a_read_only_server_is_retried_and_served_again() {
     let t0 = std::time::Instant::now();
     loop {
         match store.renew(&lease, Duration::from_secs(10)).await {
-            Ok(tenure::Renew::Renewed(_)) => break,
+            Ok(tenure::store::Renew::Renewed(_)) => break,
             other => assert!(t0.elapsed() < Duration::from_secs(5), "not served again: {other:?}"),
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

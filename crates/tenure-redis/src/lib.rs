@@ -39,10 +39,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
-use tenure::{
-    Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, Renew,
-    Revision, StoreError, WatchStream, check_ttl,
-};
+use tenure::store::{Acquire, AcquireRequest, Renew, Revision, WatchStream, check_ttl};
+use tenure::{ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, StoreError};
 
 mod target;
 use target::Target;
@@ -112,7 +110,7 @@ local function reply(status)
   return {status, f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], redis.call('PTTL', lease)}
 end
 local function publish(channel, election, r)
-  -- r, a reply() read after the write, as text tenure::Change::parse reads, so that
+  -- r, a reply() read after the write, as text tenure::store::Change::parse reads, so that
   -- followers need not read the lease back: ELECTION<TAB> when no lease is live.
   local msg = election .. '\t'
   if r[2] then
@@ -210,8 +208,7 @@ struct Inner {
     /// The longest TTL this handle has asked for or seen in a record, in ms: the guard
     /// lasts that long, since a restart may have forgotten a lease of that TTL.
     longest_ttl_ms: std::sync::atomic::AtomicU64,
-    changes: tenure::ChangeHub,
-    listening: std::sync::atomic::AtomicBool,
+    changes: tenure::store::ChangeHub,
 }
 
 struct Scripts {
@@ -316,8 +313,7 @@ impl RedisStore {
                 scripts: Scripts::new(),
                 guard,
                 longest_ttl_ms: std::sync::atomic::AtomicU64::new(0),
-                changes: tenure::ChangeHub::new(),
-                listening: std::sync::atomic::AtomicBool::new(false),
+                changes: tenure::store::ChangeHub::new(),
             }),
         })
     }
@@ -474,68 +470,31 @@ impl RedisStore {
     }
 
     fn ensure_listener(&self) {
-        use std::sync::atomic::Ordering;
-        if self.inner.listening.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        let inner = Arc::downgrade(&self.inner);
         let channel = self.channel();
-        tokio::spawn(async move {
-            use tokio_stream::StreamExt;
-            let mut backoff = Duration::from_millis(100);
-            loop {
+        self.inner.changes.listen(&self.inner, move |inner| {
+            let channel = channel.clone();
+            async move {
                 // Behind sentinels, the primary of the moment (a replica would do too: it
                 // passes on what is published on its primary).
-                let client = match inner.upgrade() {
-                    Some(i) => i.target.client().await,
-                    None => return,
-                };
-                let pubsub = match client {
-                    Ok(client) => match client.get_async_pubsub().await {
-                        Ok(mut p) => match p.subscribe(&channel).await {
-                            Ok(()) => Some(p),
-                            Err(_) => None,
-                        },
-                        Err(e) => {
-                            if let Some(i) = inner.upgrade() {
-                                i.target.failed(&e);
-                            }
-                            None
-                        }
-                    },
-                    Err(_) => None,
-                };
-                let Some(pubsub) = pubsub else {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
-                    if inner.strong_count() == 0 {
-                        return;
-                    }
-                    continue;
-                };
-                backoff = Duration::from_millis(100);
-                match inner.upgrade() {
-                    // (Re)subscribed: changes may have been missed; every watcher re-reads.
-                    Some(i) => {
-                        i.changes.publish(tenure::Change { election: Arc::from(""), record: None });
-                    }
-                    None => return,
-                }
-                let mut messages = pubsub.into_on_message();
-                loop {
-                    let m = tokio::time::timeout(Duration::from_secs(5), messages.next()).await;
-                    let Some(i) = inner.upgrade() else { return };
-                    match m {
-                        Ok(Some(msg)) => {
-                            let text: String = msg.get_payload().unwrap_or_default();
-                            i.changes.publish(tenure::Change::parse(&text));
-                        }
-                        Ok(None) => break, // disconnected: resubscribe
-                        Err(_) => {}
-                    }
-                }
+                let client = inner.target.client().await.ok()?;
+                let mut pubsub = client.get_async_pubsub().await.inspect_err(|e| inner.target.failed(e)).ok()?;
+                pubsub.subscribe(&channel).await.ok()?;
+                Some(Box::new(Messages(Box::pin(pubsub.into_on_message()))) as Box<dyn tenure::store::ChangeFeed>)
             }
         });
+    }
+}
+
+/// The messages on the store's pub/sub channel.
+struct Messages(std::pin::Pin<Box<dyn tokio_stream::Stream<Item = redis::Msg> + Send>>);
+
+#[async_trait::async_trait]
+impl tenure::store::ChangeFeed for Messages {
+    async fn next(&mut self) -> Option<tenure::store::Change> {
+        use tokio_stream::StreamExt;
+        // None: disconnected; the listener subscribes again.
+        let msg = self.0.next().await?;
+        Some(tenure::store::Change::parse(&msg.get_payload::<String>().unwrap_or_default()))
     }
 }
 
@@ -774,7 +733,7 @@ impl LeaseStore for RedisStore {
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
         self.ensure_listener();
-        Some(tenure::watch_changes(Arc::new(self.clone()), &self.inner.changes, election))
+        Some(tenure::store::watch_changes(Arc::new(self.clone()), &self.inner.changes, election))
     }
 
     fn describe(&self) -> String {

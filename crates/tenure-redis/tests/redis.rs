@@ -5,7 +5,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tenure::{AcquireRequest, ElectionName, ErrorKind, HolderId, LeaseStore};
+use tenure::store::AcquireRequest;
+use tenure::{ElectionName, ErrorKind, HolderId, LeaseStore};
 use tenure_redis::RedisStore;
 use tenure_testkit::conformance::{self, Harness};
 use tenure_testkit::scenario::{self, ScenarioHarness};
@@ -71,8 +72,8 @@ async fn five_candidates_survive_killed_connections_and_a_restart() {
 async fn acquire(store: &RedisStore, req: &AcquireRequest) -> tenure::LeaseRecord {
     loop {
         match store.try_acquire(req).await {
-            Ok(tenure::Acquire::Acquired(l)) => return l,
-            Ok(tenure::Acquire::Held(r)) => panic!("held by {}", r.holder),
+            Ok(tenure::store::Acquire::Acquired(l)) => return l,
+            Ok(tenure::store::Acquire::Held(r)) => panic!("held by {}", r.holder),
             Err(e) if e.is_retryable() => tokio::time::sleep(Duration::from_millis(50)).await,
             Err(e) => panic!("{e}"),
         }
@@ -138,9 +139,25 @@ async fn published_changes_carry_the_stored_record() {
     let mut pubsub = client.get_async_pubsub().await.unwrap();
     pubsub.subscribe("tenure:changes").await.unwrap();
     let mut messages = pubsub.into_on_message();
+    /// A message as the hub sees it: the election, and the record it carries, if it carries
+    /// one (`Some(None)`: no lease).
+    struct Told {
+        election: std::sync::Arc<str>,
+        record: Option<Option<tenure::LeaseRecord>>,
+    }
     let mut next = async || {
         let m = tokio::time::timeout(Duration::from_secs(5), messages.next()).await.unwrap().unwrap();
-        tenure::Change::parse(&m.get_payload::<String>().unwrap())
+        match tenure::store::Change::parse(&m.get_payload::<String>().unwrap()) {
+            tenure::store::Change::Election { name, carries } => Told {
+                election: name,
+                record: match carries {
+                    tenure::store::Carries::Record(r) => Some(Some(r)),
+                    tenure::store::Carries::NoLease => Some(None),
+                    tenure::store::Carries::ReadAgain => None,
+                },
+            },
+            tenure::store::Change::Everything => panic!("a message names its election"),
+        }
     };
     let strip = |r: Option<tenure::LeaseRecord>| r.map(|r| tenure::LeaseRecord { remaining: None, ..r });
     let name = ElectionName::new("billing/nightly").unwrap();
@@ -152,7 +169,7 @@ async fn published_changes_carry_the_stored_record() {
     let carried = told.record.expect("the message carries the record");
     assert!(carried.as_ref().and_then(|r| r.remaining).is_some_and(|d| d <= Duration::from_secs(9)));
     assert_eq!(strip(carried), strip(Some(held.clone())));
-    let tenure::Renew::Renewed(renewed) = store.renew(&held, Duration::from_secs(9)).await.unwrap() else {
+    let tenure::store::Renew::Renewed(renewed) = store.renew(&held, Duration::from_secs(9)).await.unwrap() else {
         panic!("lost")
     };
     assert_eq!(strip(next().await.record.unwrap()), strip(store.get(&name).await.unwrap()));
@@ -199,7 +216,7 @@ async fn refusals_a_failover_or_a_full_server_can_clear_are_retried() {
             admin(&r.url, &["CONFIG", "SET", "maxmemory-policy", "noeviction"]).await;
         }
         let name = format!("refused/{i}");
-        let tenure::Acquire::Acquired(lease) = store.try_acquire(&req(&name)).await.unwrap() else { panic!() };
+        let tenure::store::Acquire::Acquired(lease) = store.try_acquire(&req(&name)).await.unwrap() else { panic!() };
         admin(&r.url, set).await;
         let err = store.renew(&lease, Duration::from_secs(5)).await.expect_err(code);
         assert!(err.kind().is_retryable(), "{code}: {err:?} must be retried, not end the campaign");
@@ -207,7 +224,7 @@ async fn refusals_a_failover_or_a_full_server_can_clear_are_retried() {
         assert!(chain.to_lowercase().contains(&code.to_lowercase()), "{chain}");
         admin(&r.url, clear).await;
         let renewed = store.renew(&lease, Duration::from_secs(5)).await;
-        assert!(matches!(renewed, Ok(tenure::Renew::Renewed(_))), "{code} cleared: {renewed:?}");
+        assert!(matches!(renewed, Ok(tenure::store::Renew::Renewed(_))), "{code} cleared: {renewed:?}");
     }
 }
 
@@ -223,8 +240,8 @@ async fn a_restored_snapshot_cannot_revive_an_old_term() {
     let grant = |s: RedisStore, rq: AcquireRequest| async move {
         loop {
             match s.try_acquire(&rq).await {
-                Ok(tenure::Acquire::Acquired(l)) => return l,
-                Ok(tenure::Acquire::Held(h)) => panic!("held by {}", h.holder),
+                Ok(tenure::store::Acquire::Acquired(l)) => return l,
+                Ok(tenure::store::Acquire::Held(h)) => panic!("held by {}", h.holder),
                 Err(e) => assert!(e.is_retryable(), "{e}"),
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -258,10 +275,10 @@ async fn a_restored_snapshot_cannot_revive_an_old_term() {
     // a finds a record naming it (as after an ambiguous acquire) and confirms it with a
     // renewal, while b still believes it leads until its deadline: that must not succeed.
     match a.renew(&back, ttl).await {
-        Ok(tenure::Renew::Renewed(l)) => {
+        Ok(tenure::store::Renew::Renewed(l)) => {
             panic!("a restored record renewed: token {} leads again while token {} still believes", l.token, new.token)
         }
-        Ok(tenure::Renew::Lost(_)) => {}
+        Ok(tenure::store::Renew::Lost(_)) => {}
         Err(e) => assert!(e.is_retryable(), "{e}"),
     }
 }
@@ -276,22 +293,22 @@ async fn the_restart_guard_lasts_the_longest_ttl_the_candidate_has_seen() {
     let req = |h: &str, ttl| AcquireRequest::new(election.clone(), HolderId::new(h).unwrap(), ttl);
     loop {
         match a.try_acquire(&req("a", long)).await {
-            Ok(tenure::Acquire::Acquired(_)) => break,
-            Ok(tenure::Acquire::Held(h)) => panic!("held by {}", h.holder),
+            Ok(tenure::store::Acquire::Acquired(_)) => break,
+            Ok(tenure::store::Acquire::Held(h)) => panic!("held by {}", h.holder),
             Err(e) => assert!(e.is_retryable(), "{e}"),
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // b, with a short TTL, sees a's long lease; then the server forgets it in a restart.
-    assert!(matches!(b.try_acquire(&req("b", short)).await, Ok(tenure::Acquire::Held(_))));
+    assert!(matches!(b.try_acquire(&req("b", short)).await, Ok(tenure::store::Acquire::Held(_))));
     r.server.lock().unwrap().restart();
     let restarted = std::time::Instant::now();
     // a may believe it leads for up to `long` after its last grant: b must wait that out,
     // not just its own short TTL.
     loop {
         match b.try_acquire(&req("b", short)).await {
-            Ok(tenure::Acquire::Acquired(_)) => break,
-            Ok(tenure::Acquire::Held(h)) => panic!("held by {}", h.holder),
+            Ok(tenure::store::Acquire::Acquired(_)) => break,
+            Ok(tenure::store::Acquire::Held(h)) => panic!("held by {}", h.holder),
             Err(e) => assert!(e.is_retryable(), "{e}"),
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -307,8 +324,8 @@ async fn the_restart_guard_lasts_the_longest_ttl_the_candidate_has_seen() {
 async fn granted(store: &RedisStore, req: &AcquireRequest) -> tenure::LeaseRecord {
     loop {
         match store.try_acquire(req).await {
-            Ok(tenure::Acquire::Acquired(l)) => return l,
-            Ok(tenure::Acquire::Held(h)) => panic!("held by {}", h.holder),
+            Ok(tenure::store::Acquire::Acquired(l)) => return l,
+            Ok(tenure::store::Acquire::Held(h)) => panic!("held by {}", h.holder),
             Err(e) => assert!(e.is_retryable(), "{e}"),
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -351,5 +368,5 @@ async fn a_promoted_replica_that_lacks_the_newest_grant_grants_nothing_for_the_l
     assert!(after >= long, "b was granted {after:?} after a's grant (token {}), whose TTL is {long:?}", lost.token);
     assert_ne!(mine.token, lost.token, "a token granted twice");
     // From then on b leads as on any primary.
-    assert!(matches!(b.renew(&mine, short).await, Ok(tenure::Renew::Renewed(_))));
+    assert!(matches!(b.renew(&mine, short).await, Ok(tenure::store::Renew::Renewed(_))));
 }

@@ -6,7 +6,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tenure::{Acquire, AcquireRequest, ElectionName, HolderId, LeaseStore, Renew};
+use tenure::store::{Acquire, AcquireRequest, Renew};
+use tenure::{ElectionName, HolderId, LeaseStore};
 use tenure_redis::RedisStore;
 use tenure_testkit::scenario::{self, ScenarioHarness};
 use tenure_testkit::servers::{RedisSentinels, redis_command};

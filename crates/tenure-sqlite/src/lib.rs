@@ -23,11 +23,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
-use tenure::{
-    Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, Renew,
-    Revision, StoreError, WatchStream, check_ttl,
-};
-use tenure::{Change, ChangeHub};
+use tenure::store::{Acquire, AcquireRequest, Renew, Revision, WatchStream, check_ttl};
+use tenure::store::{Change, ChangeHub};
+use tenure::{ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, StoreError};
 
 const SCHEMA_VERSION: i64 = 2;
 
@@ -432,7 +430,7 @@ impl LeaseStore for SqliteStore {
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
         // Subscribed before the poller starts: its first round tells every watcher to read.
-        let stream = tenure::watch_changes(Arc::new(self.clone()), &self.inner.changes, election);
+        let stream = tenure::store::watch_changes(Arc::new(self.clone()), &self.inner.changes, election);
         self.ensure_poller();
         Some(stream)
     }
@@ -474,7 +472,7 @@ fn poll_changes(inner: &Arc<Inner>) {
                     None => match conn.query_row("SELECT n FROM tenure_seq", [], |r| r.get(0)) {
                         Ok(c) => {
                             cursor = Some(c);
-                            inner.changes.publish(Change { election: Arc::from(""), record: None });
+                            inner.changes.publish(Change::Everything);
                         }
                         Err(e) => {
                             version = None;
@@ -510,8 +508,7 @@ fn changed_since(conn: &Connection, cursor: i64, boot_id: &str) -> rusqlite::Res
         .collect::<rusqlite::Result<Vec<_>>>()?;
     let now = Now { ns: monotonic_ns(), boot_id };
     let next = rows.last().map_or(cursor, |(_, seq)| *seq);
-    let changes =
-        rows.iter().map(|(row, _)| Change { election: Arc::from(row.election.as_str()), record: Some(row.live(now)) });
+    let changes = rows.iter().map(|(row, _)| Change::now(row.election.as_str(), row.live(now)));
     Ok((changes.collect(), next))
 }
 
@@ -675,6 +672,22 @@ mod tests {
         )
     }
 
+    /// A change's election and what it carries: the record, `Some(None)` for no lease,
+    /// `None` for "read again".
+    fn parts(c: &Change) -> (&str, Option<Option<LeaseRecord>>) {
+        match c {
+            Change::Election { name, carries } => (
+                name,
+                match carries {
+                    tenure::store::Carries::Record(r) => Some(Some(r.clone())),
+                    tenure::store::Carries::NoLease => Some(None),
+                    tenure::store::Carries::ReadAgain => None,
+                },
+            ),
+            Change::Everything => ("", None),
+        }
+    }
+
     #[tokio::test]
     async fn the_change_feed_names_each_changed_election_once_with_its_record() {
         let dir = tempfile::tempdir().unwrap();
@@ -687,27 +700,27 @@ mod tests {
         let Acquire::Acquired(a) = store.try_acquire(&req("a", "x")).await.unwrap() else { panic!("a not won") };
         let Acquire::Acquired(b) = store.try_acquire(&req("b", "y")).await.unwrap() else { panic!("b not won") };
         let (changes, cursor) = changed_since(&conn, start, &boot).unwrap();
-        let names: Vec<&str> = changes.iter().map(|c| &*c.election).collect();
+        let names: Vec<&str> = changes.iter().map(|c| parts(c).0).collect();
         assert_eq!(names, ["a", "b"]);
-        let carried = changes[1].record.clone().unwrap().unwrap();
+        let carried = parts(&changes[1]).1.unwrap().unwrap();
         assert_eq!((carried.holder.as_str(), carried.token), ("y", b.token));
         // A renewal of b (three rows in one batch would be three changes) concerns b only.
         let Renew::Renewed(b2) = store.renew(&b, Duration::from_secs(30)).await.unwrap() else { panic!("b lost") };
         let (changes, cursor) = changed_since(&conn, cursor, &boot).unwrap();
         assert_eq!(changes.len(), 1);
-        assert_eq!(changes[0].record.clone().unwrap().unwrap().revision, b2.revision);
+        assert_eq!(parts(&changes[0]).1.unwrap().unwrap().revision, b2.revision);
         // A release is told as "no record".
         store.release(&a).await.unwrap();
         let (changes, cursor) = changed_since(&conn, cursor, &boot).unwrap();
-        assert_eq!((&*changes[0].election, changes.len()), ("a", 1));
-        assert!(changes[0].record.clone().unwrap().is_none());
+        assert_eq!((parts(&changes[0]).0, changes.len()), ("a", 1));
+        assert!(parts(&changes[0]).1.unwrap().is_none());
         let (none, cursor) = changed_since(&conn, cursor, &boot).unwrap();
         assert!(none.is_empty());
         // A new grant after the release (the row is replaced) is told too.
         let Acquire::Acquired(a2) = store.try_acquire(&req("a", "z")).await.unwrap() else { panic!("a not won") };
         let (changes, _) = changed_since(&conn, cursor, &boot).unwrap();
-        assert_eq!(changes.len(), 1, "{:?}", changes.iter().map(|c| &c.election).collect::<Vec<_>>());
-        assert_eq!(changes[0].record.clone().unwrap().unwrap().token, a2.token);
+        assert_eq!(changes.len(), 1, "{:?}", changes.iter().map(|c| parts(c).0).collect::<Vec<_>>());
+        assert_eq!(parts(&changes[0]).1.unwrap().unwrap().token, a2.token);
     }
 
     #[tokio::test]

@@ -183,7 +183,7 @@ fn many_processes_can_create_the_database_at_once() {
                 let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
                 rt.block_on(async {
                     let store = SqliteStore::open(&db).await.unwrap();
-                    let req = tenure::AcquireRequest::new(
+                    let req = tenure::store::AcquireRequest::new(
                         tenure::ElectionName::new("w").unwrap(),
                         tenure::HolderId::new("w").unwrap(),
                         Duration::from_secs(5),

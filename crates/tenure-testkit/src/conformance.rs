@@ -32,10 +32,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure::{
-    Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, ExpiryJudge, FencingToken, HolderId, LeaseRecord,
-    LeaseStore, MAX_METADATA, Renew,
-};
+use tenure::store::{Acquire, AcquireRequest, ExpiryJudge, MAX_METADATA, Renew};
+use tenure::{ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore};
 use tokio_stream::StreamExt;
 
 use crate::unique;
@@ -169,6 +167,7 @@ async fn outlive(h: &Arc<dyn Harness>) {
     tokio::time::sleep(h.short_ttl() * 2 + Duration::from_millis(50)).await;
 }
 
+/// Checks duties 3 and 4 (a grant on an empty election; tokens start above zero).
 async fn acquire_on_empty(h: Arc<dyn Harness>) {
     let s = h.open().await;
     let e = election("empty");
@@ -181,6 +180,7 @@ async fn acquire_on_empty(h: Arc<dyn Harness>) {
     assert_eq!((got.holder, got.token), (a, l.token));
 }
 
+/// Checks duties 2 and 3 (a lost race is `Held`, naming the holder, with at most a TTL left).
 async fn held_by_another(h: Arc<dyn Harness>) {
     let (s1, s2) = (h.open().await, h.open().await);
     let e = election("held");
@@ -193,13 +193,14 @@ async fn held_by_another(h: Arc<dyn Harness>) {
     // version; a store with a clock counts at most the TTL.
     let most = match s2.expiry() {
         ExpiryJudge::ByStore => h.long_ttl(),
-        ExpiryJudge::ByObserver => h.long_ttl().mul_f64(1.0 + 2.0 * tenure::observed::MAX_RATE_BOUND),
+        ExpiryJudge::ByObserver => h.long_ttl().mul_f64(1.0 + 2.0 * tenure::store::observed::MAX_RATE_BOUND),
     };
     assert!(remaining <= most, "remaining {remaining:?} exceeds the TTL");
     let got = s2.get(&e).await.unwrap().unwrap();
     assert_eq!(got.holder, a, "a lost race leaves the record alone");
 }
 
+/// Checks duty 4 (a same-holder acquire is a renewal: same token, new revision).
 async fn same_holder_reacquire_renews(h: Arc<dyn Harness>) {
     let s = h.open().await;
     let e = election("reacquire");
@@ -210,6 +211,7 @@ async fn same_holder_reacquire_renews(h: Arc<dyn Harness>) {
     assert!(again.revision > first.revision, "a renewal moves the revision");
 }
 
+/// Checks duties 4 and 5 (renewal keeps the token; the compare is on holder and token).
 async fn renew_keeps_token_and_moves_revision(h: Arc<dyn Harness>) {
     let s = h.open().await;
     let e = election("renew");
@@ -225,6 +227,7 @@ async fn renew_keeps_token_and_moves_revision(h: Arc<dyn Harness>) {
     assert!(matches!(s.renew(&l, h.long_ttl()).await.unwrap(), Renew::Renewed(_)));
 }
 
+/// Checks duty 5 (each renewal of a batch is its own compare-and-set).
 async fn renew_many_answers_each_lease_in_order(h: Arc<dyn Harness>) {
     let (s1, s2) = (h.open().await, h.open().await);
     let root = unique("many");
@@ -254,6 +257,7 @@ async fn renew_many_answers_each_lease_in_order(h: Arc<dyn Harness>) {
     assert!(s1.renew_many(&[], h.long_ttl()).await.is_empty());
 }
 
+/// Checks duties 2 and 4 (expiry by the store; the next grant has a larger token).
 async fn expiry_then_takeover(h: Arc<dyn Harness>) {
     let (s1, s2) = (h.open().await, h.open().await);
     let e = election("expiry");
@@ -266,6 +270,7 @@ async fn expiry_then_takeover(h: Arc<dyn Harness>) {
     assert!(lb.token > la.token, "takeover after expiry must raise the token ({} then {})", la.token, lb.token);
 }
 
+/// Checks duties 2 and 5 (an expired lease cannot be renewed back to life).
 async fn renew_after_expiry_fails(h: Arc<dyn Harness>) {
     let s = h.open().await;
     let e = election("late-renew");
@@ -278,6 +283,7 @@ async fn renew_after_expiry_fails(h: Arc<dyn Harness>) {
     );
 }
 
+/// Checks duty 5 (renewal of a replaced grant is `Lost`, naming the new holder).
 async fn renew_after_takeover_fails(h: Arc<dyn Harness>) {
     let (s1, s2) = (h.open().await, h.open().await);
     let e = election("takeover");
@@ -299,6 +305,7 @@ async fn renew_after_takeover_fails(h: Arc<dyn Harness>) {
     assert_eq!(s1.get(&e).await.unwrap().unwrap().holder, b);
 }
 
+/// Checks duties 4 and 5 (release clears only its own grant, any number of times).
 async fn release_clears_and_is_idempotent(h: Arc<dyn Harness>) {
     let (s1, s2) = (h.open().await, h.open().await);
     let e = election("release");
@@ -314,6 +321,7 @@ async fn release_clears_and_is_idempotent(h: Arc<dyn Harness>) {
     assert_eq!(s2.get(&e).await.unwrap().unwrap().holder, b, "a stale release leaves the new holder alone");
 }
 
+/// Checks duties 3 and 5 (a release that does not match changes nothing and is not an error).
 async fn release_by_non_holder_is_harmless(h: Arc<dyn Harness>) {
     let (s1, s2) = (h.open().await, h.open().await);
     let e = election("foreign-release");
@@ -330,6 +338,7 @@ async fn release_by_non_holder_is_harmless(h: Arc<dyn Harness>) {
 
 /// A holder that re-acquires its own live record keeps the token; a release sent in
 /// its earlier term and delivered late must not clear the current term.
+/// Checks duty 5 (release compares the revision too).
 async fn delayed_release_of_an_earlier_term_is_harmless(h: Arc<dyn Harness>) {
     let s = h.open().await;
     let e = election("late-release");
@@ -344,6 +353,7 @@ async fn delayed_release_of_an_earlier_term_is_harmless(h: Arc<dyn Harness>) {
     assert_eq!(s.get(&e).await.unwrap(), None, "the release of the current revision clears it");
 }
 
+/// Checks duty 6 (eviction after term blocks others until the holder releases).
 async fn evict_after_term_blocks_until_release(h: Arc<dyn Harness>) {
     let (s1, s2, op) = (h.open().await, h.open().await, h.open().await);
     let e = election("evict-release");
@@ -369,6 +379,7 @@ async fn evict_after_term_blocks_until_release(h: Arc<dyn Harness>) {
     assert!(lb.token > la.token);
 }
 
+/// Checks duty 6 (eviction after term blocks others until the term runs out).
 async fn evict_after_term_blocks_until_term_ends(h: Arc<dyn Harness>) {
     let (s1, s2, op) = (h.open().await, h.open().await, h.open().await);
     let e = election("evict-term");
@@ -381,6 +392,7 @@ async fn evict_after_term_blocks_until_term_ends(h: Arc<dyn Harness>) {
     assert!(lb.token > la.token, "the term ran out; the next grant gets a larger token");
 }
 
+/// Checks duties 4 and 6 (eviction now frees the election; the token counter survives).
 async fn evict_now_frees_at_once(h: Arc<dyn Harness>) {
     let (s1, s2, op) = (h.open().await, h.open().await, h.open().await);
     let e = election("evict-now");
@@ -393,6 +405,7 @@ async fn evict_now_frees_at_once(h: Arc<dyn Harness>) {
     assert!(matches!(s1.renew(&la, h.long_ttl()).await.unwrap(), Renew::Lost(_)));
 }
 
+/// Checks duty 3 (evicting an empty election answers `None`).
 async fn evict_without_holder(h: Arc<dyn Harness>) {
     let s = h.open().await;
     let e = election("evict-empty");
@@ -401,6 +414,7 @@ async fn evict_without_holder(h: Arc<dyn Harness>) {
     acquired(&*s, &req(&e, &holder("a"), h.long_ttl())).await;
 }
 
+/// Checks duty 4 (tokens only grow across release, eviction and expiry).
 async fn tokens_increase_across_release_evict_expiry(h: Arc<dyn Harness>) {
     let s = h.open().await;
     let e = election("tokens");
@@ -431,6 +445,7 @@ async fn tokens_increase_across_release_evict_expiry(h: Arc<dyn Harness>) {
     }
 }
 
+/// Checks duty 4 (tokens only grow across a restart of a durable store).
 async fn tokens_increase_across_restart(h: Arc<dyn Harness>) {
     let s = h.open().await;
     let e = election("restart");
@@ -446,6 +461,7 @@ async fn tokens_increase_across_restart(h: Arc<dyn Harness>) {
     assert!(l2.token > l.token, "token {} after a restart is not above {}", l2.token, l.token);
 }
 
+/// Checks duty 1 (concurrent acquires: exactly one wins, the others see it).
 async fn racing_candidates_one_winner(h: Arc<dyn Harness>) {
     const N: usize = 8;
     let e = election("race");
@@ -483,6 +499,7 @@ async fn racing_candidates_one_winner(h: Arc<dyn Harness>) {
     }
 }
 
+/// Checks `list` (a prefix is literal text, released elections are not listed).
 async fn list_by_prefix(h: Arc<dyn Harness>) {
     let s = h.open().await;
     let root = format!("conformance/{}", unique("list"));
@@ -502,6 +519,7 @@ async fn list_by_prefix(h: Arc<dyn Harness>) {
     assert!(s.list(&format!("{root}/jobs*")).await.unwrap().is_empty());
 }
 
+/// Checks duty 7 (a watch tells of acquire, release and eviction).
 async fn watch_tells_of_changes(h: Arc<dyn Harness>) {
     let (s1, s2) = (h.open().await, h.open().await);
     let e = election("watch");
@@ -522,7 +540,7 @@ async fn watch_tells_of_changes(h: Arc<dyn Harness>) {
     wait_for(&mut w, "the eviction", |ev| ev.as_ref().is_some_and(|r| r.evicted)).await;
 }
 
-async fn wait_for(w: &mut tenure::WatchStream, what: &str, pred: impl Fn(&Option<LeaseRecord>) -> bool) {
+async fn wait_for(w: &mut tenure::store::WatchStream, what: &str, pred: impl Fn(&Option<LeaseRecord>) -> bool) {
     let found = tokio::time::timeout(Duration::from_secs(10), async {
         while let Some(ev) = w.next().await {
             if pred(&ev.expect("the watch failed")) {
@@ -535,6 +553,7 @@ async fn wait_for(w: &mut tenure::WatchStream, what: &str, pred: impl Fn(&Option
     assert_eq!(found, Ok(true), "the watch did not tell of {what}");
 }
 
+/// Checks the record (metadata of up to 4 KiB, binary-safe, reaches observers).
 async fn metadata_round_trips(h: Arc<dyn Harness>) {
     let (s1, s2) = (h.open().await, h.open().await);
     let e = election("metadata");
@@ -549,6 +568,7 @@ async fn metadata_round_trips(h: Arc<dyn Harness>) {
     assert_eq!(acquired(&*s1, &req(&e2, &holder("a"), h.long_ttl()).with_metadata(full.clone())).await.metadata, full);
 }
 
+/// Checks duty 3 (bad requests are `Invalid` errors and write nothing).
 async fn invalid_requests_are_refused(h: Arc<dyn Harness>) {
     let s = h.open().await;
     let e = election("invalid");

@@ -4,9 +4,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tenure::{
-    Acquire, AcquireRequest, ElectionName, Evict, ExpiryJudge, LeaseRecord, LeaseStore, Renew, StoreError, WatchStream,
-};
+use tenure::store::{Acquire, AcquireRequest, ExpiryJudge, Renew, WatchStream};
+use tenure::{ElectionName, Evict, LeaseRecord, LeaseStore, StoreError};
 
 /// What the wrapped store does with the next requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

@@ -15,9 +15,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tenure::store::{Acquire, AcquireRequest, Renew, WatchStream};
 use tenure::{
-    Acquire, AcquireRequest, Clock, Config, ElectionName, Elector, Event, Evict, Instant, LeaseRecord, LeaseStore,
-    MemoryStore, Renew, StoreError, WatchStream,
+    Clock, Config, ElectionName, Elector, Event, Evict, Instant, LeaseRecord, LeaseStore, MemoryStore, StoreError,
 };
 
 use crate::history::{self, Liveness, Record, Summary};

@@ -41,10 +41,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
-use tenure::{
-    Acquire, AcquireRequest, ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, Renew,
-    Revision, StoreError, WatchStream, check_ttl,
-};
+use tenure::store::{Acquire, AcquireRequest, Renew, Revision, WatchStream, check_ttl};
+use tenure::{ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, StoreError};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
@@ -82,8 +80,10 @@ struct Inner {
     /// Wakes the task that deletes nodes whose TTL has passed.
     held_changed: tokio::sync::Notify,
     sweeping: AtomicBool,
-    changes: tenure::ChangeHub,
-    listening: AtomicBool,
+    changes: tenure::store::ChangeHub,
+    /// Tests stop the sweeper just before it deletes: it says so, then waits.
+    #[cfg(test)]
+    before_delete: Mutex<Option<(tokio::sync::oneshot::Sender<()>, tokio::sync::oneshot::Receiver<()>)>>,
 }
 
 /// A grant node this store created and keeps alive.
@@ -255,8 +255,9 @@ impl ZkStore {
                 held: Default::default(),
                 held_changed: Default::default(),
                 sweeping: AtomicBool::new(false),
-                changes: tenure::ChangeHub::new(),
-                listening: AtomicBool::new(false),
+                changes: tenure::store::ChangeHub::new(),
+                #[cfg(test)]
+                before_delete: Mutex::new(None),
             }),
         };
         Ok(store)
@@ -409,35 +410,54 @@ impl ZkStore {
 
     /// Deletes the grant node `h` of the election node `parent` if it is still ours and
     /// nobody renewed it since.
+    ///
+    /// Every renewal moves `due` before it is sent (see [`ZkStore::sending`]). So once the
+    /// node has been read, `due` still past means that every write applied to it so far
+    /// was sent a TTL ago or more (its term is over), and a write applied after the read
+    /// moves the version, which fails the delete: a renewal and this deletion are a
+    /// compare-and-set, whichever lands first.
     async fn expire(&self, parent: &str, h: Held) {
         let path = h.path.as_str();
-        {
+        let still_due = || {
             let held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
-            match held.get(parent) {
-                Some(now) if now.token == h.token && now.due <= Instant::now() => {}
-                _ => return,
-            }
+            matches!(held.get(parent), Some(now) if now.token == h.token && now.due <= Instant::now())
+        };
+        if !still_due() {
+            return;
         }
+        // Ok(true): the grant is gone (or not ours); Ok(false): renewed meanwhile.
         let done = async {
             let c = self.reader().await?;
             loop {
                 let (_, stat) = match timed("reading a lease", false, c.get_data(path)).await? {
                     Ok(v) => v,
-                    Err(zk::Error::NoNode) => return Ok(()),
+                    Err(zk::Error::NoNode) => return Ok(true),
                     Err(e) => return Err(error("reading a lease", e, false)),
                 };
                 if stat.czxid != h.token || stat.ephemeral_owner != h.session {
-                    return Ok(());
+                    return Ok(true);
+                }
+                if !still_due() {
+                    return Ok(false);
+                }
+                #[cfg(test)]
+                {
+                    let gate = self.inner.before_delete.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    if let Some((reached, proceed)) = gate {
+                        let _ = reached.send(());
+                        let _ = proceed.await;
+                    }
                 }
                 match timed("deleting an expired lease", true, c.delete(path, Some(stat.version))).await? {
-                    Ok(()) | Err(zk::Error::NoNode) => return Ok(()),
+                    Ok(()) | Err(zk::Error::NoNode) => return Ok(true),
                     Err(zk::Error::BadVersion) => continue,
                     Err(e) => return Err(error("deleting an expired lease", e, true)),
                 }
             }
         };
         match done.await {
-            Ok(()) => self.forget(parent, h.token),
+            Ok(true) => self.forget(parent, h.token),
+            Ok(false) => {}
             Err(e) => {
                 tracing::debug!(path, error = %e, "could not delete a lease whose TTL has passed; trying again");
                 let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
@@ -450,78 +470,26 @@ impl ZkStore {
         }
     }
 
-    fn ensure_listener(&self) {
-        if self.inner.listening.swap(true, Ordering::SeqCst) {
-            return;
+    /// Notes, before a renewal of our grant `token` of the election node `parent` is sent,
+    /// that the grant must not be deleted before `due` (a TTL after the send).
+    fn sending(&self, parent: &str, token: FencingToken, due: Instant) {
+        let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(h) = held.get_mut(parent)
+            && h.token as u64 == token.0
+        {
+            h.due = h.due.max(due);
         }
-        let weak = Arc::downgrade(&self.inner);
-        let base = self.inner.path.clone();
-        tokio::spawn(async move {
-            let mut backoff = Duration::from_millis(100);
-            loop {
-                let Some(inner) = weak.upgrade() else { return };
-                let store = ZkStore { inner };
-                let opened = match store.reader().await {
-                    Ok(c) => {
-                        match timed("watching", false, c.watch(&base, zk::AddWatchMode::PersistentRecursive)).await {
-                            Ok(Ok(w)) => Some((c, w)),
-                            _ => None,
-                        }
-                    }
-                    Err(_) => None,
-                };
-                let changes = store.inner.changes.clone();
-                drop(store);
-                let Some((client, mut watcher)) = opened else {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
-                    continue;
-                };
-                backoff = Duration::from_millis(100);
-                // (Re)watching: changes may have been missed; every watcher re-reads.
-                changes.publish(tenure::Change { election: Arc::from(""), record: None });
-                loop {
-                    let ev = tokio::time::timeout(Duration::from_secs(5), watcher.changed()).await;
-                    if weak.strong_count() == 0 {
-                        return;
-                    }
-                    let Ok(ev) = ev else { continue };
-                    match ev.event_type {
-                        zk::EventType::Session => {
-                            // Events are lost across a reconnection: everyone re-reads.
-                            changes.publish(tenure::Change { election: Arc::from(""), record: None });
-                            if ev.session_state.is_terminated() {
-                                break;
-                            }
-                        }
-                        zk::EventType::NodeCreated | zk::EventType::NodeDataChanged | zk::EventType::NodeDeleted => {
-                            // Only grant nodes, PATH/ELECTION/grant-N, carry leases.
-                            let Some((node, grant)) = ev
-                                .path
-                                .strip_prefix(&base)
-                                .and_then(|p| p.strip_prefix('/'))
-                                .and_then(|p| p.split_once('/'))
-                            else {
-                                continue;
-                            };
-                            let Some(election) = election_of(node).filter(|_| grant.starts_with(GRANT)) else {
-                                continue;
-                            };
-                            let record = if ev.event_type == zk::EventType::NodeDeleted {
-                                Some(None)
-                            } else {
-                                match timed("reading a lease", false, client.get_data(&ev.path)).await {
-                                    Ok(Ok((data, stat))) => decode(&election, &data, &stat).ok().map(Some),
-                                    Ok(Err(zk::Error::NoNode)) => Some(None),
-                                    _ => None,
-                                }
-                            };
-                            changes.publish(tenure::Change { election: Arc::from(election.as_str()), record });
-                        }
-                        zk::EventType::NodeChildrenChanged => {}
-                    }
-                }
-            }
+    }
+
+    fn ensure_listener(&self) {
+        self.inner.changes.listen(&self.inner, |inner| async move {
+            let base = inner.path.clone();
+            let client = ZkStore { inner }.reader().await.ok()?;
+            let watcher = timed("watching", false, client.watch(&base, zk::AddWatchMode::PersistentRecursive))
+                .await
+                .ok()?
+                .ok()?;
+            Some(Box::new(NodeEvents { watcher, client, base }) as Box<dyn tenure::store::ChangeFeed>)
         });
     }
 
@@ -599,6 +567,7 @@ impl ZkStore {
                 }
                 (path, version) = (p, Some(stat.version));
             }
+            self.sending(&parent, token, sent + ttl);
             match timed("renewing a lease", true, c.set_data(&path, &data, version)).await? {
                 Ok(stat) => {
                     self.hold(&parent, &path, &stat, sent + ttl);
@@ -655,6 +624,48 @@ impl ZkStore {
 /// the `mutants` feature, for CI to prove its checks catch it.
 fn mutant(name: &str) -> bool {
     cfg!(feature = "mutants") && std::env::var("TENURE_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
+}
+
+/// The store's recursive watch on its path. Only grant nodes, `PATH/ELECTION/grant-N`,
+/// carry leases; a created or changed one is read once here for all its watchers.
+struct NodeEvents {
+    watcher: zk::PersistentWatcher,
+    client: zk::Client,
+    base: String,
+}
+
+#[async_trait::async_trait]
+impl tenure::store::ChangeFeed for NodeEvents {
+    async fn next(&mut self) -> Option<tenure::store::Change> {
+        loop {
+            let ev = self.watcher.changed().await;
+            let created = match ev.event_type {
+                // Events are lost across a reconnection: everyone re-reads.
+                zk::EventType::Session if ev.session_state.is_terminated() => return None,
+                zk::EventType::Session => return Some(tenure::store::Change::Everything),
+                zk::EventType::NodeCreated | zk::EventType::NodeDataChanged => true,
+                zk::EventType::NodeDeleted => false,
+                zk::EventType::NodeChildrenChanged => continue,
+            };
+            let Some((node, grant)) =
+                ev.path.strip_prefix(&self.base).and_then(|p| p.strip_prefix('/')).and_then(|p| p.split_once('/'))
+            else {
+                continue;
+            };
+            let Some(election) = election_of(node).filter(|_| grant.starts_with(GRANT)) else { continue };
+            if !created {
+                return Some(tenure::store::Change::now(election.as_str(), None));
+            }
+            return Some(match timed("reading a lease", false, self.client.get_data(&ev.path)).await {
+                Ok(Ok((data, stat))) => match decode(&election, &data, &stat) {
+                    Ok(r) => tenure::store::Change::record(r),
+                    Err(_) => tenure::store::Change::read_again(election.as_str()),
+                },
+                Ok(Err(zk::Error::NoNode)) => tenure::store::Change::now(election.as_str(), None),
+                _ => tenure::store::Change::read_again(election.as_str()),
+            });
+        }
+    }
 }
 
 /// The name prefix of grant nodes under an election's node.
@@ -805,7 +816,7 @@ impl LeaseStore for ZkStore {
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
         self.ensure_listener();
-        Some(tenure::watch_changes(Arc::new(self.clone()), &self.inner.changes, election))
+        Some(tenure::store::watch_changes(Arc::new(self.clone()), &self.inner.changes, election))
     }
 
     fn describe(&self) -> String {
@@ -830,6 +841,38 @@ mod tests {
         {
             assert_eq!(parse_url(bad).err().map(|e| e.kind()), Some(ErrorKind::Invalid), "{bad}");
         }
+    }
+
+    /// The store's own clean-up and a renewal race: the clean-up found the grant due and
+    /// read it, then the holder renewed it (a same-holder acquire after stepping down, or a
+    /// slow renewal): the clean-up must not delete the renewed grant.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_grant_renewed_while_the_clean_up_runs_is_not_deleted() {
+        use tenure_testkit::servers::{self, Kind};
+        let Some(server) = servers::launch(Kind::ZooKeeper) else { return };
+        let store = ZkStore::connect(&server.url()).await.unwrap();
+        let ttl = Duration::from_secs(2);
+        let e = ElectionName::new("sweep/race").unwrap();
+        let req = AcquireRequest::new(e.clone(), HolderId::new("a").unwrap(), ttl);
+        let Acquire::Acquired(lease) = store.try_acquire(&req).await.unwrap() else { panic!() };
+        let (reached_tx, mut reached) = tokio::sync::oneshot::channel();
+        let (proceed, proceed_rx) = tokio::sync::oneshot::channel();
+        *store.inner.before_delete.lock().unwrap() = Some((reached_tx, proceed_rx));
+        // The grant's TTL has passed, as far as the clean-up knows.
+        for h in store.inner.held.lock().unwrap().values_mut() {
+            h.due = Instant::now();
+        }
+        store.inner.held_changed.notify_one();
+        tokio::time::timeout(Duration::from_secs(5), &mut reached).await.expect("the clean-up ran").unwrap();
+        let Renew::Renewed(renewed) = store.renew(&lease, ttl).await.unwrap() else { panic!("lost") };
+        proceed.send(()).unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let now = store.get(&e).await.unwrap();
+        assert_eq!(
+            now.map(|r| (r.token, r.revision)),
+            Some((renewed.token, renewed.revision)),
+            "the renewed grant was deleted"
+        );
     }
 
     #[test]

@@ -6,7 +6,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tenure::{Acquire, AcquireRequest, ElectionName, ErrorKind, HolderId, LeaseStore, Renew};
+use tenure::store::{Acquire, AcquireRequest, Renew};
+use tenure::{ElectionName, ErrorKind, HolderId, LeaseStore};
 use tenure_testkit::conformance::{self, Harness};
 use tenure_testkit::proxy::{Mode, Proxy};
 use tenure_testkit::scenario::{self, ScenarioHarness};

@@ -18,8 +18,10 @@ pub struct ConfigError {
 /// How an [`crate::Elector`] campaigns and leads.
 ///
 /// Build it with [`Config::new`], which derives every interval from the TTL, then
-/// adjust fields and call [`Config::validate`] (the elector builder does that).
+/// adjust fields and call [`Config::validate`] (the elector builder does that). New
+/// settings may be added in any release, so it cannot be written as a struct literal.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Config {
     /// Lease length granted by the store on every acquire and renew. Default 10 s.
     pub ttl: Duration,
@@ -55,10 +57,10 @@ pub struct Config {
     pub resign_backoff: Duration,
     /// Metadata published with the lease (at most 4096 bytes).
     pub metadata: Vec<u8>,
-    /// Test only, and unsafe: date each term from when the store's answer *arrived*
-    /// instead of when the request was sent. It exists so that the simulation can show
-    /// that it catches this mistake.
-    #[doc(hidden)]
+    /// A planted bug, only in builds with the `mutants` feature (the test kit's): date
+    /// each term from when the store's answer *arrived* instead of when the request was
+    /// sent, so that the simulation can show that it catches this mistake.
+    #[cfg(feature = "mutants")]
     pub mutation_date_from_response: bool,
 }
 
@@ -79,6 +81,7 @@ impl Config {
             splay: Duration::ZERO,
             resign_backoff: retry * 2,
             metadata: Vec::new(),
+            #[cfg(feature = "mutants")]
             mutation_date_from_response: false,
         }
     }

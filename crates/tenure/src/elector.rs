@@ -879,9 +879,17 @@ fn follower_wake(shared: &Shared, rec: Option<&LeaseRecord>, watching: bool) -> 
 async fn lead(shared: &Shared, view: &mut View<'_>, mut lease: LeaseRecord, sent: Instant) -> (OustReason, Duration) {
     let cfg = &shared.cfg;
     let election = &shared.req.election;
-    // The term is dated from when the request was sent (see the mutation's doc).
+    // The safety rule: a term is dated from when its acquire or renewal was *sent*. The
+    // store dates its expiry from when it *received* the request (store duty 2), which is
+    // later, so `sent + ttl·(1 − max_drift) − safety_margin` falls before the store's
+    // expiry on any clock within the drift bound (docs/ARCHITECTURE.md, "Why two leaders
+    // never overlap", steps 1 and 2). Dating it from the answer's arrival would not.
     let dated = |sent: Instant| {
-        if cfg.mutation_date_from_response { shared.clock.now() } else { sent }
+        #[cfg(feature = "mutants")]
+        if cfg.mutation_date_from_response {
+            return shared.clock.now();
+        }
+        sent
     };
     let mut times = TermTimes::after_success(cfg, dated(sent));
     let deadline_cell = Arc::new(Mutex::new(times.deadline));

@@ -26,12 +26,18 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The pieces:
-//! - [`LeaseStore`]: the store contract (what an implementation owes is in its docs);
-//!   [`MemoryStore`] is the in-process implementation.
-//! - [`Elector`]: the runtime. [`Leadership`] is what the leader holds.
+//! The pieces, for application code:
+//! - [`Elector`]: the runtime, configured by [`Config`]. [`Leadership`] is what the leader
+//!   holds; [`Event`]s tell of elections and step-downs.
 //! - [`observe`]: who leads, for programs that only watch.
+//! - [`LeaseStore`]: a store to elect on (SQLite, PostgreSQL, … in crates of their own);
+//!   [`MemoryStore`] is the in-process one, [`Batched`] shares one store's round trips
+//!   among many electors.
 //! - [`Clock`]: all time is read through it, so tests run on paused time.
+//!
+//! For those who write a store: [`store`] holds the contract's requests and answers, what
+//! an implementation owes (on [`LeaseStore`]), and helpers for watches
+//! ([`store::ChangeHub`]) and for stores without a clock ([`store::observed`]).
 
 mod batch;
 mod clock;
@@ -41,11 +47,9 @@ mod memory;
 mod metrics;
 mod name;
 mod observe;
-pub mod observed;
 mod record;
-mod store;
+pub mod store;
 pub mod url;
-mod watch;
 
 pub use batch::{Batched, DEFAULT_MAX_BATCH, DEFAULT_WINDOW};
 pub use clock::{Clock, Instant, TokioClock, host_suspended};
@@ -54,11 +58,6 @@ pub use elector::{BuildError, ElectError, Elector, ElectorBuilder, Event, Leader
 pub use memory::MemoryStore;
 pub use name::{ELECTION_NAME_RULE, ElectionName, HOLDER_ID_RULE, HolderId, NameError, host_name};
 pub use observe::{Observer, observe, observe_with};
-pub use observed::{Judgement, ObservedExpiry};
-pub use record::{
-    Acquire, AcquireRequest, Evict, ExpiryJudge, FencingToken, Leader, LeaseRecord, MAX_METADATA, MAX_TTL, MIN_TTL,
-    Renew, Revision, check_ttl,
-};
-pub use store::{BoxError, ErrorKind, LeaseStore, StoreError, WatchEvent, WatchStream};
+pub use record::{Evict, FencingToken, Leader, LeaseRecord};
+pub use store::{ErrorKind, LeaseStore, StoreError};
 pub use tokio_util::sync::CancellationToken;
-pub use watch::{Change, ChangeHub, rereading_watch, watch_changes};

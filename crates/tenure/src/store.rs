@@ -1,4 +1,10 @@
-//! The store contract: [`LeaseStore`] and its errors.
+//! For those who write a store: the contract ([`LeaseStore`], with what an implementation
+//! owes), its requests and answers, its errors, and helpers: [`ChangeHub`] and
+//! [`watch_changes`] for stores that can notify, [`observed`] for stores that have no
+//! clock of their own.
+
+pub mod observed;
+mod watch;
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -8,7 +14,13 @@ use std::time::Duration;
 use tokio_stream::Stream;
 
 use crate::name::ElectionName;
-use crate::record::{Acquire, AcquireRequest, Evict, ExpiryJudge, LeaseRecord, Renew};
+use crate::record::{Evict, LeaseRecord};
+
+pub use crate::record::{
+    Acquire, AcquireRequest, ExpiryJudge, MAX_METADATA, MAX_TTL, MIN_TTL, Renew, Revision, check_ttl,
+};
+pub use observed::{Judgement, ObservedExpiry};
+pub use watch::{Carries, Change, ChangeFeed, ChangeHub, watch_changes};
 
 /// A change to one election's record: the record as it now stands, or `None` when
 /// the election has no record (released, evicted at once, or deleted on expiry).
@@ -126,29 +138,52 @@ impl StdError for StoreError {
 ///
 /// 1. **Atomic decisions.** `try_acquire`, `renew`, `release` and `evict` each read and
 ///    write the record in one atomic step (a transaction, a compare-and-set, a script).
+///    *Checked by* `racing_candidates_one_winner`.
 /// 2. **Expiry by one clock that is not a client's wall clock.** With
 ///    [`ExpiryJudge::ByStore`] the store dates expiry from when it *received* the
 ///    request (`received + ttl`), on its own clock, and judges expiry on that same
 ///    clock. A clock that can step backwards or forwards (a wall clock under NTP) is
 ///    not good enough. With [`ExpiryJudge::ByObserver`] the store never judges expiry;
-///    it only compares revisions.
+///    it only compares revisions. *Checked by* `expiry_then_takeover`,
+///    `renew_after_expiry_fails`, `held_by_another` (the time left it reports).
 /// 3. **Losing is not an error.** A lost race is `Ok(Acquire::Held)` or
 ///    `Ok(Renew::Lost)`; `Err` is for failures, with an [`ErrorKind`] that says
 ///    whether a retry can help. A request whose outcome is unknown (timeout,
 ///    connection lost after sending) is [`ErrorKind::Ambiguous`], never `Unavailable`.
+///    *Checked by* `held_by_another`, `release_by_non_holder_is_harmless`,
+///    `evict_without_holder`, `invalid_requests_are_refused`.
 /// 4. **Tokens only grow.** Every new grant of an election gets a token strictly
 ///    greater than every token granted for it before, across release, eviction,
 ///    expiry and, for durable stores, restarts. A renewal (including a same-holder
-///    `try_acquire`) keeps the token.
+///    `try_acquire`) keeps the token. *Checked by* `tokens_increase_across_release_evict_expiry`,
+///    `tokens_increase_across_restart`, `same_holder_reacquire_renews`,
+///    `renew_keeps_token_and_moves_revision`.
 /// 5. **Renew is a compare-and-set on (holder, token)** and never succeeds once the
 ///    record belongs to another grant or has expired, or the holder was evicted.
-///    **Release is a compare-and-set on (holder, token, revision).**
+///    **Release is a compare-and-set on (holder, token, revision).** *Checked by*
+///    `renew_after_takeover_fails`, `renew_many_answers_each_lease_in_order`,
+///    `release_clears_and_is_idempotent`, `delayed_release_of_an_earlier_term_is_harmless`.
 /// 6. **Eviction never makes two leaders.** [`Evict::AfterTerm`] stops renewal and
 ///    blocks every other candidate until the holder releases or its term runs out;
-///    only [`Evict::Now`] clears the record at once.
+///    only [`Evict::Now`] clears the record at once. *Checked by*
+///    `evict_after_term_blocks_until_release`, `evict_after_term_blocks_until_term_ends`,
+///    `evict_now_frees_at_once`.
 /// 7. **Watches tell of writes.** If `watch` returns a stream, every write to the
 ///    election (acquire, renew, release, evict) is followed by an event carrying
-///    the record as it then stands. Expiry may be silent.
+///    the record as it then stands. Expiry may be silent. *Checked by*
+///    `watch_tells_of_changes`.
+///
+/// Every case of the suite (`tenure_testkit::conformance::CASES`) names the duty it checks;
+/// `list_by_prefix` and `metadata_round_trips` check `list` and the record's fields.
+///
+/// # Cancellation
+///
+/// The runtime drops a store future when its request timeout passes and treats the call
+/// as [`ErrorKind::Ambiguous`]: it may or may not have been applied, and the runtime
+/// finds out by reading. A call dropped at any await point must therefore leave no half
+/// decision: the store's one atomic step (duty 1) has either happened or not, and nothing
+/// the store keeps for itself (a cached version, a connection) may then claim more than
+/// that step did.
 #[async_trait::async_trait]
 pub trait LeaseStore: Send + Sync + 'static {
     /// Takes the lease if nobody holds it, if the record has expired by the store's
@@ -222,4 +257,35 @@ async fn join_all<T>(mut futs: Vec<Pin<Box<dyn std::future::Future<Output = T> +
     })
     .await;
     out.into_iter().map(|v| v.expect("every future finished")).collect()
+}
+
+/// Checks a table name that will be written into SQL (the PostgreSQL and MySQL stores):
+/// 1 to `max` lowercase letters, digits and underscores, not starting with a digit.
+/// Nothing else can reach the statement text, and lowercase names mean the same thing
+/// quoted or not, on every server.
+pub fn check_table_name(name: &str, max: usize) -> Result<(), StoreError> {
+    let valid = !name.is_empty()
+        && name.len() <= max
+        && name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if valid {
+        Ok(())
+    } else {
+        Err(StoreError::invalid(format!(
+            "table name {name:?} is not allowed: use 1 to {max} lowercase letters, digits and underscores, not starting with a digit"
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_are_checked() {
+        assert!(check_table_name("tenure_leases", 63).is_ok());
+        for bad in ["", "1t", "a-b", "a;drop", "Leases", &"x".repeat(64)] {
+            assert!(check_table_name(bad, 63).is_err(), "{bad}");
+        }
+    }
 }

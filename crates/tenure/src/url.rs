@@ -1,7 +1,5 @@
 //! Small helpers for store URLs, shared by the store crates.
 
-use crate::store::StoreError;
-
 /// Splits the query parameters named in `ours` off `url`: returns the URL without them
 /// (for the client library, which may refuse parameters it does not know) and the values
 /// found, in the order of `ours` (`None` if absent; the last occurrence wins).
@@ -18,23 +16,6 @@ pub fn take_params(url: &str, ours: &[&str]) -> (String, Vec<Option<String>>) {
     }
     let url = if rest.is_empty() { base.to_string() } else { format!("{base}?{}", rest.join("&")) };
     (url, found)
-}
-
-/// Checks a table name that will be written into SQL: 1 to `max` lowercase letters,
-/// digits and underscores, not starting with a digit. Nothing else can reach the statement
-/// text, and lowercase names mean the same thing quoted or not, on every server.
-pub fn check_table_name(name: &str, max: usize) -> Result<(), StoreError> {
-    let valid = !name.is_empty()
-        && name.len() <= max
-        && name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
-        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    if valid {
-        Ok(())
-    } else {
-        Err(StoreError::invalid(format!(
-            "table name {name:?} is not allowed: use 1 to {max} lowercase letters, digits and underscores, not starting with a digit"
-        )))
-    }
 }
 
 /// A URL with its passwords replaced by `***`, safe to print: `scheme://user:***@host…`,
@@ -94,13 +75,5 @@ mod tests {
             "redis+sentinel://h:1/m?sentinel_password=***"
         );
         assert_eq!(redact("etcd://h:1"), "etcd://h:1");
-    }
-
-    #[test]
-    fn table_names_are_checked() {
-        assert!(check_table_name("tenure_leases", 63).is_ok());
-        for bad in ["", "1t", "a-b", "a;drop", "Leases", &"x".repeat(64)] {
-            assert!(check_table_name(bad, 63).is_err(), "{bad}");
-        }
     }
 }

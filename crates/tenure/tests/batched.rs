@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use tenure::store::{Acquire, AcquireRequest, Renew};
 use tenure::{
-    Acquire, AcquireRequest, Batched, ElectionName, Elector, Event, Evict, HolderId, LeaseRecord, LeaseStore,
-    MemoryStore, Renew, StoreError,
+    Batched, ElectionName, Elector, Event, Evict, HolderId, LeaseRecord, LeaseStore, MemoryStore, StoreError,
 };
 
 /// Counts `renew` and `renew_many` calls reaching the memory store.

@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use tenure::{Acquire, AcquireRequest, ElectionName, Evict, HolderId, LeaseRecord, LeaseStore, MemoryStore, Renew};
+use tenure::store::{Acquire, AcquireRequest, Renew};
+use tenure::{ElectionName, Evict, HolderId, LeaseRecord, LeaseStore, MemoryStore};
 
 #[derive(Debug, Clone)]
 enum Op {

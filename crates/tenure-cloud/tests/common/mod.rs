@@ -8,7 +8,8 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tenure::{AcquireRequest, ElectionName, HolderId, LeaseStore};
+use tenure::store::AcquireRequest;
+use tenure::{ElectionName, HolderId, LeaseStore};
 use tenure_testkit::conformance::Harness;
 use tenure_testkit::proxy::{Mode, Proxy};
 use tenure_testkit::scenario::ScenarioHarness;
@@ -110,7 +111,7 @@ impl Emulator {
         let req = |name: &str| {
             AcquireRequest::new(ElectionName::new(name).unwrap(), HolderId::new("p").unwrap(), self.short_ttl)
         };
-        assert!(matches!(store.try_acquire(&req("before")).await.unwrap(), tenure::Acquire::Acquired(_)));
+        assert!(matches!(store.try_acquire(&req("before")).await.unwrap(), tenure::store::Acquire::Acquired(_)));
         for &(reply, expect) in replies {
             self.proxy.set(Mode::Answer(reply));
             // Let the proxy close the pooled connections first (it looks every 20 ms), so
@@ -129,7 +130,7 @@ impl Emulator {
         let t0 = std::time::Instant::now();
         loop {
             match store.try_acquire(&req("during")).await {
-                Ok(tenure::Acquire::Acquired(_)) => break,
+                Ok(tenure::store::Acquire::Acquired(_)) => break,
                 Ok(other) => panic!("nobody else campaigns, yet: {other:?}"),
                 Err(e) => {
                     assert!(e.is_retryable(), "{e}");

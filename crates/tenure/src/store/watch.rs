@@ -1,9 +1,11 @@
-//! Building blocks for store watches: turn a store's change notifications (which may say
-//! only *that* something changed, or carry the record) into a [`WatchStream`] that reports
-//! real changes, re-reading the election where the notification did not carry it.
+//! Building blocks for store watches: one listener per store ([`ChangeHub::listen`]) reads
+//! the store's change notifications ([`ChangeFeed`]), which may carry the record or say
+//! only *that* something changed, and routes each to the watchers of its election
+//! ([`watch_changes`]), which re-read where the notification did not carry the record.
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,22 +15,6 @@ use tokio_stream::{Stream, StreamExt};
 use crate::name::ElectionName;
 use crate::record::LeaseRecord;
 use crate::store::{StoreError, WatchEvent, WatchStream};
-
-/// A [`WatchStream`] for `election` that re-reads the record (with `read`) whenever
-/// `signals` yields, and reports it when its holder, token, revision or eviction differs
-/// from the last report. Retryable read errors are retried every `retry`; other errors
-/// end the stream after being reported. The stream also ends when `signals` ends.
-///
-/// The store decides what a signal is: a `NOTIFY`, a pub/sub message, a changed
-/// `data_version`, a reconnect after which anything may have changed.
-pub fn rereading_watch<S, R, F>(election: ElectionName, signals: S, read: R, retry: Duration) -> WatchStream
-where
-    S: Stream<Item = ()> + Send + 'static,
-    R: Fn(ElectionName) -> F + Send + Sync + 'static,
-    F: Future<Output = Result<Option<LeaseRecord>, StoreError>> + Send + 'static,
-{
-    watch_loop(election, signals.map(|()| None), read, retry)
-}
 
 /// The loop behind every watch helper: `events` yields `Some(record)` when a notification
 /// carried the record as it now stands, `None` when the election must be re-read with
@@ -100,19 +86,49 @@ where
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
-/// What a store's change listener saw happen to one election: its name (empty: anything
-/// may have changed, e.g. after a reconnect) and, when the notification carried it, the
-/// record as it now stands (`Some(None)`: the election has no record). `record: None`
-/// means the notification said only *that* it changed, so watchers re-read.
-#[derive(Clone, Debug)]
-pub struct Change {
-    /// The election that changed, or empty for "any".
-    pub election: Arc<str>,
-    /// The record carried by the notification, if it carried one.
-    pub record: Option<crate::store::WatchEvent>,
+/// What a change notification says about its election.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Carries {
+    /// The record as it now stands: watchers need no read.
+    Record(LeaseRecord),
+    /// The election has no live lease (released, evicted at once, expired).
+    NoLease,
+    /// Only *that* it changed: watchers read the record again.
+    ReadAgain,
+}
+
+/// What a store's change listener saw.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Anything may have changed (the listener has just connected, or reconnected and may
+    /// have missed notifications): every watcher reads again.
+    Everything,
+    /// One election changed.
+    Election {
+        /// The election's name.
+        name: Arc<str>,
+        /// What the notification carried.
+        carries: Carries,
+    },
 }
 
 impl Change {
+    /// A change that carries `record`, the election as it now stands.
+    pub fn record(record: LeaseRecord) -> Self {
+        Change::Election { name: Arc::from(record.election.as_str()), carries: Carries::Record(record) }
+    }
+
+    /// A change of `election` that carries its record as it now stands, or that it has none.
+    pub fn now(election: &str, record: Option<LeaseRecord>) -> Self {
+        let carries = record.map_or(Carries::NoLease, Carries::Record);
+        Change::Election { name: Arc::from(election), carries }
+    }
+
+    /// A change of `election` whose watchers must read it again.
+    pub fn read_again(election: &str) -> Self {
+        Change::Election { name: Arc::from(election), carries: Carries::ReadAgain }
+    }
+
     /// Reads a change from a notification's text, the form the PostgreSQL and Redis stores
     /// publish: `ELECTION` alone (the name only: watchers re-read), `ELECTION<TAB>` (no live
     /// lease), or the record, tab separated: election, holder, token, revision, ttl_ms,
@@ -123,7 +139,7 @@ impl Change {
         use crate::{HolderId, name::ElectionName};
         use std::time::UNIX_EPOCH;
         let fields: Vec<&str> = payload.split('\t').collect();
-        let record = match fields.as_slice() {
+        let carries = match fields.as_slice() {
             [_] => None,
             [_, ""] => Some(None),
             [election, holder, token, revision, ttl_ms, remaining_us, evicted, acquired, renewed, metadata] => (|| {
@@ -153,8 +169,22 @@ impl Change {
             ),
             _ => None,
         };
-        Self { election: Arc::from(fields[0]), record }
+        let carries = match carries {
+            Some(Some(r)) => Carries::Record(r),
+            Some(None) => Carries::NoLease,
+            None => Carries::ReadAgain,
+        };
+        Change::Election { name: Arc::from(fields[0]), carries }
     }
+}
+
+/// A store's source of change notifications, opened by the function given to
+/// [`ChangeHub::listen`]: a subscription, a watch, a `LISTEN` connection.
+#[async_trait::async_trait]
+pub trait ChangeFeed: Send {
+    /// The next change. `None` when the feed has ended or failed: the listener then opens
+    /// a new one (and tells every watcher to read again).
+    async fn next(&mut self) -> Option<Change>;
 }
 
 /// Routes a store's change notifications to the watchers of the election each concerns.
@@ -169,6 +199,8 @@ impl Change {
 #[derive(Clone, Default)]
 pub struct ChangeHub {
     routes: Arc<Mutex<Routes>>,
+    /// Whether [`ChangeHub::listen`] has started its listener.
+    listening: Arc<AtomicBool>,
 }
 
 /// The watchers of each election, by name; each holds the newest notification.
@@ -190,8 +222,8 @@ impl ChangeHub {
         self.routes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Tells the watchers of `change.election`, or every watcher when the name is empty.
-    /// Watchers that have gone are dropped on the way.
+    /// Tells the watchers of the election that changed, or every watcher. Watchers that
+    /// have gone are dropped on the way.
     pub fn publish(&self, change: Change) {
         let mut routes = self.lock();
         let tell = |senders: &mut Vec<watch::Sender<Option<WatchEvent>>>, what: &Option<WatchEvent>| {
@@ -201,13 +233,65 @@ impl ChangeHub {
             }
             !senders.is_empty()
         };
-        if change.election.is_empty() {
-            routes.retain(|_, senders| tell(senders, &None));
-        } else if let Some(senders) = routes.get_mut(&change.election)
-            && !tell(senders, &change.record)
-        {
-            routes.remove(&change.election);
+        match change {
+            Change::Everything => routes.retain(|_, senders| tell(senders, &None)),
+            Change::Election { name, carries } => {
+                let what = match carries {
+                    Carries::Record(r) => Some(Some(r)),
+                    Carries::NoLease => Some(None),
+                    Carries::ReadAgain => None,
+                };
+                if let Some(senders) = routes.get_mut(&name)
+                    && !tell(senders, &what)
+                {
+                    routes.remove(&name);
+                }
+            }
         }
+    }
+
+    /// Starts, once per hub, the listener that feeds it: it opens a feed with `open`,
+    /// publishes [`Change::Everything`] whenever a feed has just opened (notifications may
+    /// have been missed before), publishes every change the feed yields, and opens a new
+    /// feed when one ends, backing off from 100 ms to 2 s while opening fails. It holds
+    /// `store` weakly and stops within 5 s of the store's last handle being dropped, so
+    /// neither `open`'s result nor the feed may keep a strong handle on the store.
+    pub fn listen<S, F, Fut>(&self, store: &Arc<S>, open: F)
+    where
+        S: Send + Sync + 'static,
+        F: Fn(Arc<S>) -> Fut + Send + 'static,
+        Fut: Future<Output = Option<Box<dyn ChangeFeed>>> + Send + 'static,
+    {
+        if self.listening.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let weak = Arc::downgrade(store);
+        let hub = self.clone();
+        tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(100);
+            loop {
+                let Some(store) = weak.upgrade() else { return };
+                let Some(mut feed) = open(store).await else {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                    continue;
+                };
+                backoff = Duration::from_millis(100);
+                hub.publish(Change::Everything);
+                loop {
+                    // Quiet feeds are looked at every 5 s: is the store still in use?
+                    let next = tokio::time::timeout(Duration::from_secs(5), feed.next()).await;
+                    if weak.strong_count() == 0 {
+                        return;
+                    }
+                    match next {
+                        Ok(Some(change)) => hub.publish(change),
+                        Ok(None) => break,
+                        Err(_) => {}
+                    }
+                }
+            }
+        });
     }
 
     /// How many elections have a watcher (some may have gone since the last change).
@@ -272,7 +356,7 @@ mod tests {
     }
 
     fn change(election: &str, revision: u64) -> Change {
-        Change { election: Arc::from(election), record: Some(Some(record(election, revision))) }
+        Change::record(record(election, revision))
     }
 
     #[tokio::test(start_paused = true)]
@@ -315,20 +399,18 @@ mod tests {
         use std::time::UNIX_EPOCH;
         let c =
             Change::parse("billing/nightly\tweb-1.42.ab\t7\t31\t10000\t9998000\t0\t1700000000000\t1700000005000\t6869");
-        assert_eq!(&*c.election, "billing/nightly");
-        let r = c.record.unwrap().unwrap();
+        let Change::Election { name, carries: Carries::Record(r) } = c else { panic!("{c:?}") };
+        assert_eq!(&*name, "billing/nightly");
         assert_eq!((r.holder.as_str(), r.token, r.revision), ("web-1.42.ab", FencingToken(7), Revision(31)));
         assert_eq!((r.ttl, r.remaining), (Duration::from_secs(10), Some(Duration::from_micros(9_998_000))));
         assert_eq!(r.metadata, b"hi");
         assert_eq!(r.acquired_at, Some(UNIX_EPOCH + Duration::from_millis(1_700_000_000_000)));
         assert!(!r.evicted);
         // No live lease; the name only (an older trigger); something unreadable.
-        assert_eq!(Change::parse("a\t").record, Some(None));
-        assert!(Change::parse("a").record.is_none());
-        let bad = Change::parse("a\tb\tnot-a-number\t1\t1\t1\t0\t\t\t");
-        assert!(bad.record.is_none());
-        assert_eq!(&*bad.election, "a");
-        assert!(Change::parse("a\tb\t1\t1\t1\t1\t0\t\t\tzz").record.is_none(), "bad hex");
+        assert_eq!(Change::parse("a\t"), Change::now("a", None));
+        assert_eq!(Change::parse("a"), Change::read_again("a"));
+        assert_eq!(Change::parse("a\tb\tnot-a-number\t1\t1\t1\t0\t\t\t"), Change::read_again("a"));
+        assert_eq!(Change::parse("a\tb\t1\t1\t1\t1\t0\t\t\tzz"), Change::read_again("a"), "bad hex");
     }
 
     #[tokio::test(start_paused = true)]
@@ -356,9 +438,9 @@ mod tests {
         let mut wa = watch_changes(store.clone(), &hub, &a);
         tokio::time::sleep(Duration::from_millis(1)).await;
         // The store changes without a notification; a reconnect says "anything may have".
-        let req = crate::AcquireRequest::new(a.clone(), HolderId::new("x").unwrap(), Duration::from_secs(5));
+        let req = crate::store::AcquireRequest::new(a.clone(), HolderId::new("x").unwrap(), Duration::from_secs(5));
         crate::LeaseStore::try_acquire(store.as_ref(), &req).await.unwrap();
-        hub.publish(Change { election: Arc::from(""), record: None });
+        hub.publish(Change::Everything);
         let got = tokio::time::timeout(Duration::from_secs(1), wa.next()).await.unwrap().unwrap().unwrap();
         assert_eq!(got.unwrap().holder.as_str(), "x");
     }
