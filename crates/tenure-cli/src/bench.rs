@@ -523,19 +523,19 @@ where
     let mut lost_starting = 0;
     for r in &mut rx {
         while let Ok(ev) = r.try_recv() {
-            lost_starting += usize::from(matches!(ev, Event::Ousted { .. }));
+            lost_starting += usize::from(matches!(ev, Event::SteppedDown { .. }));
         }
     }
     let (cpu1, rss1) = (cpu_time(), rss_bytes());
     tokio::time::sleep(s.duration).await;
     let cpu2 = cpu_time();
     let (store_calls, _) = counter.reset();
-    // A renewal that missed its deadline ends the term: any Ousted is a miss. By reason.
+    // A renewal that missed its deadline ends the term: any SteppedDown is a miss. By reason.
     let mut missed = 0;
     let mut reasons: std::collections::BTreeMap<String, usize> = Default::default();
     for r in &mut rx {
         while let Ok(ev) = r.try_recv() {
-            if let Event::Ousted { reason } = ev {
+            if let Event::SteppedDown { reason } = ev {
                 missed += 1;
                 let name = format!("{reason:?}");
                 let name = name.split([' ', '{', '(']).next().unwrap_or("").to_string();
@@ -719,7 +719,7 @@ where
     for r in &mut rx {
         while let Ok(ev) = r.try_recv() {
             match ev {
-                Event::Ousted { .. } => lost += 1,
+                Event::SteppedDown { .. } => lost += 1,
                 Event::LeaderChanged(_) => changed += 1,
                 Event::Elected { .. } => {}
             }

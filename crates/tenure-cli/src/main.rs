@@ -26,27 +26,11 @@ Exit codes:
   1    error (store unreachable, bad store URL, …); the whole error chain is printed
   2    usage error (bad flag, bad election name, evict without --yes off a terminal)
   N    run: the command's own exit code; 128+S when it died of signal S
-  3, 4 gossip elect: the action was not started (3); no outcome in time (4)
-
-Store: --store URL or TENURE_STORE. Supported: sqlite:PATH (default:
-$XDG_STATE_HOME/tenure/tenure.db, else ~/.local/state/tenure/tenure.db),
-postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME],
-redis://[:PASSWORD@]HOST[:PORT][/DB][?prefix=NAME] (rediss:// for TLS),
-redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT…]/MASTER_NAME (Redis behind Sentinel),
-mysql://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME] (or mariadb://),
-etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][?prefix=NAME] (etcds:// for TLS),
-nats://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][/BUCKET] (one TTL per bucket),
-zk://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][/PATH] (ZooKeeper; TTL within the server's
-session timeout limits),
-azblob://ACCOUNT/CONTAINER[/PREFIX] (AZURE_STORAGE_CONNECTION_STRING or AZURE_STORAGE_KEY;
-TTL 15s to 60s), s3://BUCKET[/PREFIX] and dynamodb://TABLE (AWS_ACCESS_KEY_ID,
-AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL; ?region=, ?endpoint=) and
-gs://BUCKET[/PREFIX] (GOOGLE_OAUTH_ACCESS_TOKEN or the metadata server;
-STORAGE_EMULATOR_HOST; ?project=, ?endpoint=).";
+  3, 4 gossip elect: the action was not started (3); no outcome in time (4)";
 
 /// Leader election for replicas: run a command on exactly one of them.
 #[derive(Parser)]
-#[command(name = "tenure", version, after_help = EXIT_CODES)]
+#[command(name = "tenure", version, after_help = format!("{EXIT_CODES}\n\nStore: --store URL or TENURE_STORE, one of:\n{}", store_url::forms()))]
 struct Cli {
     /// Lease store URL, e.g. sqlite:/var/lib/app/tenure.db
     #[arg(long, global = true, env = "TENURE_STORE", value_name = "URL", hide_env_values = true)]
@@ -168,12 +152,12 @@ that comes while the previous run is still going is skipped.")]
     #[command(after_help = "\
 Examples:
   tenure campaign api/writer --http 127.0.0.1:9464
-  tenure campaign api/writer --on-elected './promote.sh' --on-ousted './demote.sh'
+  tenure campaign api/writer --on-elected './promote.sh' --on-stepped-down './demote.sh'
 
-Prints `elected TOKEN` and `ousted TOKEN` as terms begin and end. --on-elected runs
-(sh -c) when a term begins, --on-ousted when it ends, each with TENURE_ELECTION,
+Prints `elected TOKEN` and `stepped-down TOKEN` as terms begin and end. --on-elected runs
+(sh -c) when a term begins, --on-stepped-down when it ends, each with TENURE_ELECTION,
 TENURE_TOKEN and TENURE_HOLDER set; a hook still running at the end of its term is
-stopped (SIGTERM, --grace, SIGKILL), and the ousted hook gets --grace to finish,
+stopped (SIGTERM, --grace, SIGKILL), and the stepped-down hook gets --grace to finish,
 before the lease deadline when the term ends for lack of renewals. A program that
 asks and then acts can act after losing: it must pass TENURE_TOKEN (or the token from
 /is-leader) to what it writes. See docs/operations.md.")]
@@ -334,59 +318,21 @@ that dies after claiming keeps the id from running until --claim-ttl ends.")]
 }
 
 #[derive(Args)]
-struct CampaignArgs {
-    /// The election, e.g. billing/nightly-report
-    #[arg(value_parser = election)]
-    election: ElectionName,
-    /// Holder id (default hostname.pid.random)
-    #[arg(long)]
-    id: Option<String>,
-    /// Lease TTL: how long the lease outlives a leader that died
-    #[arg(long, default_value = "10s", value_parser = duration)]
-    ttl: Duration,
-    /// How long the command gets between SIGTERM and SIGKILL when leadership ends
-    /// [default: 3s, or for a short --ttl three quarters of the most that fits: about 1.4s at 5s]
-    #[arg(long, value_parser = duration)]
-    grace: Option<Duration>,
-    /// Text published with the lease for observers (e.g. host:port), at most 4 KiB
-    #[arg(long)]
-    metadata: Option<String>,
-    /// While leading, run this shell command every --health-interval (with the
-    /// command's environment); after --health-retries failures or timeouts in a row,
-    /// stop the command, resign, and stand aside for one TTL so that another replica leads
-    #[arg(long, value_name = "CMD")]
-    health_cmd: Option<String>,
-    /// Time between health checks
-    #[arg(long, default_value = "10s", value_parser = duration)]
-    health_interval: Duration,
-    /// Longest a health check may take; a slower one counts as failed
-    #[arg(long, default_value = "5s", value_parser = duration)]
-    health_timeout: Duration,
-    /// Failed health checks in a row that make the leader stand aside
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
-    health_retries: u32,
-    /// Serve /metrics (Prometheus), /healthz, /leader and /is-leader on this address
-    /// only, e.g. 127.0.0.1:9464
-    #[arg(long, value_name = "ADDR")]
-    http: Option<std::net::SocketAddr>,
-}
-
-#[derive(Args)]
 struct CampaignCmdArgs {
     #[command(flatten)]
-    campaign: CampaignArgs,
+    campaign: run::CampaignArgs,
     /// Shell command to run when this process is elected
     #[arg(long, value_name = "CMD")]
     on_elected: Option<String>,
     /// Shell command to run when its term ends (it gets --grace to finish)
     #[arg(long, value_name = "CMD")]
-    on_ousted: Option<String>,
+    on_stepped_down: Option<String>,
 }
 
 #[derive(Args)]
 struct RunArgs {
     #[command(flatten)]
-    campaign: CampaignArgs,
+    campaign: run::CampaignArgs,
     /// When the command exits on its own, hand over and campaign again instead of exiting
     #[arg(long)]
     keep_going: bool,
@@ -399,7 +345,7 @@ struct RunArgs {
 #[group(id = "when", required = true, args = ["every", "cron"])]
 struct ScheduleArgs {
     #[command(flatten)]
-    campaign: CampaignArgs,
+    campaign: run::CampaignArgs,
     /// Run at every multiple of this period, e.g. 1m, 1h30m
     #[arg(long, value_parser = duration)]
     every: Option<Duration>,
@@ -417,25 +363,6 @@ fn election(s: &str) -> Result<ElectionName, String> {
 
 pub(crate) fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write durations like 500ms, 10s, 1m30s)"))
-}
-
-impl CampaignArgs {
-    fn campaign(&self) -> run::Campaign {
-        run::Campaign {
-            election: self.election.to_string(),
-            id: self.id.clone(),
-            ttl: self.ttl,
-            grace: self.grace.unwrap_or_else(|| run::default_grace(self.ttl)),
-            metadata: self.metadata.clone(),
-            http: self.http,
-            health: self.health_cmd.clone().map(|cmd| run::Health {
-                cmd,
-                interval: self.health_interval,
-                timeout: self.health_timeout,
-                retries: self.health_retries,
-            }),
-        }
-    }
 }
 
 fn init_logging(verbose: u8, quiet: bool, errors_only: bool) {
@@ -468,7 +395,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Campaign(a) => {
             let c = a.campaign.campaign();
             let s = store_url::open(store).await?;
-            run::campaign(s, &c, a.on_elected.as_deref(), a.on_ousted.as_deref()).await
+            run::campaign(s, &c, a.on_elected.as_deref(), a.on_stepped_down.as_deref()).await
         }
         Command::Run(a) => {
             let c = a.campaign.campaign();

@@ -39,6 +39,66 @@ pub fn default_grace(ttl: Duration) -> Duration {
     Duration::from_millis((budget.as_millis() as u64 * 3 / 4).max(1)).min(Duration::from_secs(3))
 }
 
+/// The flags of every command that campaigns (`run`, `campaign`, `schedule`), turned
+/// into a [`Campaign`] by [`CampaignArgs::campaign`].
+#[derive(clap::Args)]
+pub struct CampaignArgs {
+    /// The election, e.g. billing/nightly-report
+    #[arg(value_parser = crate::election)]
+    election: tenure::ElectionName,
+    /// Holder id (default hostname.pid.random)
+    #[arg(long)]
+    id: Option<String>,
+    /// Lease TTL: how long the lease outlives a leader that died
+    #[arg(long, default_value = "10s", value_parser = crate::duration)]
+    ttl: Duration,
+    /// How long the command gets between SIGTERM and SIGKILL when leadership ends
+    /// [default: 3s, or for a short --ttl three quarters of the most that fits: about 1.4s at 5s]
+    #[arg(long, value_parser = crate::duration)]
+    grace: Option<Duration>,
+    /// Text published with the lease for observers (e.g. host:port), at most 4 KiB
+    #[arg(long)]
+    metadata: Option<String>,
+    /// While leading, run this shell command every --health-interval (with the
+    /// command's environment); after --health-retries failures or timeouts in a row,
+    /// stop the command, resign, and stand aside for one TTL so that another replica leads
+    #[arg(long, value_name = "CMD")]
+    health_cmd: Option<String>,
+    /// Time between health checks
+    #[arg(long, default_value = "10s", value_parser = crate::duration)]
+    health_interval: Duration,
+    /// Longest a health check may take; a slower one counts as failed
+    #[arg(long, default_value = "5s", value_parser = crate::duration)]
+    health_timeout: Duration,
+    /// Failed health checks in a row that make the leader stand aside
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    health_retries: u32,
+    /// Serve /metrics (Prometheus), /healthz, /leader and /is-leader on this address
+    /// only, e.g. 127.0.0.1:9464
+    #[arg(long, value_name = "ADDR")]
+    http: Option<std::net::SocketAddr>,
+}
+
+impl CampaignArgs {
+    /// The campaign these flags describe.
+    pub fn campaign(&self) -> Campaign {
+        Campaign {
+            election: self.election.to_string(),
+            id: self.id.clone(),
+            ttl: self.ttl,
+            grace: self.grace.unwrap_or_else(|| default_grace(self.ttl)),
+            metadata: self.metadata.clone(),
+            http: self.http,
+            health: self.health_cmd.clone().map(|cmd| Health {
+                cmd,
+                interval: self.health_interval,
+                timeout: self.health_timeout,
+                retries: self.health_retries,
+            }),
+        }
+    }
+}
+
 /// Settings shared by `run` and `schedule`.
 pub struct Campaign {
     pub election: String,
@@ -325,7 +385,7 @@ pub async fn campaign(
     store: Arc<dyn LeaseStore>,
     c: &Campaign,
     on_elected: Option<&str>,
-    on_ousted: Option<&str>,
+    on_stepped_down: Option<&str>,
 ) -> Result<i32> {
     let (elector, stop) = begin(store, c).await?;
     loop {
@@ -358,8 +418,8 @@ pub async fn campaign(
             });
         }
         // The term is over (or ending): tell the program before the lease goes.
-        println!("ousted {}", l.token());
-        if let Some(hook) = on_ousted {
+        println!("stepped-down {}", l.token());
+        if let Some(hook) = on_stepped_down {
             run_hook(hook, &child_env(&l), c.grace).await;
         }
         match end {
@@ -377,7 +437,7 @@ pub async fn campaign(
 /// Runs a hook (`sh -c`) with `env`, in a process group of its own that is killed whole
 /// if it takes longer than `limit`.
 async fn run_hook(hook: &str, env: &[(&'static str, String)], limit: Duration) {
-    if let Err(why) = run_sh(hook, env, limit, "on-ousted hook").await {
+    if let Err(why) = run_sh(hook, env, limit, "on-stepped-down hook").await {
         tracing::warn!("{why}");
     }
 }

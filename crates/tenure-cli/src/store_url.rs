@@ -7,16 +7,144 @@ use anyhow::{Context, Result, bail};
 use tenure::LeaseStore;
 use tenure::url::redact;
 
-/// The schemes this build supports, for error messages and help.
-pub const SCHEMES: &str = "sqlite:PATH, postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME], \
-                           redis://[:PASSWORD@]HOST[:PORT][/DB][?prefix=NAME] (rediss:// for TLS), \
-                           redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT…]/MASTER_NAME, \
-                           mysql://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME] (or mariadb://), \
-                           etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][?prefix=NAME] (etcds:// for TLS), \
-                           nats://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][/BUCKET], \
-                           zk://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][/PATH], \
-                           azblob://ACCOUNT/CONTAINER[/PREFIX], s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX], \
-                           dynamodb://TABLE";
+/// One store family: the URL schemes that name it, the form its URLs take (with what
+/// else it reads), and the cargo feature that builds it in. [`STORES`] is the one list
+/// the help, the errors and [`open`] go by.
+pub struct StoreKind {
+    /// Which store it is (what [`open`] dispatches on).
+    pub family: Family,
+    /// What the errors call it ("the PostgreSQL store").
+    pub name: &'static str,
+    /// The schemes that name it.
+    pub schemes: &'static [&'static str],
+    /// The form of its URLs, and what else it reads.
+    pub form: &'static str,
+    /// The cargo feature of the CLI that builds it in.
+    pub feature: &'static str,
+}
+
+/// The store families: one arm each in [`open`], so a family the table names cannot go
+/// unopened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// `tenure-sqlite`.
+    Sqlite,
+    /// `tenure-postgres`.
+    Postgres,
+    /// `tenure-mysql`.
+    Mysql,
+    /// `tenure-redis`, one server or behind Sentinel.
+    Redis,
+    /// `tenure-etcd`.
+    Etcd,
+    /// `tenure-nats`.
+    Nats,
+    /// `tenure-zookeeper`.
+    ZooKeeper,
+    /// `tenure-cloud`'s Azure Blob store.
+    AzureBlob,
+    /// `tenure-cloud`'s S3 store.
+    S3,
+    /// `tenure-cloud`'s DynamoDB store.
+    DynamoDb,
+    /// `tenure-cloud`'s GCS store.
+    Gcs,
+}
+
+/// Every store the CLI knows, whether or not this build has it.
+pub const STORES: &[StoreKind] = &[
+    StoreKind {
+        family: Family::Sqlite,
+        name: "SQLite",
+        schemes: &["sqlite"],
+        form: "sqlite:PATH (default: $XDG_STATE_HOME/tenure/tenure.db, else ~/.local/state/tenure/tenure.db)",
+        feature: "sqlite",
+    },
+    StoreKind {
+        family: Family::Postgres,
+        name: "PostgreSQL",
+        schemes: &["postgres", "postgresql"],
+        form: "postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME] (or postgresql://)",
+        feature: "postgres",
+    },
+    StoreKind {
+        family: Family::Mysql,
+        name: "MySQL",
+        schemes: &["mysql", "mariadb"],
+        form: "mysql://USER[:PASSWORD]@HOST[:PORT]/DB[?table=NAME] (or mariadb://)",
+        feature: "mysql",
+    },
+    StoreKind {
+        family: Family::Redis,
+        name: "Redis",
+        schemes: &["redis", "rediss"],
+        form: "redis://[:PASSWORD@]HOST[:PORT][/DB][?prefix=NAME] (rediss:// for TLS)",
+        feature: "redis",
+    },
+    StoreKind {
+        family: Family::Redis,
+        name: "Redis",
+        schemes: &["redis+sentinel"],
+        form: "redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT…]/MASTER_NAME (the primary the sentinels name)",
+        feature: "redis",
+    },
+    StoreKind {
+        family: Family::Etcd,
+        name: "etcd",
+        schemes: &["etcd", "etcds"],
+        form: "etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][?prefix=NAME] (etcds:// for TLS)",
+        feature: "etcd",
+    },
+    StoreKind {
+        family: Family::Nats,
+        name: "NATS",
+        schemes: &["nats"],
+        form: "nats://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][/BUCKET] (one TTL per bucket)",
+        feature: "nats",
+    },
+    StoreKind {
+        family: Family::ZooKeeper,
+        name: "ZooKeeper",
+        schemes: &["zk"],
+        form: "zk://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][/PATH] (a TTL within the server's session timeout limits)",
+        feature: "zookeeper",
+    },
+    StoreKind {
+        family: Family::AzureBlob,
+        name: "Azure Blob",
+        schemes: &["azblob"],
+        form: "azblob://ACCOUNT/CONTAINER[/PREFIX] (AZURE_STORAGE_CONNECTION_STRING or AZURE_STORAGE_KEY; TTL 15s to 60s)",
+        feature: "cloud",
+    },
+    StoreKind {
+        family: Family::S3,
+        name: "S3",
+        schemes: &["s3"],
+        form: "s3://BUCKET[/PREFIX] (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL; \
+               ?region=, ?endpoint=)",
+        feature: "cloud",
+    },
+    StoreKind {
+        family: Family::DynamoDb,
+        name: "DynamoDB",
+        schemes: &["dynamodb"],
+        form: "dynamodb://TABLE (the same settings as s3://)",
+        feature: "cloud",
+    },
+    StoreKind {
+        family: Family::Gcs,
+        name: "GCS",
+        schemes: &["gs"],
+        form: "gs://BUCKET[/PREFIX] (GOOGLE_OAUTH_ACCESS_TOKEN or the metadata server; STORAGE_EMULATOR_HOST; \
+               ?project=, ?endpoint=)",
+        feature: "cloud",
+    },
+];
+
+/// The store URL forms, one per line, for help and errors.
+pub fn forms() -> String {
+    STORES.iter().map(|k| format!("  {}", k.form)).collect::<Vec<_>>().join("\n")
+}
 
 /// Where the default SQLite database lives: `$XDG_STATE_HOME/tenure/tenure.db`, else
 /// `~/.local/state/tenure/tenure.db`.
@@ -33,21 +161,23 @@ pub fn default_sqlite_path() -> Result<PathBuf> {
     Ok(base.join("tenure").join("tenure.db"))
 }
 
-/// Connects to a store whose crate is behind `feature`, or says which feature is missing.
+/// Connects to a store of `kind` whose crate is behind `feature` (the same as
+/// `kind.feature`), or says which feature is missing.
 macro_rules! connect {
-    ($feature:literal, $name:literal, $store:path, $url:expr) => {{
+    ($feature:literal, $kind:expr, $store:path, $url:expr) => {{
+        debug_assert_eq!($kind.feature, $feature);
         #[cfg(feature = $feature)]
         {
             use $store as Store;
             let store = Store::connect($url)
                 .await
-                .with_context(|| format!("cannot use the {} store {}", $name, redact($url)))?;
+                .with_context(|| format!("cannot use the {} store {}", $kind.name, redact($url)))?;
             return Ok(Arc::new(store));
         }
         #[cfg(not(feature = $feature))]
         {
             let _ = $url;
-            return Err(missing(concat!("the ", $name, " store"), $feature));
+            return Err(missing(&format!("the {} store", $kind.name), $feature));
         }
     }};
 }
@@ -67,26 +197,28 @@ pub async fn open(url: Option<&str>) -> Result<Arc<dyn LeaseStore>> {
         Some(url) => {
             let (scheme, rest) = url
                 .split_once(':')
-                .with_context(|| format!("store URL {:?} has no scheme; supported: {SCHEMES}", redact(url)))?;
-            match scheme {
-                "sqlite" => {
+                .with_context(|| format!("store URL {:?} has no scheme; supported:\n{}", redact(url), forms()))?;
+            let Some(kind) = STORES.iter().find(|k| k.schemes.contains(&scheme)) else {
+                bail!("unknown store scheme {scheme:?} in {:?}; supported:\n{}", redact(url), forms());
+            };
+            match kind.family {
+                Family::Sqlite => {
                     let path = rest.strip_prefix("//").unwrap_or(rest);
                     if path.is_empty() {
                         bail!("store URL {url:?} names no file; write sqlite:PATH, e.g. sqlite:/var/lib/app/tenure.db");
                     }
                     PathBuf::from(path)
                 }
-                "postgres" | "postgresql" => connect!("postgres", "PostgreSQL", tenure_postgres::PostgresStore, url),
-                "redis" | "rediss" | "redis+sentinel" => connect!("redis", "Redis", tenure_redis::RedisStore, url),
-                "mysql" | "mariadb" => connect!("mysql", "MySQL", tenure_mysql::MysqlStore, url),
-                "etcd" | "etcds" => connect!("etcd", "etcd", tenure_etcd::EtcdStore, url),
-                "nats" => connect!("nats", "NATS", tenure_nats::NatsStore, url),
-                "zk" => connect!("zookeeper", "ZooKeeper", tenure_zookeeper::ZkStore, url),
-                "azblob" => connect!("cloud", "Azure Blob", tenure_cloud::AzureStore, url),
-                "s3" => connect!("cloud", "S3", tenure_cloud::S3Store, url),
-                "gs" => connect!("cloud", "GCS", tenure_cloud::GcsStore, url),
-                "dynamodb" => connect!("cloud", "DynamoDB", tenure_cloud::DynamoStore, url),
-                other => bail!("unknown store scheme {other:?} in {:?}; supported: {SCHEMES}", redact(url)),
+                Family::Postgres => connect!("postgres", kind, tenure_postgres::PostgresStore, url),
+                Family::Redis => connect!("redis", kind, tenure_redis::RedisStore, url),
+                Family::Mysql => connect!("mysql", kind, tenure_mysql::MysqlStore, url),
+                Family::Etcd => connect!("etcd", kind, tenure_etcd::EtcdStore, url),
+                Family::Nats => connect!("nats", kind, tenure_nats::NatsStore, url),
+                Family::ZooKeeper => connect!("zookeeper", kind, tenure_zookeeper::ZkStore, url),
+                Family::AzureBlob => connect!("cloud", kind, tenure_cloud::AzureStore, url),
+                Family::S3 => connect!("cloud", kind, tenure_cloud::S3Store, url),
+                Family::Gcs => connect!("cloud", kind, tenure_cloud::GcsStore, url),
+                Family::DynamoDb => connect!("cloud", kind, tenure_cloud::DynamoStore, url),
             }
         }
     };
@@ -120,6 +252,23 @@ pub fn missing(what: &str, feature: &str) -> anyhow::Error {
 mod tests {
     use super::*;
 
+    /// The help and docs/cli.md list what the table says, and each scheme names one family.
+    #[test]
+    fn the_store_table_is_the_one_list() {
+        use clap::CommandFactory;
+        let help = crate::Cli::command().render_long_help().to_string();
+        let cli_md = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/cli.md")).unwrap();
+        let mut seen = std::collections::HashSet::new();
+        for kind in STORES {
+            assert!(help.contains(kind.form.split(" (").next().unwrap()), "--help lacks {}", kind.form);
+            for scheme in kind.schemes {
+                assert!(seen.insert(*scheme), "{scheme} names two stores");
+                let named = if *scheme == "sqlite" { "sqlite:".to_string() } else { format!("{scheme}://") };
+                assert!(cli_md.contains(&format!("`{named}")), "docs/cli.md lacks {named}");
+            }
+        }
+    }
+
     #[test]
     fn redacts_passwords() {
         assert_eq!(redact("postgres://app:s3cret@db:5432/x"), "postgres://app:***@db:5432/x");
@@ -143,7 +292,7 @@ mod tests {
     #[tokio::test]
     async fn unknown_schemes_list_the_supported_ones() {
         let err = open(Some("ftp://x")).await.err().unwrap().to_string();
-        assert!(err.contains("unknown store scheme \"ftp\"") && err.contains(SCHEMES), "{err}");
+        assert!(err.contains("unknown store scheme \"ftp\"") && err.contains(&forms()), "{err}");
         let err = format!("{:#}", open(Some("etcd://u:pw@h")).await.err().unwrap());
         assert!(!err.contains("pw") && err.contains("needs a port"), "{err}");
         let err = format!("{:#}", open(Some("nats://u:pw@h:4222/a.b")).await.err().unwrap());

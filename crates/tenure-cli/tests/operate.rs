@@ -195,7 +195,7 @@ fn sidecar(dir: &Path, id: &str, port: u16, log: &Path) -> Proc {
         .stdout(Stdio::null())
         .args(["campaign", "api/writer", "--id", id, "--ttl", "2s", "--grace", "300ms"])
         .args(["--http", &format!("127.0.0.1:{port}")])
-        .args(["--on-elected", &hook("elected"), "--on-ousted", &hook("ousted")])
+        .args(["--on-elected", &hook("elected"), "--on-stepped-down", &hook("stepped-down")])
         .spawn()
         .unwrap();
     Proc(child)
@@ -225,16 +225,19 @@ fn a_campaign_sidecar_runs_its_hooks_and_answers_is_leader() {
     assert_eq!(get(ports[0], "/is-leader", Duration::from_secs(2)).unwrap().0, 200);
     assert_eq!(get(ports[1], "/is-leader", Duration::from_secs(2)).unwrap().0, 503);
 
-    // A graceful stop: a's ousted hook runs before b is elected.
+    // A graceful stop: a's stepped-down hook runs before b is elected.
     let pid = rustix::process::Pid::from_raw(a.id() as i32).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
     assert!(a.wait().unwrap().success());
     wait_for("b's elected hook", Duration::from_secs(10), || hooks(&log).len() == 3);
     let h = hooks(&log);
     assert_eq!((h[0].0.as_str(), h[0].1.as_str()), ("elected", "a"), "{h:?}");
-    assert_eq!((h[1].0.as_str(), h[1].1.as_str(), h[1].2), ("ousted", "a", h[0].2), "{h:?}");
+    assert_eq!((h[1].0.as_str(), h[1].1.as_str(), h[1].2), ("stepped-down", "a", h[0].2), "{h:?}");
     assert_eq!((h[2].0.as_str(), h[2].1.as_str()), ("elected", "b"), "{h:?}");
-    assert!(h[1].3 < h[2].3 && h[2].2 > h[0].2, "b was elected after a's ousted hook, with a larger token: {h:?}");
+    assert!(
+        h[1].3 < h[2].3 && h[2].2 > h[0].2,
+        "b was elected after a's stepped-down hook, with a larger token: {h:?}"
+    );
     assert_eq!(get(ports[1], "/is-leader", Duration::from_secs(2)).unwrap().0, 200);
 
     // A crash: the survivor is elected once the lease runs out.

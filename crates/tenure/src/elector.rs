@@ -16,7 +16,7 @@ use crate::store::{ErrorKind, LeaseStore, StoreError, WatchStream};
 
 /// Why a leader stepped down.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum OustReason {
+pub enum StepDownReason {
     /// Renewal kept failing until the step-down time.
     RenewFailed,
     /// The store says the lease now belongs to someone else (or to nobody).
@@ -43,9 +43,9 @@ pub enum Event {
         token: crate::FencingToken,
     },
     /// This candidate stopped leading.
-    Ousted {
+    SteppedDown {
         /// Why.
-        reason: OustReason,
+        reason: StepDownReason,
     },
     /// The leader as this candidate sees it changed; `None` means nobody leads.
     LeaderChanged(Option<Leader>),
@@ -637,9 +637,9 @@ async fn campaign_loop(shared: &Shared) {
         };
         let (reason, stand_aside) = lead(shared, &mut view, lease, sent).await;
         match reason {
-            OustReason::ShuttingDown => return,
+            StepDownReason::ShuttingDown => return,
             // Stand aside so that another candidate takes over.
-            OustReason::Resigned | OustReason::Evicted
+            StepDownReason::Resigned | StepDownReason::Evicted
                 if sleep_or_shutdown(shared, shared.clock.now() + cfg.resign_backoff.max(stand_aside)).await =>
             {
                 return;
@@ -876,7 +876,12 @@ fn follower_wake(shared: &Shared, rec: Option<&LeaseRecord>, watching: bool) -> 
 
 /// The leader phase: renews until the term ends, then steps down and releases.
 /// Leads until the term ends; returns why, and how long a resigner asked to stand aside.
-async fn lead(shared: &Shared, view: &mut View<'_>, mut lease: LeaseRecord, sent: Instant) -> (OustReason, Duration) {
+async fn lead(
+    shared: &Shared,
+    view: &mut View<'_>,
+    mut lease: LeaseRecord,
+    sent: Instant,
+) -> (StepDownReason, Duration) {
     let cfg = &shared.cfg;
     let election = &shared.req.election;
     // The safety rule: a term is dated from when its acquire or renewal was *sent*. The
@@ -920,10 +925,10 @@ async fn lead(shared: &Shared, view: &mut View<'_>, mut lease: LeaseRecord, sent
         // After a pause (SIGSTOP, a stalled VM) these may already have passed.
         let now = shared.clock.now();
         if now >= times.deadline {
-            break OustReason::DeadlinePassed;
+            break StepDownReason::DeadlinePassed;
         }
         if now >= times.stop_at {
-            break OustReason::RenewFailed;
+            break StepDownReason::RenewFailed;
         }
         let publish_wait = async {
             match pending {
@@ -933,10 +938,10 @@ async fn lead(shared: &Shared, view: &mut View<'_>, mut lease: LeaseRecord, sent
         };
         tokio::select! {
             biased;
-            _ = shared.shutdown.cancelled() => break OustReason::ShuttingDown,
+            _ = shared.shutdown.cancelled() => break StepDownReason::ShuttingDown,
             Some(tx) = resign_rx.recv() => {
                 resigners.push(tx);
-                break OustReason::Resigned;
+                break StepDownReason::Resigned;
             }
             _ = publish_wait => {
                 if let Some(l) = pending.take() {
@@ -950,10 +955,10 @@ async fn lead(shared: &Shared, view: &mut View<'_>, mut lease: LeaseRecord, sent
                 let sent = shared.clock.now();
                 // Woken late (a pause): no time is left to renew in.
                 if sent >= times.deadline {
-                    break OustReason::DeadlinePassed;
+                    break StepDownReason::DeadlinePassed;
                 }
                 if sent >= times.stop_at {
-                    break OustReason::RenewFailed;
+                    break StepDownReason::RenewFailed;
                 }
                 let until = times.stop_at.min(sent + cfg.request_timeout);
                 match call(shared, "renew", until, shared.store.renew(&lease, cfg.ttl)).await {
@@ -968,22 +973,22 @@ async fn lead(shared: &Shared, view: &mut View<'_>, mut lease: LeaseRecord, sent
                             Some(r) if r.holder == lease.holder && r.token == lease.token && r.evicted => {
                                 // Release the record as it now stands (its revision moved).
                                 lease = r;
-                                OustReason::Evicted
+                                StepDownReason::Evicted
                             }
-                            other => OustReason::Lost { to: other.map(|r| r.leader()) },
+                            other => StepDownReason::Lost { to: other.map(|r| r.leader()) },
                         };
                     }
                     Err(e) => {
                         tracing::warn!(%election, error = %e, "renewal failed; retrying");
                         let now = shared.clock.now();
                         if now >= times.stop_at {
-                            break OustReason::RenewFailed;
+                            break StepDownReason::RenewFailed;
                         }
                         times.renew_at = (now + cfg.jittered(cfg.retry_period)).min(times.stop_at);
                     }
                 }
             }
-            _ = shared.clock.sleep_until(times.stop_at) => break OustReason::RenewFailed,
+            _ = shared.clock.sleep_until(times.stop_at) => break StepDownReason::RenewFailed,
             ev = next_event(&mut watch) => match ev {
                 Some(Ok(Some(rec))) if rec.holder == lease.holder && rec.token == lease.token && !rec.evicted => {}
                 Some(Ok(_)) => {
@@ -1002,7 +1007,7 @@ async fn lead(shared: &Shared, view: &mut View<'_>, mut lease: LeaseRecord, sent
     shared.leadership.send_replace(None);
     tracing::info!(%election, token = %lease.token, ?reason, "stepped down");
     shared.metrics.ended(&reason);
-    let _ = shared.events.send(Event::Ousted { reason: reason.clone() });
+    let _ = shared.events.send(Event::SteppedDown { reason: reason.clone() });
     // Warn if the work outlives the deadline, unless we only woke up past it.
     let mut warned = shared.clock.now() >= times.deadline;
     loop {
@@ -1019,7 +1024,7 @@ async fn lead(shared: &Shared, view: &mut View<'_>, mut lease: LeaseRecord, sent
     while let Ok(tx) = resign_rx.try_recv() {
         resigners.push(tx);
     }
-    if !matches!(reason, OustReason::Lost { .. }) {
+    if !matches!(reason, StepDownReason::Lost { .. }) {
         match release(shared, &lease).await {
             Ok(true) => view.saw(None),
             Ok(false) => {}
@@ -1028,7 +1033,7 @@ async fn lead(shared: &Shared, view: &mut View<'_>, mut lease: LeaseRecord, sent
             }
         }
     }
-    if let OustReason::Lost { to } = &reason {
+    if let StepDownReason::Lost { to } = &reason {
         view.saw(to.clone());
     }
     let stand_aside = resigners.iter().map(|r| r.stand_aside).max().unwrap_or_default();

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
 
-use crate::{ErrorKind, OustReason};
+use crate::{ErrorKind, StepDownReason};
 
 /// The store operations an elector makes.
 const OPERATIONS: [&str; 4] = ["acquire", "renew", "release", "get"];
@@ -61,16 +61,16 @@ impl ElectorMetrics {
     }
 
     /// The term ended.
-    pub(crate) fn ended(&self, reason: &OustReason) {
+    pub(crate) fn ended(&self, reason: &StepDownReason) {
         self.is_leader.set(0.0);
         self.remaining.set(0.0);
         let reason = match reason {
-            OustReason::RenewFailed => "renew_failed",
-            OustReason::Lost { .. } => "lost",
-            OustReason::Evicted => "evicted",
-            OustReason::Resigned => "resigned",
-            OustReason::ShuttingDown => "shutting_down",
-            OustReason::DeadlinePassed => "deadline_passed",
+            StepDownReason::RenewFailed => "renew_failed",
+            StepDownReason::Lost { .. } => "lost",
+            StepDownReason::Evicted => "evicted",
+            StepDownReason::Resigned => "resigned",
+            StepDownReason::ShuttingDown => "shutting_down",
+            StepDownReason::DeadlinePassed => "deadline_passed",
         };
         counter!("tenure_terms_ended_total", "election" => self.election.clone(), "reason" => reason).increment(1);
     }

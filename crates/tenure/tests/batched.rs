@@ -73,7 +73,7 @@ async fn a_thousand_elections_renew_in_a_few_calls_and_none_is_lost() {
     assert!(batches > 0 && batches <= 300, "{batches} renew_many calls for ~30,000 renewals");
     for rx in &mut events {
         while let Ok(ev) = rx.try_recv() {
-            assert!(!matches!(ev, Event::Ousted { .. }), "a term was lost: {ev:?}");
+            assert!(!matches!(ev, Event::SteppedDown { .. }), "a term was lost: {ev:?}");
         }
     }
     for e in &electors {

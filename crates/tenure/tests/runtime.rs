@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tenure::{Elector, Event, Evict, Instant, LeaseStore, MemoryStore, OustReason, observe};
+use tenure::{Elector, Event, Evict, Instant, LeaseStore, MemoryStore, StepDownReason, observe};
 use tenure_testkit::faults::{Fault, FaultyStore};
 
 const TTL: Duration = Duration::from_secs(3);
@@ -69,7 +69,7 @@ async fn steps_down_before_the_deadline_when_the_store_hangs() {
     );
     drop(l);
     settle().await;
-    assert!(events(&log).contains(&Event::Ousted { reason: OustReason::RenewFailed }));
+    assert!(events(&log).contains(&Event::SteppedDown { reason: StepDownReason::RenewFailed }));
 }
 
 #[tokio::test(start_paused = true)]
@@ -128,7 +128,7 @@ async fn graceful_shutdown_hands_over_at_once() {
     assert!(lb.token() > token);
     assert!(events(&a_log).contains(&Event::LeaderChanged(None)), "the releasing leader reports no leader");
     assert!(
-        events(&a_log).contains(&Event::Ousted { reason: OustReason::ShuttingDown }),
+        events(&a_log).contains(&Event::SteppedDown { reason: StepDownReason::ShuttingDown }),
         "the leader reports why it stepped down"
     );
 }
@@ -159,7 +159,7 @@ async fn recampaigns_after_losing_to_an_eviction() {
     l1.cancelled().await;
     drop(l1);
     let l2 = a.leadership().await.unwrap();
-    assert!(events(&log).contains(&Event::Ousted { reason: OustReason::Evicted }));
+    assert!(events(&log).contains(&Event::SteppedDown { reason: StepDownReason::Evicted }));
     assert!(l2.is_valid());
 }
 
