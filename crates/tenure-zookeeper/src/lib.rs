@@ -387,16 +387,21 @@ impl ZkStore {
             loop {
                 let Some(inner) = weak.upgrade() else { return };
                 let now = Instant::now();
-                let (due, next) = {
+                let due: Vec<(String, Held)> = {
                     let held = inner.held.lock().unwrap_or_else(|p| p.into_inner());
-                    let due: Vec<(String, Held)> =
-                        held.iter().filter(|(_, h)| h.due <= now).map(|(p, h)| (p.clone(), h.clone())).collect();
-                    (due, held.values().map(|h| h.due).filter(|d| *d > now).min())
+                    held.iter().filter(|(_, h)| h.due <= now).map(|(p, h)| (p.clone(), h.clone())).collect()
                 };
                 let store = ZkStore { inner };
                 for (path, h) in due {
                     store.expire(&path, h).await;
                 }
+                // After the deletions: a renewal sent meanwhile, or a failed deletion, has
+                // moved some entry's due time.
+                let now = Instant::now();
+                let next = {
+                    let held = store.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+                    held.values().map(|h| h.due).min().map(|d| d.max(now))
+                };
                 let wake = store.inner.clone();
                 drop(store);
                 let sleep = tokio::time::sleep_until(next.unwrap_or(now + Duration::from_secs(3600)));
@@ -489,7 +494,7 @@ impl ZkStore {
                 .await
                 .ok()?
                 .ok()?;
-            Some(Box::new(NodeEvents { watcher, client, base }) as Box<dyn tenure::store::ChangeFeed>)
+            Some(Box::new(NodeEvents { watcher, client, base, unread: None }) as Box<dyn tenure::store::ChangeFeed>)
         });
     }
 
@@ -632,12 +637,27 @@ struct NodeEvents {
     watcher: zk::PersistentWatcher,
     client: zk::Client,
     base: String,
+    /// A grant node taken from the watcher and not yet read (election and path): the
+    /// listener may drop a `next()` while it reads, and the next call reads it again.
+    unread: Option<(ElectionName, String)>,
 }
 
 #[async_trait::async_trait]
 impl tenure::store::ChangeFeed for NodeEvents {
     async fn next(&mut self) -> Option<tenure::store::Change> {
         loop {
+            if let Some((election, path)) = self.unread.clone() {
+                let change = match timed("reading a lease", false, self.client.get_data(&path)).await {
+                    Ok(Ok((data, stat))) => match decode(&election, &data, &stat) {
+                        Ok(r) => tenure::store::Change::record(r),
+                        Err(_) => tenure::store::Change::read_again(election.as_str()),
+                    },
+                    Ok(Err(zk::Error::NoNode)) => tenure::store::Change::now(election.as_str(), None),
+                    _ => tenure::store::Change::read_again(election.as_str()),
+                };
+                self.unread = None;
+                return Some(change);
+            }
             let ev = self.watcher.changed().await;
             let created = match ev.event_type {
                 // Events are lost across a reconnection: everyone re-reads.
@@ -656,14 +676,7 @@ impl tenure::store::ChangeFeed for NodeEvents {
             if !created {
                 return Some(tenure::store::Change::now(election.as_str(), None));
             }
-            return Some(match timed("reading a lease", false, self.client.get_data(&ev.path)).await {
-                Ok(Ok((data, stat))) => match decode(&election, &data, &stat) {
-                    Ok(r) => tenure::store::Change::record(r),
-                    Err(_) => tenure::store::Change::read_again(election.as_str()),
-                },
-                Ok(Err(zk::Error::NoNode)) => tenure::store::Change::now(election.as_str(), None),
-                _ => tenure::store::Change::read_again(election.as_str()),
-            });
+            self.unread = Some((election, ev.path));
         }
     }
 }
