@@ -133,12 +133,17 @@ impl Change {
     /// publish: `ELECTION` alone (the name only: watchers re-read), `ELECTION<TAB>` (no live
     /// lease), or the record, tab separated: election, holder, token, revision, ttl_ms,
     /// remaining_us, evicted (0/1), acquired_ms, renewed_ms (each may be empty), metadata in
-    /// hex. A record that cannot be read is treated as the name only, so it is re-read.
+    /// hex. A record that cannot be read is treated as the name only, so it is re-read; a
+    /// text without a name as [`Change::Everything`].
     pub fn parse(payload: &str) -> Self {
         use crate::record::{FencingToken, Revision};
         use crate::{HolderId, name::ElectionName};
         use std::time::UNIX_EPOCH;
         let fields: Vec<&str> = payload.split('\t').collect();
+        // No name (an empty or unreadable message): anything may have changed.
+        if fields[0].is_empty() {
+            return Change::Everything;
+        }
         let carries = match fields.as_slice() {
             [_] => None,
             [_, ""] => Some(None),
@@ -409,6 +414,7 @@ mod tests {
         // No live lease; the name only (an older trigger); something unreadable.
         assert_eq!(Change::parse("a\t"), Change::now("a", None));
         assert_eq!(Change::parse("a"), Change::read_again("a"));
+        assert_eq!(Change::parse(""), Change::Everything, "a message without a name wakes every watcher");
         assert_eq!(Change::parse("a\tb\tnot-a-number\t1\t1\t1\t0\t\t\t"), Change::read_again("a"));
         assert_eq!(Change::parse("a\tb\t1\t1\t1\t1\t0\t\t\tzz"), Change::read_again("a"), "bad hex");
     }
