@@ -39,8 +39,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 mod rpc;
 
 use rpc::{Client, pb, txn};
-use tenure::store::{Acquire, AcquireRequest, Renew, Revision, WatchStream, check_ttl};
-use tenure::{ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, StoreError};
+use tenure::store::{Acquire, AcquireRequest, Renew, Revision, StoredValue as Value, WatchStream, check_ttl};
+use tenure::{ElectionName, ErrorKind, Evict, FencingToken, LeaseRecord, LeaseStore, StoreError};
 use tokio::sync::OnceCell;
 
 /// The default key prefix.
@@ -157,63 +157,6 @@ fn parse_url(url: &str) -> Result<Parsed, StoreError> {
         return Err(bad("ca= needs etcds://"));
     }
     Ok(Parsed { endpoints, user, tls, ca: ours[1].clone(), prefix })
-}
-
-/// The stored value: `tenure1 HOLDER TTL_MS ACQUIRED_MS EVICTED\nMETADATA`. Holder ids
-/// have no spaces or line breaks, so the header splits cleanly; the metadata is raw bytes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Value {
-    holder: HolderId,
-    ttl: Duration,
-    acquired_ms: u64,
-    evicted: bool,
-    metadata: Vec<u8>,
-}
-
-impl Value {
-    fn encode(&self) -> Vec<u8> {
-        let mut v = format!(
-            "tenure1 {} {} {} {}\n",
-            self.holder,
-            self.ttl.as_millis(),
-            self.acquired_ms,
-            if self.evicted { 1 } else { 0 }
-        )
-        .into_bytes();
-        v.extend_from_slice(&self.metadata);
-        v
-    }
-
-    fn decode(raw: &[u8]) -> Option<Self> {
-        let nl = raw.iter().position(|&b| b == b'\n')?;
-        let header = std::str::from_utf8(&raw[..nl]).ok()?;
-        let mut f = header.split(' ');
-        if f.next()? != "tenure1" {
-            return None;
-        }
-        let holder = HolderId::new(f.next()?).ok()?;
-        let ttl = Duration::from_millis(f.next()?.parse().ok()?);
-        let acquired_ms = f.next()?.parse().ok()?;
-        let evicted = match f.next()? {
-            "0" => false,
-            "1" => true,
-            _ => return None,
-        };
-        Some(Self { holder, ttl, acquired_ms, evicted, metadata: raw[nl + 1..].to_vec() })
-    }
-
-    /// The value a record was read from (every field of it comes from the value).
-    fn of(rec: &LeaseRecord) -> Self {
-        let acquired_ms =
-            rec.acquired_at.and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map_or(0, |d| d.as_millis() as u64);
-        Self {
-            holder: rec.holder.clone(),
-            ttl: rec.ttl,
-            acquired_ms,
-            evicted: rec.evicted,
-            metadata: rec.metadata.clone(),
-        }
-    }
 }
 
 fn now_ms() -> u64 {
@@ -543,16 +486,14 @@ impl EtcdStore {
         Ok(())
     }
 
-    fn ensure_listener(&self) {
-        self.inner.changes.listen(&self.inner, |inner| async move {
-            let keys = inner.keys.clone();
-            let weak = Arc::downgrade(&inner);
-            let store = EtcdStore { inner };
-            let client = store.client().await.ok()?;
-            let watch = timed("watching", client.watch_prefix(keys.as_bytes())).await.ok()?;
-            let feed = KeyEvents { watch, store: weak, keys, pending: Default::default() };
-            Some(Box::new(feed) as Box<dyn tenure::store::ChangeFeed>)
-        });
+    /// The change listener's feed: a watch on the store's key prefix.
+    async fn open_feed(inner: Arc<Inner>) -> Option<Box<dyn tenure::store::ChangeFeed>> {
+        let keys = inner.keys.clone();
+        let weak = Arc::downgrade(&inner);
+        let store = EtcdStore { inner };
+        let client = store.client().await.ok()?;
+        let watch = timed("watching", client.watch_prefix(keys.as_bytes())).await.ok()?;
+        Some(Box::new(KeyEvents { watch, store: weak, keys, pending: Default::default() }))
     }
 
     /// Takes an absent key, or re-takes our own: one transaction in the common case.
@@ -563,6 +504,7 @@ impl EtcdStore {
             ttl: req.ttl,
             acquired_ms: now_ms(),
             evicted: false,
+            token: None,
             metadata: req.metadata.clone(),
         };
         let k = key.as_bytes();
@@ -628,6 +570,10 @@ impl EtcdStore {
 
 #[async_trait::async_trait]
 impl LeaseStore for EtcdStore {
+    fn describe(&self) -> String {
+        self.inner.described.clone()
+    }
+
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
         req.validate()?;
         let since = Instant::now();
@@ -768,12 +714,7 @@ impl LeaseStore for EtcdStore {
     }
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
-        self.ensure_listener();
-        Some(tenure::store::watch_changes(Arc::new(self.clone()), &self.inner.changes, election))
-    }
-
-    fn describe(&self) -> String {
-        self.inner.described.clone()
+        Some(self.inner.changes.watch(Arc::new(self.clone()), &self.inner, election, Self::open_feed))
     }
 }
 
@@ -835,21 +776,6 @@ mod tests {
             assert_eq!(parse_url(bad).err().map(|e| e.kind()), Some(ErrorKind::Invalid), "{bad}");
         }
         assert!(parse_url("etcd://h:1?prefix=a*b").is_err());
-    }
-
-    #[test]
-    fn values_round_trip_byte_for_byte() {
-        let v = Value {
-            holder: HolderId::new("web-1.42.x").unwrap(),
-            ttl: Duration::from_millis(2500),
-            acquired_ms: 1_700_000_000_123,
-            evicted: true,
-            metadata: b"a\nb \x00\xff".to_vec(),
-        };
-        let raw = v.encode();
-        assert_eq!(Value::decode(&raw), Some(v));
-        assert_eq!(Value::decode(b"other data"), None);
-        assert_eq!(Value::decode(b"tenure1 h 1 2 3\n"), None);
     }
 
     #[test]

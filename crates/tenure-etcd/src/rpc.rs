@@ -16,114 +16,82 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Status, Streaming};
 
 /// The messages, with etcd's field numbers.
+#[rustfmt::skip]
 pub mod pb {
     #![allow(missing_docs)]
 
     /// Sent with every response: the store revision it was served at.
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct ResponseHeader {
-        #[prost(uint64, tag = "1")]
-        pub cluster_id: u64,
-        #[prost(uint64, tag = "2")]
-        pub member_id: u64,
-        #[prost(int64, tag = "3")]
-        pub revision: i64,
-        #[prost(uint64, tag = "4")]
-        pub raft_term: u64,
+        #[prost(uint64, tag = "1")] pub cluster_id: u64,
+        #[prost(uint64, tag = "2")] pub member_id: u64,
+        #[prost(int64, tag = "3")] pub revision: i64,
+        #[prost(uint64, tag = "4")] pub raft_term: u64,
     }
 
     /// A key as stored (`mvccpb.KeyValue`).
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct KeyValue {
-        #[prost(bytes = "vec", tag = "1")]
-        pub key: Vec<u8>,
-        #[prost(int64, tag = "2")]
-        pub create_revision: i64,
-        #[prost(int64, tag = "3")]
-        pub mod_revision: i64,
-        #[prost(int64, tag = "4")]
-        pub version: i64,
-        #[prost(bytes = "vec", tag = "5")]
-        pub value: Vec<u8>,
-        #[prost(int64, tag = "6")]
-        pub lease: i64,
+        #[prost(bytes = "vec", tag = "1")] pub key: Vec<u8>,
+        #[prost(int64, tag = "2")] pub create_revision: i64,
+        #[prost(int64, tag = "3")] pub mod_revision: i64,
+        #[prost(int64, tag = "4")] pub version: i64,
+        #[prost(bytes = "vec", tag = "5")] pub value: Vec<u8>,
+        #[prost(int64, tag = "6")] pub lease: i64,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct RangeRequest {
-        #[prost(bytes = "vec", tag = "1")]
-        pub key: Vec<u8>,
+        #[prost(bytes = "vec", tag = "1")] pub key: Vec<u8>,
         /// Every key in `[key, range_end)`; see [`super::prefix_end`].
-        #[prost(bytes = "vec", tag = "2")]
-        pub range_end: Vec<u8>,
+        #[prost(bytes = "vec", tag = "2")] pub range_end: Vec<u8>,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct RangeResponse {
-        #[prost(message, optional, tag = "1")]
-        pub header: Option<ResponseHeader>,
-        #[prost(message, repeated, tag = "2")]
-        pub kvs: Vec<KeyValue>,
-        #[prost(bool, tag = "3")]
-        pub more: bool,
-        #[prost(int64, tag = "4")]
-        pub count: i64,
+        #[prost(message, optional, tag = "1")] pub header: Option<ResponseHeader>,
+        #[prost(message, repeated, tag = "2")] pub kvs: Vec<KeyValue>,
+        #[prost(bool, tag = "3")] pub more: bool,
+        #[prost(int64, tag = "4")] pub count: i64,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct PutRequest {
-        #[prost(bytes = "vec", tag = "1")]
-        pub key: Vec<u8>,
-        #[prost(bytes = "vec", tag = "2")]
-        pub value: Vec<u8>,
-        #[prost(int64, tag = "3")]
-        pub lease: i64,
-        #[prost(bool, tag = "4")]
-        pub prev_kv: bool,
+        #[prost(bytes = "vec", tag = "1")] pub key: Vec<u8>,
+        #[prost(bytes = "vec", tag = "2")] pub value: Vec<u8>,
+        #[prost(int64, tag = "3")] pub lease: i64,
+        #[prost(bool, tag = "4")] pub prev_kv: bool,
         /// Keep the stored value (only the revision, and the lease if given, change).
-        #[prost(bool, tag = "5")]
-        pub ignore_value: bool,
-        #[prost(bool, tag = "6")]
-        pub ignore_lease: bool,
+        #[prost(bool, tag = "5")] pub ignore_value: bool,
+        #[prost(bool, tag = "6")] pub ignore_lease: bool,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct PutResponse {
-        #[prost(message, optional, tag = "1")]
-        pub header: Option<ResponseHeader>,
+        #[prost(message, optional, tag = "1")] pub header: Option<ResponseHeader>,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct DeleteRangeRequest {
-        #[prost(bytes = "vec", tag = "1")]
-        pub key: Vec<u8>,
-        #[prost(bytes = "vec", tag = "2")]
-        pub range_end: Vec<u8>,
-        #[prost(bool, tag = "3")]
-        pub prev_kv: bool,
+        #[prost(bytes = "vec", tag = "1")] pub key: Vec<u8>,
+        #[prost(bytes = "vec", tag = "2")] pub range_end: Vec<u8>,
+        #[prost(bool, tag = "3")] pub prev_kv: bool,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct DeleteRangeResponse {
-        #[prost(message, optional, tag = "1")]
-        pub header: Option<ResponseHeader>,
-        #[prost(int64, tag = "2")]
-        pub deleted: i64,
-        #[prost(message, repeated, tag = "3")]
-        pub prev_kvs: Vec<KeyValue>,
+        #[prost(message, optional, tag = "1")] pub header: Option<ResponseHeader>,
+        #[prost(int64, tag = "2")] pub deleted: i64,
+        #[prost(message, repeated, tag = "3")] pub prev_kvs: Vec<KeyValue>,
     }
 
     /// One condition of a transaction.
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct Compare {
-        #[prost(enumeration = "CompareResult", tag = "1")]
-        pub result: i32,
-        #[prost(enumeration = "CompareTarget", tag = "2")]
-        pub target: i32,
-        #[prost(bytes = "vec", tag = "3")]
-        pub key: Vec<u8>,
-        #[prost(oneof = "TargetUnion", tags = "4, 5, 6, 7, 8")]
-        pub target_union: Option<TargetUnion>,
+        #[prost(enumeration = "CompareResult", tag = "1")] pub result: i32,
+        #[prost(enumeration = "CompareTarget", tag = "2")] pub target: i32,
+        #[prost(bytes = "vec", tag = "3")] pub key: Vec<u8>,
+        #[prost(oneof = "TargetUnion", tags = "4, 5, 6, 7, 8")] pub target_union: Option<TargetUnion>,
     }
 
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
@@ -147,160 +115,115 @@ pub mod pb {
 
     #[derive(Clone, PartialEq, prost::Oneof)]
     pub enum TargetUnion {
-        #[prost(int64, tag = "4")]
-        Version(i64),
-        #[prost(int64, tag = "5")]
-        CreateRevision(i64),
-        #[prost(int64, tag = "6")]
-        ModRevision(i64),
-        #[prost(bytes, tag = "7")]
-        Value(Vec<u8>),
-        #[prost(int64, tag = "8")]
-        Lease(i64),
+        #[prost(int64, tag = "4")] Version(i64),
+        #[prost(int64, tag = "5")] CreateRevision(i64),
+        #[prost(int64, tag = "6")] ModRevision(i64),
+        #[prost(bytes, tag = "7")] Value(Vec<u8>),
+        #[prost(int64, tag = "8")] Lease(i64),
     }
 
     /// One operation of a transaction.
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct RequestOp {
-        #[prost(oneof = "Request", tags = "1, 2, 3, 4")]
-        pub request: Option<Request>,
+        #[prost(oneof = "Request", tags = "1, 2, 3, 4")] pub request: Option<Request>,
     }
 
     #[derive(Clone, PartialEq, prost::Oneof)]
     pub enum Request {
-        #[prost(message, tag = "1")]
-        Range(RangeRequest),
-        #[prost(message, tag = "2")]
-        Put(PutRequest),
-        #[prost(message, tag = "3")]
-        DeleteRange(DeleteRangeRequest),
-        #[prost(message, tag = "4")]
-        Txn(TxnRequest),
+        #[prost(message, tag = "1")] Range(RangeRequest),
+        #[prost(message, tag = "2")] Put(PutRequest),
+        #[prost(message, tag = "3")] DeleteRange(DeleteRangeRequest),
+        #[prost(message, tag = "4")] Txn(TxnRequest),
     }
 
     /// The answer to one operation of a transaction.
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct ResponseOp {
-        #[prost(oneof = "Response", tags = "1, 2, 3, 4")]
-        pub response: Option<Response>,
+        #[prost(oneof = "Response", tags = "1, 2, 3, 4")] pub response: Option<Response>,
     }
 
     #[derive(Clone, PartialEq, prost::Oneof)]
     pub enum Response {
-        #[prost(message, tag = "1")]
-        Range(RangeResponse),
-        #[prost(message, tag = "2")]
-        Put(PutResponse),
-        #[prost(message, tag = "3")]
-        DeleteRange(DeleteRangeResponse),
-        #[prost(message, tag = "4")]
-        Txn(TxnResponse),
+        #[prost(message, tag = "1")] Range(RangeResponse),
+        #[prost(message, tag = "2")] Put(PutResponse),
+        #[prost(message, tag = "3")] DeleteRange(DeleteRangeResponse),
+        #[prost(message, tag = "4")] Txn(TxnResponse),
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct TxnRequest {
-        #[prost(message, repeated, tag = "1")]
-        pub compare: Vec<Compare>,
-        #[prost(message, repeated, tag = "2")]
-        pub success: Vec<RequestOp>,
-        #[prost(message, repeated, tag = "3")]
-        pub failure: Vec<RequestOp>,
+        #[prost(message, repeated, tag = "1")] pub compare: Vec<Compare>,
+        #[prost(message, repeated, tag = "2")] pub success: Vec<RequestOp>,
+        #[prost(message, repeated, tag = "3")] pub failure: Vec<RequestOp>,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct TxnResponse {
-        #[prost(message, optional, tag = "1")]
-        pub header: Option<ResponseHeader>,
-        #[prost(bool, tag = "2")]
-        pub succeeded: bool,
-        #[prost(message, repeated, tag = "3")]
-        pub responses: Vec<ResponseOp>,
+        #[prost(message, optional, tag = "1")] pub header: Option<ResponseHeader>,
+        #[prost(bool, tag = "2")] pub succeeded: bool,
+        #[prost(message, repeated, tag = "3")] pub responses: Vec<ResponseOp>,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct LeaseGrantRequest {
-        #[prost(int64, tag = "1")]
-        pub ttl: i64,
-        #[prost(int64, tag = "2")]
-        pub id: i64,
+        #[prost(int64, tag = "1")] pub ttl: i64,
+        #[prost(int64, tag = "2")] pub id: i64,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct LeaseGrantResponse {
-        #[prost(message, optional, tag = "1")]
-        pub header: Option<ResponseHeader>,
-        #[prost(int64, tag = "2")]
-        pub id: i64,
-        #[prost(int64, tag = "3")]
-        pub ttl: i64,
-        #[prost(string, tag = "4")]
-        pub error: String,
+        #[prost(message, optional, tag = "1")] pub header: Option<ResponseHeader>,
+        #[prost(int64, tag = "2")] pub id: i64,
+        #[prost(int64, tag = "3")] pub ttl: i64,
+        #[prost(string, tag = "4")] pub error: String,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct LeaseKeepAliveRequest {
-        #[prost(int64, tag = "1")]
-        pub id: i64,
+        #[prost(int64, tag = "1")] pub id: i64,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct LeaseKeepAliveResponse {
-        #[prost(message, optional, tag = "1")]
-        pub header: Option<ResponseHeader>,
-        #[prost(int64, tag = "2")]
-        pub id: i64,
+        #[prost(message, optional, tag = "1")] pub header: Option<ResponseHeader>,
+        #[prost(int64, tag = "2")] pub id: i64,
         /// The TTL the lease was refreshed to; 0 or less when the lease no longer exists.
-        #[prost(int64, tag = "3")]
-        pub ttl: i64,
+        #[prost(int64, tag = "3")] pub ttl: i64,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct WatchRequest {
-        #[prost(oneof = "WatchRequestUnion", tags = "1")]
-        pub request_union: Option<WatchRequestUnion>,
+        #[prost(oneof = "WatchRequestUnion", tags = "1")] pub request_union: Option<WatchRequestUnion>,
     }
 
     #[derive(Clone, PartialEq, prost::Oneof)]
     pub enum WatchRequestUnion {
-        #[prost(message, tag = "1")]
-        CreateRequest(WatchCreateRequest),
+        #[prost(message, tag = "1")] CreateRequest(WatchCreateRequest),
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct WatchCreateRequest {
-        #[prost(bytes = "vec", tag = "1")]
-        pub key: Vec<u8>,
-        #[prost(bytes = "vec", tag = "2")]
-        pub range_end: Vec<u8>,
-        #[prost(int64, tag = "3")]
-        pub start_revision: i64,
+        #[prost(bytes = "vec", tag = "1")] pub key: Vec<u8>,
+        #[prost(bytes = "vec", tag = "2")] pub range_end: Vec<u8>,
+        #[prost(int64, tag = "3")] pub start_revision: i64,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct WatchResponse {
-        #[prost(message, optional, tag = "1")]
-        pub header: Option<ResponseHeader>,
-        #[prost(int64, tag = "2")]
-        pub watch_id: i64,
-        #[prost(bool, tag = "3")]
-        pub created: bool,
-        #[prost(bool, tag = "4")]
-        pub canceled: bool,
-        #[prost(int64, tag = "5")]
-        pub compact_revision: i64,
-        #[prost(string, tag = "6")]
-        pub cancel_reason: String,
-        #[prost(message, repeated, tag = "11")]
-        pub events: Vec<Event>,
+        #[prost(message, optional, tag = "1")] pub header: Option<ResponseHeader>,
+        #[prost(int64, tag = "2")] pub watch_id: i64,
+        #[prost(bool, tag = "3")] pub created: bool,
+        #[prost(bool, tag = "4")] pub canceled: bool,
+        #[prost(int64, tag = "5")] pub compact_revision: i64,
+        #[prost(string, tag = "6")] pub cancel_reason: String,
+        #[prost(message, repeated, tag = "11")] pub events: Vec<Event>,
     }
 
     /// A change of one key (`mvccpb.Event`).
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct Event {
-        #[prost(enumeration = "EventType", tag = "1")]
-        pub r#type: i32,
-        #[prost(message, optional, tag = "2")]
-        pub kv: Option<KeyValue>,
+        #[prost(enumeration = "EventType", tag = "1")] pub r#type: i32,
+        #[prost(message, optional, tag = "2")] pub kv: Option<KeyValue>,
     }
 
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
@@ -312,18 +235,14 @@ pub mod pb {
 
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct AuthenticateRequest {
-        #[prost(string, tag = "1")]
-        pub name: String,
-        #[prost(string, tag = "2")]
-        pub password: String,
+        #[prost(string, tag = "1")] pub name: String,
+        #[prost(string, tag = "2")] pub password: String,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct AuthenticateResponse {
-        #[prost(message, optional, tag = "1")]
-        pub header: Option<ResponseHeader>,
-        #[prost(string, tag = "2")]
-        pub token: String,
+        #[prost(message, optional, tag = "1")] pub header: Option<ResponseHeader>,
+        #[prost(string, tag = "2")] pub token: String,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
@@ -331,11 +250,9 @@ pub mod pb {
 
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct StatusResponse {
-        #[prost(message, optional, tag = "1")]
-        pub header: Option<ResponseHeader>,
+        #[prost(message, optional, tag = "1")] pub header: Option<ResponseHeader>,
         /// The member's etcd version, e.g. `3.4.23`.
-        #[prost(string, tag = "2")]
-        pub version: String,
+        #[prost(string, tag = "2")] pub version: String,
     }
 }
 

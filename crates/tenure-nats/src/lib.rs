@@ -126,73 +126,24 @@ fn election_of(key: &str) -> Option<ElectionName> {
     ElectionName::new(key.replace("=2E", ".")).ok()
 }
 
-/// The stored value: `tenure1 HOLDER TTL_MS ACQUIRED_MS EVICTED TOKEN\nMETADATA`, where a
-/// token of 0 means "this message's revision" and an acquired time of 0 "this
-/// message's time" (the message that creates a grant cannot know its own sequence).
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Value {
-    holder: HolderId,
-    ttl: Duration,
-    acquired_ms: u64,
-    evicted: bool,
-    token: u64,
-    metadata: Vec<u8>,
+/// The stored value ([`StoredValue`](tenure::store::StoredValue)) with a token, where a
+/// token of 0 means "this message's revision" and an acquired time of 0 "this message's
+/// time" (the message that creates a grant cannot know its own sequence).
+use tenure::store::StoredValue as Value;
+
+/// The value `raw` holds; every value this store writes has a token.
+fn decode(raw: &[u8]) -> Option<Value> {
+    Value::decode(raw).filter(|v| v.token.is_some())
 }
 
-impl Value {
-    fn encode(&self) -> Vec<u8> {
-        let mut v = format!(
-            "tenure1 {} {} {} {} {}\n",
-            self.holder,
-            self.ttl.as_millis(),
-            self.acquired_ms,
-            u8::from(self.evicted),
-            self.token
-        )
-        .into_bytes();
-        v.extend_from_slice(&self.metadata);
-        v
-    }
-
-    fn decode(raw: &[u8]) -> Option<Self> {
-        let nl = raw.iter().position(|&b| b == b'\n')?;
-        let header = std::str::from_utf8(&raw[..nl]).ok()?;
-        let f: Vec<&str> = header.split(' ').collect();
-        let [magic, holder, ttl, acquired, evicted, token] = f[..] else {
-            return None;
-        };
-        if magic != "tenure1" {
-            return None;
-        }
-        Some(Self {
-            holder: HolderId::new(holder).ok()?,
-            ttl: Duration::from_millis(ttl.parse().ok()?),
-            acquired_ms: acquired.parse().ok()?,
-            evicted: match evicted {
-                "0" => false,
-                "1" => true,
-                _ => return None,
-            },
-            token: token.parse().ok()?,
-            metadata: raw[nl + 1..].to_vec(),
-        })
-    }
-
-    /// The value that continues `rec`'s grant, with explicit token and grant time.
-    fn continuing(rec: &LeaseRecord) -> Self {
-        Self {
-            holder: rec.holder.clone(),
-            ttl: rec.ttl,
-            acquired_ms: rec.acquired_at.map_or(0, ms_since_epoch),
-            evicted: rec.evicted,
-            token: rec.token.0,
-            metadata: rec.metadata.clone(),
-        }
-    }
+/// The value that continues `rec`'s grant, with explicit token and grant time.
+fn continuing(rec: &LeaseRecord) -> Value {
+    Value { token: Some(rec.token.0), ..Value::of(rec) }
 }
 
-fn ms_since_epoch(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+/// The token a value stands for, written at `revision`.
+fn token_of(v: &Value, revision: u64) -> FencingToken {
+    FencingToken(v.token.filter(|t| *t != 0).unwrap_or(revision))
 }
 
 /// Maps a client error to a store error. `write`: the request may have changed data,
@@ -368,13 +319,13 @@ impl NatsStore {
             )
         };
         let election = election_of(&e.key).ok_or_else(|| bad("does not name an election"))?;
-        let v = Value::decode(&e.value).ok_or_else(|| bad("does not hold a tenure lease"))?;
+        let v = decode(&e.value).ok_or_else(|| bad("does not hold a tenure lease"))?;
         let written = UNIX_EPOCH + Duration::from_nanos(e.created.unix_timestamp_nanos().max(0) as u64);
         let age = SystemTime::now().duration_since(written).unwrap_or(Duration::ZERO);
         Ok(Some(LeaseRecord {
             election,
+            token: token_of(&v, e.revision),
             holder: v.holder,
-            token: FencingToken(if v.token == 0 { e.revision } else { v.token }),
             revision: Revision(e.revision),
             ttl: v.ttl,
             acquired_at: Some(if v.acquired_ms == 0 {
@@ -399,12 +350,12 @@ impl NatsStore {
     /// The record as just written (its server time is not known: now, as a hint).
     fn written(&self, election: &ElectionName, v: &Value, revision: u64) -> LeaseRecord {
         let now = SystemTime::now();
-        let token = FencingToken(if v.token == 0 { revision } else { v.token });
+        let token = token_of(v, revision);
         self.inner.known.lock().unwrap().insert(election.clone(), (Revision(revision), v.holder.clone(), token));
         LeaseRecord {
             election: election.clone(),
             holder: v.holder.clone(),
-            token: FencingToken(if v.token == 0 { revision } else { v.token }),
+            token: token_of(v, revision),
             revision: Revision(revision),
             ttl: v.ttl,
             acquired_at: Some(if v.acquired_ms == 0 { now } else { UNIX_EPOCH + Duration::from_millis(v.acquired_ms) }),
@@ -470,14 +421,13 @@ impl NatsStore {
         }
     }
 
-    fn ensure_listener(&self) {
-        self.inner.changes.listen(&self.inner, |inner| async move {
-            let weak = Arc::downgrade(&inner);
-            let store = NatsStore { inner };
-            let (kv, ttl) = store.bucket(None).await.ok()??;
-            let watch = tokio::time::timeout(REQUEST_TIMEOUT, kv.watch_all()).await.ok()?.ok()?;
-            Some(Box::new(Entries { watch, store: weak, ttl }) as Box<dyn tenure::store::ChangeFeed>)
-        });
+    /// The change listener's feed: the bucket's watch.
+    async fn open_feed(inner: Arc<Inner>) -> Option<Box<dyn tenure::store::ChangeFeed>> {
+        let weak = Arc::downgrade(&inner);
+        let store = NatsStore { inner };
+        let (kv, ttl) = store.bucket(None).await.ok()??;
+        let watch = tokio::time::timeout(REQUEST_TIMEOUT, kv.watch_all()).await.ok()?.ok()?;
+        Some(Box::new(Entries { watch, store: weak, ttl }))
     }
 }
 
@@ -520,6 +470,10 @@ fn humanize(d: Duration) -> String {
 
 #[async_trait::async_trait]
 impl LeaseStore for NatsStore {
+    fn describe(&self) -> String {
+        self.inner.described.clone()
+    }
+
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
         req.validate()?;
         let kv = self.bucket_for(req.ttl).await?;
@@ -529,7 +483,7 @@ impl LeaseStore for NatsStore {
             ttl: req.ttl,
             acquired_ms: 0,
             evicted: false,
-            token: 0,
+            token: Some(0),
             metadata: req.metadata.clone(),
         };
         for _ in 0..5 {
@@ -552,7 +506,7 @@ impl LeaseStore for NatsStore {
                 return Ok(Acquire::Held(cur));
             }
             // Our own grant: renewed, keeping its token and grant time.
-            let again = Value { metadata: req.metadata.clone(), ..Value::continuing(&cur) };
+            let again = Value { metadata: req.metadata.clone(), ..continuing(&cur) };
             if let Some(rev) = self.write(&kv, "acquire", &key, &again, cur.revision.0).await? {
                 return Ok(Acquire::Acquired(self.written(&req.election, &again, rev)));
             }
@@ -584,7 +538,7 @@ impl LeaseStore for NatsStore {
                     }
                 }
             };
-            let v = Value { ttl, evicted: false, ..Value::continuing(&b) };
+            let v = Value { ttl, evicted: false, ..continuing(&b) };
             if let Some(rev) = self.write(&kv, "renew", &key, &v, b.revision.0).await? {
                 return Ok(Renew::Renewed(self.written(&held.election, &v, rev)));
             }
@@ -651,7 +605,7 @@ impl LeaseStore for NatsStore {
                 Evict::AfterTerm if cur.evicted => true,
                 // A new message: the key lives one max-age from now, past the holder's deadline.
                 Evict::AfterTerm => {
-                    let marked = Value { evicted: true, ..Value::continuing(&cur) };
+                    let marked = Value { evicted: true, ..continuing(&cur) };
                     self.write(&kv, "evict", &key, &marked, cur.revision.0).await?.is_some()
                 }
             };
@@ -663,12 +617,7 @@ impl LeaseStore for NatsStore {
     }
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
-        self.ensure_listener();
-        Some(tenure::store::watch_changes(Arc::new(self.clone()), &self.inner.changes, election))
-    }
-
-    fn describe(&self) -> String {
-        self.inner.described.clone()
+        Some(self.inner.changes.watch(Arc::new(self.clone()), &self.inner, election, Self::open_feed))
     }
 }
 
@@ -705,10 +654,10 @@ mod tests {
             ttl: Duration::from_millis(1500),
             acquired_ms: 17,
             evicted: true,
-            token: 42,
+            token: Some(42),
             metadata: b"\n\x00 x".to_vec(),
         };
-        assert_eq!(Value::decode(&v.encode()), Some(v));
-        assert_eq!(Value::decode(b"tenure1 h 1 2 0\n"), None);
+        assert_eq!(decode(&v.encode()), Some(v));
+        assert_eq!(decode(b"tenure1 h 1 2 0\n"), None);
     }
 }

@@ -251,19 +251,14 @@ impl PostgresStore {
     }
 
     /// Starts the shared LISTEN connection, once.
-    fn ensure_listener(&self) {
-        let (pool, channel) = (self.inner.pool.clone(), self.inner.table.clone());
-        self.inner.changes.listen(&self.inner, move |_| {
-            let (pool, channel) = (pool.clone(), channel.clone());
-            async move {
-                let mut listener = PgListener::connect_with(&pool)
-                    .await
-                    .inspect_err(|e| tracing::debug!(error = %e, "LISTEN connection failed; retrying"))
-                    .ok()?;
-                listener.listen(&channel).await.ok()?;
-                Some(Box::new(Notifications(listener)) as Box<dyn tenure::store::ChangeFeed>)
-            }
-        });
+    /// The change listener's feed: a `LISTEN` connection on the table's channel.
+    async fn open_feed(inner: Arc<Inner>) -> Option<Box<dyn tenure::store::ChangeFeed>> {
+        let mut listener = PgListener::connect_with(&inner.pool)
+            .await
+            .inspect_err(|e| tracing::debug!(error = %e, "LISTEN connection failed; retrying"))
+            .ok()?;
+        listener.listen(&inner.table).await.ok()?;
+        Some(Box::new(Notifications(listener)))
     }
 }
 
@@ -388,6 +383,10 @@ fn pg_error(what: &str, e: sqlx::Error) -> StoreError {
 
 #[async_trait::async_trait]
 impl LeaseStore for PostgresStore {
+    fn describe(&self) -> String {
+        self.inner.described.clone()
+    }
+
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
         req.validate()?;
         for _ in 0..5 {
@@ -468,12 +467,7 @@ impl LeaseStore for PostgresStore {
     }
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
-        self.ensure_listener();
-        Some(tenure::store::watch_changes(Arc::new(self.clone()), &self.inner.changes, election))
-    }
-
-    fn describe(&self) -> String {
-        self.inner.described.clone()
+        Some(self.inner.changes.watch(Arc::new(self.clone()), &self.inner, election, Self::open_feed))
     }
 }
 

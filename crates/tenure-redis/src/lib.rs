@@ -469,19 +469,15 @@ impl RedisStore {
             .collect())
     }
 
-    fn ensure_listener(&self) {
-        let channel = self.channel();
-        self.inner.changes.listen(&self.inner, move |inner| {
-            let channel = channel.clone();
-            async move {
-                // Behind sentinels, the primary of the moment (a replica would do too: it
-                // passes on what is published on its primary).
-                let client = inner.target.client().await.ok()?;
-                let mut pubsub = client.get_async_pubsub().await.inspect_err(|e| inner.target.failed(e)).ok()?;
-                pubsub.subscribe(&channel).await.ok()?;
-                Some(Box::new(Messages(Box::pin(pubsub.into_on_message()))) as Box<dyn tenure::store::ChangeFeed>)
-            }
-        });
+    /// The change listener's feed: a subscription to the store's channel.
+    async fn open_feed(inner: Arc<Inner>) -> Option<Box<dyn tenure::store::ChangeFeed>> {
+        let channel = RedisStore { inner: inner.clone() }.channel();
+        // Behind sentinels, the primary of the moment (a replica would do too: it passes
+        // on what is published on its primary).
+        let client = inner.target.client().await.ok()?;
+        let mut pubsub = client.get_async_pubsub().await.inspect_err(|e| inner.target.failed(e)).ok()?;
+        pubsub.subscribe(&channel).await.ok()?;
+        Some(Box::new(Messages(Box::pin(pubsub.into_on_message()))))
     }
 }
 
@@ -613,6 +609,10 @@ pub(crate) fn redis_error(what: &str, e: redis::RedisError) -> StoreError {
 
 #[async_trait::async_trait]
 impl LeaseStore for RedisStore {
+    fn describe(&self) -> String {
+        self.inner.described.clone()
+    }
+
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
         req.validate()?;
         let (ttl, chan) = (req.ttl.as_millis().to_string(), self.channel());
@@ -732,12 +732,7 @@ impl LeaseStore for RedisStore {
     }
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
-        self.ensure_listener();
-        Some(tenure::store::watch_changes(Arc::new(self.clone()), &self.inner.changes, election))
-    }
-
-    fn describe(&self) -> String {
-        self.inner.described.clone()
+        Some(self.inner.changes.watch(Arc::new(self.clone()), &self.inner, election, Self::open_feed))
     }
 }
 

@@ -486,16 +486,13 @@ impl ZkStore {
         }
     }
 
-    fn ensure_listener(&self) {
-        self.inner.changes.listen(&self.inner, |inner| async move {
-            let base = inner.path.clone();
-            let client = ZkStore { inner }.reader().await.ok()?;
-            let watcher = timed("watching", false, client.watch(&base, zk::AddWatchMode::PersistentRecursive))
-                .await
-                .ok()?
-                .ok()?;
-            Some(Box::new(NodeEvents { watcher, client, base, unread: None }) as Box<dyn tenure::store::ChangeFeed>)
-        });
+    /// The change listener's feed: a persistent recursive watch on the store's path.
+    async fn open_feed(inner: Arc<Inner>) -> Option<Box<dyn tenure::store::ChangeFeed>> {
+        let base = inner.path.clone();
+        let client = ZkStore { inner }.reader().await.ok()?;
+        let watcher =
+            timed("watching", false, client.watch(&base, zk::AddWatchMode::PersistentRecursive)).await.ok()?.ok()?;
+        Some(Box::new(NodeEvents { watcher, client, base, unread: None }))
     }
 
     /// The grant node of `election` as it stands: its path, record and stat, or `None`.
@@ -689,6 +686,10 @@ type Grant = (String, LeaseRecord, zk::Stat);
 
 #[async_trait::async_trait]
 impl LeaseStore for ZkStore {
+    fn describe(&self) -> String {
+        self.inner.described.clone()
+    }
+
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
         req.validate()?;
         let c = self.session(req.ttl).await?;
@@ -828,12 +829,7 @@ impl LeaseStore for ZkStore {
     }
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
-        self.ensure_listener();
-        Some(tenure::store::watch_changes(Arc::new(self.clone()), &self.inner.changes, election))
-    }
-
-    fn describe(&self) -> String {
-        self.inner.described.clone()
+        Some(self.inner.changes.watch(Arc::new(self.clone()), &self.inner, election, Self::open_feed))
     }
 }
 

@@ -1,9 +1,10 @@
 //! For those who write a store: the contract ([`LeaseStore`], with what an implementation
 //! owes), its requests and answers, its errors, and helpers: [`ChangeHub`] and
 //! [`watch_changes`] for stores that can notify, [`observed`] for stores that have no
-//! clock of their own.
+//! clock of their own, [`StoredValue`] for stores that keep a lease in one value.
 
 pub mod observed;
+mod value;
 mod watch;
 
 use std::error::Error as StdError;
@@ -20,6 +21,7 @@ pub use crate::record::{
     Acquire, AcquireRequest, ExpiryJudge, MAX_METADATA, MAX_TTL, MIN_TTL, Renew, Revision, check_ttl,
 };
 pub use observed::{Judgement, ObservedExpiry};
+pub use value::StoredValue;
 pub use watch::{Carries, Change, ChangeFeed, ChangeHub, watch_changes};
 
 /// A change to one election's record: the record as it now stands, or `None` when

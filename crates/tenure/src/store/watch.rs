@@ -299,6 +299,28 @@ impl ChangeHub {
         });
     }
 
+    /// A watch on `election` for a store whose one listener feeds this hub: subscribes a
+    /// watcher as [`watch_changes`] does, then starts the listener with
+    /// [`listen`](Self::listen)`(shared, open)` if it has not started yet (subscribed
+    /// first, the watcher cannot miss the listener's first "read again"). `store` is the
+    /// handle the watcher reads through when a change does not carry the record.
+    pub fn watch<S, F, Fut>(
+        &self,
+        store: Arc<dyn crate::LeaseStore>,
+        shared: &Arc<S>,
+        election: &ElectionName,
+        open: F,
+    ) -> WatchStream
+    where
+        S: Send + Sync + 'static,
+        F: Fn(Arc<S>) -> Fut + Send + 'static,
+        Fut: Future<Output = Option<Box<dyn ChangeFeed>>> + Send + 'static,
+    {
+        let stream = watch_changes(store, self, election);
+        self.listen(shared, open);
+        stream
+    }
+
     /// How many elections have a watcher (some may have gone since the last change).
     pub fn watched(&self) -> usize {
         self.lock().len()
