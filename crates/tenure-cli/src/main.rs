@@ -416,8 +416,8 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Bench(mut settings) => {
             settings.store_url = store.map(str::to_string);
             match settings.contest_peer.clone() {
-                Some(run) => bench::contest_peer(|| store_url::open(store), &settings, &run).await,
-                None => bench::bench(|| store_url::open(store), &settings).await,
+                Some(run) => bench::contest_peer(bench::Opener::new(|| store_url::open(store)), &settings, &run).await,
+                None => bench::bench(bench::Opener::new(|| store_url::open(store)), &settings).await,
             }
         }
         #[cfg(feature = "gossip")]

@@ -9,7 +9,7 @@ use tokio::sync::Mutex;
 
 use crate::http::{self, Reply, encode};
 use crate::object::{Objects, ObservedStore, Stored};
-use crate::{bucket_and_prefix, check_bucket, env_var, split_url};
+use crate::{bucket_and_prefix, env_var, split_url};
 
 /// The GCS lease store: [`ObservedStore`] over [`GcsObjects`].
 pub type GcsStore = ObservedStore<GcsObjects>;
@@ -51,8 +51,8 @@ impl GcsConfig {
     /// the metadata server.
     pub fn from_url(url: &str) -> Result<Self, StoreError> {
         let (rest, params) = split_url(url, "gs://", &["endpoint", "project"], "a GCS URL", "gs://BUCKET[/PREFIX]")?;
-        let (bucket, prefix) = bucket_and_prefix(&rest)?;
-        check_bucket(bucket, b"_", "lowercase letters, digits, dots, hyphens and underscores")?;
+        let (bucket, prefix) =
+            bucket_and_prefix(&rest, b"_", "lowercase letters, digits, dots, hyphens and underscores")?;
         let emulator = env_var("STORAGE_EMULATOR_HOST");
         let token = env_var("GOOGLE_OAUTH_ACCESS_TOKEN");
         let auth = match (&token, &emulator, &params[0]) {

@@ -90,10 +90,12 @@ fn check_bucket(bucket: &str, also: &[u8], rule: &str) -> Result<(), StoreError>
     }
 }
 
-/// `BUCKET[/PREFIX]` → the bucket and the checked prefix (default `tenure`).
-fn bucket_and_prefix(rest: &str) -> Result<(&str, &str), StoreError> {
+/// `BUCKET[/PREFIX]` → the bucket, checked by [`check_bucket`]`(also, rule)`, and the
+/// checked prefix (default `tenure`).
+fn bucket_and_prefix<'a>(rest: &'a str, also: &[u8], rule: &str) -> Result<(&'a str, &'a str), StoreError> {
     let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
     let prefix = if prefix.trim_matches('/').is_empty() { "tenure" } else { prefix };
+    check_bucket(bucket, also, rule)?;
     check_prefix(prefix)?;
     Ok((bucket, prefix))
 }

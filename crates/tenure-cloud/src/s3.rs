@@ -9,7 +9,7 @@ use tenure::{ErrorKind, StoreError};
 use crate::http::{self, Reply, encode, xml_values};
 use crate::object::{Objects, ObservedStore, Stored};
 use crate::sigv4::{AwsCredentials, sign};
-use crate::{aws_endpoint, aws_region, bucket_and_prefix, check_bucket, split_url};
+use crate::{aws_endpoint, aws_region, bucket_and_prefix, split_url};
 
 /// The S3 lease store: [`ObservedStore`] over [`S3Objects`].
 pub type S3Store = ObservedStore<S3Objects>;
@@ -36,8 +36,7 @@ impl S3Config {
     /// `AWS_ENDPOINT_URL`, and the credentials from the environment ([`AwsCredentials::from_env`]).
     pub fn from_url(url: &str) -> Result<Self, StoreError> {
         let (rest, params) = split_url(url, "s3://", &["region", "endpoint"], "an S3 URL", "s3://BUCKET[/PREFIX]")?;
-        let (bucket, prefix) = bucket_and_prefix(&rest)?;
-        check_bucket(bucket, b"", "lowercase letters, digits, dots and hyphens")?;
+        let (bucket, prefix) = bucket_and_prefix(&rest, b"", "lowercase letters, digits, dots and hyphens")?;
         let region = aws_region(params[0].clone());
         let endpoint = aws_endpoint(params[1].clone(), "AWS_ENDPOINT_URL_S3");
         Ok(Self {

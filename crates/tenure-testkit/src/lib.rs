@@ -1,7 +1,7 @@
 //! Test support for tenure.
 //!
 //! - [`conformance`]: the contract tests every [`tenure::LeaseStore`] passes.
-//! - [`faults`]: a store wrapper that injects failures, for runtime tests.
+//! - [`faults`]: the store wrapper that injects failures (the core's, re-exported).
 //! - [`history`]: a checker for recorded histories (invariants I1–I4).
 //! - [`sim`]: the deterministic simulation behind `tenure-sim`.
 //! - [`servers`]: throwaway PostgreSQL, MariaDB, Redis, NATS and etcd servers.
@@ -9,7 +9,7 @@
 //! - [`proxy`]: a TCP proxy that cuts, black-holes or delays traffic.
 
 pub mod conformance;
-pub mod faults;
+pub use tenure::faults;
 pub mod history;
 pub mod proxy;
 pub mod scenario;

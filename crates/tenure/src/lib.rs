@@ -34,6 +34,8 @@
 //!   [`MemoryStore`] is the in-process one, [`Batched`] shares one store's round trips
 //!   among many electors.
 //! - [`Clock`]: all time is read through it, so tests run on paused time.
+//! - [`faults`]: a store wrapper that fails on command, to test a service against an
+//!   outage, a slow store or a lost answer.
 //!
 //! For those who write a store: [`store`] holds the contract's requests and answers, what
 //! an implementation owes (on [`LeaseStore`]), and helpers for watches
@@ -43,6 +45,7 @@ mod batch;
 mod clock;
 mod config;
 mod elector;
+pub mod faults;
 mod memory;
 mod metrics;
 mod name;

@@ -1,11 +1,26 @@
-//! A [`LeaseStore`] wrapper that injects failures on command.
+//! A [`LeaseStore`] wrapper that injects failures on command and counts what passes:
+//! to test how a service behaves when its store is down, slow, refuses or loses answers,
+//! and to measure what an election asks of its store (`tenure bench` counts through it).
+//!
+//! ```
+//! use std::sync::Arc;
+//! use tenure::MemoryStore;
+//! use tenure::faults::{Fault, FaultyStore};
+//!
+//! let store = FaultyStore::new(Arc::new(MemoryStore::new()));
+//! store.set(Fault::Unavailable); // every request fails as if the store were down
+//! # let _ = store;
+//! ```
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tenure::store::{Acquire, AcquireRequest, ExpiryJudge, Renew, WatchStream};
-use tenure::{ElectionName, Evict, LeaseRecord, LeaseStore, StoreError};
+use crate::store::{Acquire, AcquireRequest, ExpiryJudge, Renew, StoreError, WatchStream};
+use crate::{ElectionName, Evict, LeaseRecord, LeaseStore};
+
+/// Where a [`FaultyStore`] notes how long each renewal took.
+pub type RenewalTimes = Arc<Mutex<Vec<Duration>>>;
 
 /// What the wrapped store does with the next requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -27,19 +42,37 @@ pub enum Fault {
     Panic,
 }
 
-/// Wraps a store and injects the [`Fault`] currently set. Counts the calls it sees.
+/// Wraps a store and injects the [`Fault`] currently set. Counts the calls it sees (a
+/// [`renew_many`](LeaseStore::renew_many) is one) and the watch events it passes on.
+/// Clones share the fault and the counts.
 #[derive(Clone)]
 pub struct FaultyStore {
     inner: Arc<dyn LeaseStore>,
     fault: Arc<Mutex<Fault>>,
     calls: Arc<AtomicU64>,
+    watch_events: Arc<AtomicU64>,
     watchable: bool,
+    renewal_times: Option<RenewalTimes>,
 }
 
 impl FaultyStore {
     /// Wraps `inner`, passing everything through at first.
     pub fn new(inner: Arc<dyn LeaseStore>) -> Self {
-        Self { inner, fault: Arc::new(Mutex::new(Fault::None)), calls: Arc::new(AtomicU64::new(0)), watchable: true }
+        Self {
+            inner,
+            fault: Arc::default(),
+            calls: Arc::default(),
+            watch_events: Arc::default(),
+            watchable: true,
+            renewal_times: None,
+        }
+    }
+
+    /// Notes how long each [`renew`](LeaseStore::renew) through this wrapper took in
+    /// `times` (which many wrappers may share).
+    pub fn timing_renewals(mut self, times: RenewalTimes) -> Self {
+        self.renewal_times = Some(times);
+        self
     }
 
     /// Hides the inner store's watch, so the runtime must poll.
@@ -58,6 +91,11 @@ impl FaultyStore {
         self.calls.load(Ordering::SeqCst)
     }
 
+    /// The calls and watch events counted since the last time, counting again from 0.
+    pub fn take_counts(&self) -> (u64, u64) {
+        (self.calls.swap(0, Ordering::SeqCst), self.watch_events.swap(0, Ordering::SeqCst))
+    }
+
     async fn run<T>(
         &self,
         what: &str,
@@ -73,7 +111,7 @@ impl FaultyStore {
                 let _ = f.await;
                 Err(StoreError::ambiguous(format!("{what}: injected lost response")))
             }
-            Fault::Refuse => Err(StoreError::new(tenure::ErrorKind::Unauthorized, format!("{what}: injected refusal"))),
+            Fault::Refuse => Err(StoreError::new(crate::ErrorKind::Unauthorized, format!("{what}: injected refusal"))),
             Fault::Panic => panic!("{what}: injected panic"),
             Fault::Delay(ms) => {
                 tokio::time::sleep(Duration::from_millis(ms)).await;
@@ -89,7 +127,18 @@ impl LeaseStore for FaultyStore {
         self.run("acquire", self.inner.try_acquire(req)).await
     }
     async fn renew(&self, held: &LeaseRecord, ttl: Duration) -> Result<Renew, StoreError> {
-        self.run("renew", self.inner.renew(held, ttl)).await
+        let t0 = std::time::Instant::now();
+        let r = self.run("renew", self.inner.renew(held, ttl)).await;
+        if let Some(times) = &self.renewal_times {
+            times.lock().unwrap_or_else(|p| p.into_inner()).push(t0.elapsed());
+        }
+        r
+    }
+    async fn renew_many(&self, held: &[LeaseRecord], ttl: Duration) -> Vec<Result<Renew, StoreError>> {
+        match self.run("renew", async { Ok(self.inner.renew_many(held, ttl).await) }).await {
+            Ok(answers) => answers,
+            Err(e) => held.iter().map(|_| Err(e.duplicate())).collect(),
+        }
     }
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
         self.run("release", self.inner.release(held)).await
@@ -104,7 +153,15 @@ impl LeaseStore for FaultyStore {
         self.run("evict", self.inner.evict(election, how)).await
     }
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
-        if self.watchable { self.inner.watch(election) } else { None }
+        use tokio_stream::StreamExt;
+        if !self.watchable {
+            return None;
+        }
+        let events = self.watch_events.clone();
+        Some(Box::pin(self.inner.watch(election)?.map(move |ev| {
+            events.fetch_add(1, Ordering::SeqCst);
+            ev
+        })))
     }
     fn expiry(&self) -> ExpiryJudge {
         self.inner.expiry()
