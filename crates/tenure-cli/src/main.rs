@@ -129,12 +129,12 @@ Examples:
   tenure watch billing/nightly
   tenure watch billing/nightly --json | jq .leader.holder")]
     Watch {
+        /// Print one JSON object per line: the time, and the election and leader as `status --json` prints them
+        #[arg(long)]
+        json: bool,
         /// The election
         #[arg(value_parser = election)]
         election: ElectionName,
-        /// Print one JSON object per line
-        #[arg(long)]
-        json: bool,
     },
     /// Run a command at each tick, only on the replica that leads
     #[command(after_help = "\

@@ -189,23 +189,17 @@ impl Objects for DynamoObjects {
         }
     }
 
-    async fn write(
-        &self,
-        key: &str,
-        expected: Option<&str>,
-        revision: u64,
-        body: &[u8],
-    ) -> Result<Option<String>, StoreError> {
+    async fn write(&self, key: &str, at: Option<&str>, rev: u64, body: &[u8]) -> Result<Option<String>, StoreError> {
         let body = String::from_utf8_lossy(body);
         let mut req = json!({
             "TableName": self.config.table,
             "Item": {
                 "election": { "S": key },
-                "ver": { "N": revision.to_string() },
+                "ver": { "N": rev.to_string() },
                 "body": { "S": body },
             },
         });
-        match expected {
+        match at {
             None => req["ConditionExpression"] = json!("attribute_not_exists(election)"),
             Some(v) => {
                 req["ConditionExpression"] = json!("#v = :v");
@@ -214,7 +208,7 @@ impl Objects for DynamoObjects {
             }
         }
         match self.call("PutItem", req, true).await? {
-            Answer::Ok(_) => Ok(Some(revision.to_string())),
+            Answer::Ok(_) => Ok(Some(rev.to_string())),
             Answer::Failed { kind, .. } if kind == "ConditionalCheckFailedException" => Ok(None),
             // Another transaction touched the item at the same moment: nothing was written.
             Answer::Failed { kind, .. } if kind == "TransactionConflictException" => Ok(None),

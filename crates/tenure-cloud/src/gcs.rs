@@ -8,7 +8,7 @@ use tenure::{ErrorKind, StoreError};
 use tokio::sync::Mutex;
 
 use crate::http::{self, Reply, encode};
-use crate::object::{Objects, ObservedStore, Stored};
+use crate::object::{Objects, ObservedStore, Stored, read_each};
 use crate::{bucket_and_prefix, env_var, split_url};
 
 /// The GCS lease store: [`ObservedStore`] over [`GcsObjects`].
@@ -187,16 +187,10 @@ impl Objects for GcsObjects {
         }
     }
 
-    async fn write(
-        &self,
-        key: &str,
-        expected: Option<&str>,
-        _revision: u64,
-        body: &[u8],
-    ) -> Result<Option<String>, StoreError> {
+    async fn write(&self, key: &str, at: Option<&str>, _rev: u64, body: &[u8]) -> Result<Option<String>, StoreError> {
         let c = &self.config;
         let what = format!("writing gs://{}/{key}", c.bucket);
-        let generation = expected.unwrap_or("0");
+        let generation = at.unwrap_or("0");
         if !generation.bytes().all(|b| b.is_ascii_digit()) {
             return Err(StoreError::invalid(format!("{what}: {generation:?} is not a generation number")));
         }
@@ -256,13 +250,7 @@ impl Objects for GcsObjects {
                 break;
             }
         }
-        let mut out = Vec::new();
-        for name in names {
-            if let Some(s) = self.read(&name).await? {
-                out.push((name, s));
-            }
-        }
-        Ok(out)
+        read_each(self, names).await
     }
 
     fn describe(&self) -> String {

@@ -29,23 +29,33 @@ pub trait Objects: Send + Sync + 'static {
     /// The object at `key`, or `None` if there is none. A strongly consistent read.
     async fn read(&self, key: &str) -> Result<Option<Stored>, StoreError>;
 
-    /// Writes `body` at `key` if the object is still at `expected` (`None`: only if no
-    /// object exists). `revision` is the record revision the body carries, for services
+    /// Writes `body` at `key` if the object is still at version `at` (`None`: only if no
+    /// object exists). `rev` is the record revision the body carries, for services
     /// that version items by a number. Answers the new version, or `None` if the
     /// condition failed.
-    async fn write(
-        &self,
-        key: &str,
-        expected: Option<&str>,
-        revision: u64,
-        body: &[u8],
-    ) -> Result<Option<String>, StoreError>;
+    async fn write(&self, key: &str, at: Option<&str>, rev: u64, body: &[u8]) -> Result<Option<String>, StoreError>;
 
-    /// Every object whose key starts with `prefix`, with its key.
+    /// Every object whose key starts with `prefix`, with its key (see [`read_each`] for
+    /// services whose listing gives keys only).
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Stored)>, StoreError>;
 
     /// A short description without credentials, e.g. `s3://bucket/prefix`.
     fn describe(&self) -> String;
+}
+
+/// Reads each of `keys`, for services whose listing gives keys only; an object deleted
+/// since the listing is skipped.
+pub(crate) async fn read_each<O: Objects + ?Sized>(
+    objects: &O,
+    keys: Vec<String>,
+) -> Result<Vec<(String, Stored)>, StoreError> {
+    let mut out = Vec::with_capacity(keys.len());
+    for key in keys {
+        if let Some(s) = objects.read(&key).await? {
+            out.push((key, s));
+        }
+    }
+    Ok(out)
 }
 
 /// A lease record as an object holds it (JSON). `holder: None` is an election nobody

@@ -7,7 +7,7 @@ use tenure::store::ObservedExpiry;
 use tenure::{ErrorKind, StoreError};
 
 use crate::http::{self, Reply, encode, xml_values};
-use crate::object::{Objects, ObservedStore, Stored};
+use crate::object::{Objects, ObservedStore, Stored, read_each};
 use crate::sigv4::{AwsCredentials, sign};
 use crate::{aws_endpoint, aws_region, bucket_and_prefix, split_url};
 
@@ -149,15 +149,9 @@ impl Objects for S3Objects {
         }
     }
 
-    async fn write(
-        &self,
-        key: &str,
-        expected: Option<&str>,
-        _revision: u64,
-        body: &[u8],
-    ) -> Result<Option<String>, StoreError> {
+    async fn write(&self, key: &str, at: Option<&str>, _rev: u64, body: &[u8]) -> Result<Option<String>, StoreError> {
         let what = format!("writing s3://{}/{key}", self.config.bucket);
-        let condition = match expected {
+        let condition = match at {
             Some(etag) => ("if-match", etag.to_string()),
             None => ("if-none-match", "*".to_string()),
         };
@@ -192,14 +186,7 @@ impl Objects for S3Objects {
                 break;
             }
         }
-        let mut out = Vec::new();
-        for key in keys {
-            // An object deleted since the listing is simply skipped.
-            if let Some(s) = self.read(&key).await? {
-                out.push((key, s));
-            }
-        }
-        Ok(out)
+        read_each(self, keys).await
     }
 
     fn describe(&self) -> String {

@@ -96,22 +96,11 @@ pub mod pb {
 
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
     #[repr(i32)]
-    pub enum CompareResult {
-        Equal = 0,
-        Greater = 1,
-        Less = 2,
-        NotEqual = 3,
-    }
+    pub enum CompareResult { Equal = 0, Greater = 1, Less = 2, NotEqual = 3 }
 
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
     #[repr(i32)]
-    pub enum CompareTarget {
-        Version = 0,
-        Create = 1,
-        Mod = 2,
-        Value = 3,
-        Lease = 4,
-    }
+    pub enum CompareTarget { Version = 0, Create = 1, Mod = 2, Value = 3, Lease = 4 }
 
     #[derive(Clone, PartialEq, prost::Oneof)]
     pub enum TargetUnion {

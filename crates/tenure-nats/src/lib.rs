@@ -626,6 +626,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn keys_are_single_tokens_and_map_back() {
+        for name in ["a", "jobs/nightly.report", "x.y.z", "a-b_c/d"] {
+            let key = key_of(name);
+            assert!(!key.contains('.'), "{key}");
+            assert_eq!(election_of(&key).unwrap().as_str(), name);
+        }
+    }
+
+    #[test]
     fn urls_are_parsed_and_checked() {
         let p = parse_url("nats://app:s3cret@h1:4222,h2:4223/leases?ca=/etc/ca.pem").unwrap();
         assert_eq!(p.servers, vec!["nats://h1:4222", "nats://h2:4223"]);
@@ -635,15 +644,6 @@ mod tests {
         assert_eq!((p.auth, p.bucket.as_str()), (Auth::Token("tok".into()), DEFAULT_BUCKET));
         for bad in ["nats://h", "nats://h:x/b", "nats://h:1/a.b", "nats://h:1/b?x=1", "redis://h:1", "nats://@h:1"] {
             assert_eq!(parse_url(bad).err().map(|e| e.kind()), Some(ErrorKind::Invalid), "{bad}");
-        }
-    }
-
-    #[test]
-    fn keys_are_single_tokens_and_map_back() {
-        for name in ["a", "jobs/nightly.report", "x.y.z", "a-b_c/d"] {
-            let key = key_of(name);
-            assert!(!key.contains('.'), "{key}");
-            assert_eq!(election_of(&key).unwrap().as_str(), name);
         }
     }
 

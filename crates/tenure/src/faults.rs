@@ -42,6 +42,40 @@ pub enum Fault {
     Panic,
 }
 
+/// A store operation, to count calls by ([`FaultyStore::calls_of`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// [`LeaseStore::try_acquire`]
+    Acquire,
+    /// [`LeaseStore::renew`]
+    Renew,
+    /// [`LeaseStore::renew_many`]
+    RenewMany,
+    /// [`LeaseStore::release`]
+    Release,
+    /// [`LeaseStore::get`]
+    Get,
+    /// [`LeaseStore::list`]
+    List,
+    /// [`LeaseStore::evict`]
+    Evict,
+}
+
+impl Op {
+    /// The operation's name in errors.
+    fn name(self) -> &'static str {
+        match self {
+            Op::Acquire => "acquire",
+            Op::Renew => "renew",
+            Op::RenewMany => "renew_many",
+            Op::Release => "release",
+            Op::Get => "get",
+            Op::List => "list",
+            Op::Evict => "evict",
+        }
+    }
+}
+
 /// Wraps a store and injects the [`Fault`] currently set. Counts the calls it sees (a
 /// [`renew_many`](LeaseStore::renew_many) is one) and the watch events it passes on.
 /// Clones share the fault and the counts.
@@ -50,6 +84,8 @@ pub struct FaultyStore {
     inner: Arc<dyn LeaseStore>,
     fault: Arc<Mutex<Fault>>,
     calls: Arc<AtomicU64>,
+    /// Calls by operation, indexed by `Op as usize`.
+    by_op: Arc<[AtomicU64; 7]>,
     watch_events: Arc<AtomicU64>,
     watchable: bool,
     renewal_times: Option<RenewalTimes>,
@@ -62,6 +98,7 @@ impl FaultyStore {
             inner,
             fault: Arc::default(),
             calls: Arc::default(),
+            by_op: Arc::default(),
             watch_events: Arc::default(),
             watchable: true,
             renewal_times: None,
@@ -91,6 +128,11 @@ impl FaultyStore {
         self.calls.load(Ordering::SeqCst)
     }
 
+    /// How many calls of `op` went through this wrapper.
+    pub fn calls_of(&self, op: Op) -> u64 {
+        self.by_op[op as usize].load(Ordering::SeqCst)
+    }
+
     /// The calls and watch events counted since the last time, counting again from 0.
     pub fn take_counts(&self) -> (u64, u64) {
         (self.calls.swap(0, Ordering::SeqCst), self.watch_events.swap(0, Ordering::SeqCst))
@@ -98,10 +140,12 @@ impl FaultyStore {
 
     async fn run<T>(
         &self,
-        what: &str,
+        op: Op,
         f: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        self.by_op[op as usize].fetch_add(1, Ordering::SeqCst);
+        let what = op.name();
         let fault = *self.fault.lock().unwrap_or_else(|p| p.into_inner());
         match fault {
             Fault::None => f.await,
@@ -124,33 +168,33 @@ impl FaultyStore {
 #[async_trait::async_trait]
 impl LeaseStore for FaultyStore {
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
-        self.run("acquire", self.inner.try_acquire(req)).await
+        self.run(Op::Acquire, self.inner.try_acquire(req)).await
     }
     async fn renew(&self, held: &LeaseRecord, ttl: Duration) -> Result<Renew, StoreError> {
         let t0 = std::time::Instant::now();
-        let r = self.run("renew", self.inner.renew(held, ttl)).await;
+        let r = self.run(Op::Renew, self.inner.renew(held, ttl)).await;
         if let Some(times) = &self.renewal_times {
             times.lock().unwrap_or_else(|p| p.into_inner()).push(t0.elapsed());
         }
         r
     }
     async fn renew_many(&self, held: &[LeaseRecord], ttl: Duration) -> Vec<Result<Renew, StoreError>> {
-        match self.run("renew", async { Ok(self.inner.renew_many(held, ttl).await) }).await {
+        match self.run(Op::RenewMany, async { Ok(self.inner.renew_many(held, ttl).await) }).await {
             Ok(answers) => answers,
             Err(e) => held.iter().map(|_| Err(e.duplicate())).collect(),
         }
     }
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
-        self.run("release", self.inner.release(held)).await
+        self.run(Op::Release, self.inner.release(held)).await
     }
     async fn get(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {
-        self.run("get", self.inner.get(election)).await
+        self.run(Op::Get, self.inner.get(election)).await
     }
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
-        self.run("list", self.inner.list(prefix)).await
+        self.run(Op::List, self.inner.list(prefix)).await
     }
     async fn evict(&self, election: &ElectionName, how: Evict) -> Result<Option<LeaseRecord>, StoreError> {
-        self.run("evict", self.inner.evict(election, how)).await
+        self.run(Op::Evict, self.inner.evict(election, how)).await
     }
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
         use tokio_stream::StreamExt;

@@ -2,59 +2,16 @@
 //! own caller.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use tenure::faults::{FaultyStore, Op};
 use tenure::store::{Acquire, AcquireRequest, Renew};
-use tenure::{
-    Batched, ElectionName, Elector, Event, Evict, HolderId, LeaseRecord, LeaseStore, MemoryStore, StoreError,
-};
-
-/// Counts `renew` and `renew_many` calls reaching the memory store.
-#[derive(Clone, Default)]
-struct Counting {
-    inner: MemoryStore,
-    renews: Arc<AtomicUsize>,
-    batches: Arc<AtomicUsize>,
-}
-
-#[async_trait::async_trait]
-impl LeaseStore for Counting {
-    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
-        self.inner.try_acquire(req).await
-    }
-    async fn renew(&self, held: &LeaseRecord, ttl: Duration) -> Result<Renew, StoreError> {
-        self.renews.fetch_add(1, Ordering::Relaxed);
-        self.inner.renew(held, ttl).await
-    }
-    async fn renew_many(&self, held: &[LeaseRecord], ttl: Duration) -> Vec<Result<Renew, StoreError>> {
-        self.batches.fetch_add(1, Ordering::Relaxed);
-        let mut out = Vec::new();
-        for h in held {
-            out.push(self.inner.renew(h, ttl).await);
-        }
-        out
-    }
-    async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
-        self.inner.release(held).await
-    }
-    async fn get(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {
-        self.inner.get(election).await
-    }
-    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
-        self.inner.list(prefix).await
-    }
-    async fn evict(&self, election: &ElectionName, how: Evict) -> Result<Option<LeaseRecord>, StoreError> {
-        self.inner.evict(election, how).await
-    }
-    fn describe(&self) -> String {
-        "counting".into()
-    }
-}
+use tenure::{Batched, ElectionName, Elector, Event, Evict, HolderId, LeaseStore, MemoryStore};
 
 #[tokio::test(start_paused = true)]
 async fn a_thousand_elections_renew_in_a_few_calls_and_none_is_lost() {
-    let counting = Counting::default();
+    // Counts the `renew` and `renew_many` calls reaching the memory store.
+    let counting = FaultyStore::new(Arc::new(MemoryStore::new()));
     let store: Arc<dyn LeaseStore> = Arc::new(Batched::new(Arc::new(counting.clone())));
     let ttl = Duration::from_secs(3);
     let mut electors = Vec::new();
@@ -67,7 +24,7 @@ async fn a_thousand_elections_renew_in_a_few_calls_and_none_is_lost() {
     }
     tokio::time::sleep(ttl * 10).await;
     assert!(electors.iter().all(|e| e.current().is_some()), "every election is still led");
-    let (renews, batches) = (counting.renews.load(Ordering::Relaxed), counting.batches.load(Ordering::Relaxed));
+    let (renews, batches) = (counting.calls_of(Op::Renew), counting.calls_of(Op::RenewMany));
     assert_eq!(renews, 0, "no renewal went around the batcher");
     // Ten TTLs at three renewals per TTL: about 30,000 renewals, in far fewer calls.
     assert!(batches > 0 && batches <= 300, "{batches} renew_many calls for ~30,000 renewals");
