@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use tenure::LeaseStore;
-use tenure::url::redact;
+use tenure::store::url::redact;
 
 /// One store family: the URL schemes that name it, the form its URLs take (with what
 /// else it reads), and the cargo feature that builds it in. [`STORES`] is the one list

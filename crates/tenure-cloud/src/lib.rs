@@ -26,7 +26,7 @@ pub use s3::{S3Config, S3Objects, S3Store};
 pub use sigv4::AwsCredentials;
 
 use tenure::StoreError;
-use tenure::url::take_params;
+use tenure::store::url::take_params;
 
 /// An environment variable, if set and not empty.
 fn env_var(name: &str) -> Option<String> {

@@ -107,7 +107,7 @@ struct Parsed {
 }
 
 fn parse_url(url: &str) -> Result<Parsed, StoreError> {
-    let (url, ours) = tenure::url::take_params(url, &["prefix", "ca"]);
+    let (url, ours) = tenure::store::url::take_params(url, &["prefix", "ca"]);
     let bad = |why: &str| {
         StoreError::invalid(format!(
             "etcd store URL: {why}; write etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][?prefix=NAME] \

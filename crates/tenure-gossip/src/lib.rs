@@ -120,7 +120,7 @@ pub enum GossipError {
 
 impl GossipError {
     pub(crate) fn bad_url(url: &str, reason: impl Into<String>) -> Self {
-        GossipError::BadUrl { url: tenure::url::redact(url), reason: reason.into() }
+        GossipError::BadUrl { url: tenure::store::url::redact(url), reason: reason.into() }
     }
 
     pub(crate) fn broker(message: impl Into<String>, source: impl Into<Option<BoxError>>) -> Self {

@@ -130,7 +130,7 @@ impl RedisTransport {
     pub fn new(url: &str, group: &str) -> Result<Self, GossipError> {
         check_group(group)?;
         let client = redis::Client::open(url).map_err(|e| GossipError::bad_url(url, e.to_string()))?;
-        Ok(Self { client, channel: format!("tenure:gossip:{group}"), shown: tenure::url::redact(url) })
+        Ok(Self { client, channel: format!("tenure:gossip:{group}"), shown: tenure::store::url::redact(url) })
     }
 
     fn unreachable(&self, e: redis::RedisError) -> GossipError {
@@ -245,7 +245,7 @@ impl AmqpTransport {
             password,
             vhost,
             exchange: format!("tenure.gossip.{group}"),
-            shown: tenure::url::redact(url),
+            shown: tenure::store::url::redact(url),
         })
     }
 }

@@ -102,7 +102,7 @@ fn split_table(url: &str) -> Result<(String, String), StoreError> {
         Some(rest) => format!("mysql://{rest}"),
         None => url.to_string(),
     };
-    let (url, mut ours) = tenure::url::take_params(&url, &["table"]);
+    let (url, mut ours) = tenure::store::url::take_params(&url, &["table"]);
     let table = ours.remove(0).unwrap_or_else(|| DEFAULT_TABLE.to_string());
     tenure::store::check_table_name(&table, 64)?;
     Ok((url, table))

@@ -80,7 +80,7 @@ enum Auth {
 }
 
 fn parse_url(url: &str) -> Result<Parsed, StoreError> {
-    let (url, ours) = tenure::url::take_params(url, &["ca"]);
+    let (url, ours) = tenure::store::url::take_params(url, &["ca"]);
     let bad = |why: &str| {
         StoreError::invalid(format!(
             "NATS store URL: {why}; write nats://[USER:PASSWORD@|TOKEN@]HOST:PORT[,HOST:PORT…][/BUCKET][?ca=PATH]"

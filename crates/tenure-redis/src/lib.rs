@@ -258,7 +258,7 @@ fn parse_ms(v: &str) -> Option<u64> {
 
 /// Splits our own parameters (`prefix`, `restart_guard`) off the URL and checks them.
 fn split_params(url: &str) -> Result<Params, StoreError> {
-    let (url, ours) = tenure::url::take_params(url, &["prefix", "restart_guard", "min_replicas"]);
+    let (url, ours) = tenure::store::url::take_params(url, &["prefix", "restart_guard", "min_replicas"]);
     let min_replicas =
         match ours[2].as_deref() {
             None => None,

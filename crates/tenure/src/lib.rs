@@ -52,7 +52,6 @@ mod name;
 mod observe;
 mod record;
 pub mod store;
-pub mod url;
 
 pub use batch::{Batched, DEFAULT_MAX_BATCH, DEFAULT_WINDOW};
 pub use clock::{Clock, Instant, TokioClock, host_suspended};

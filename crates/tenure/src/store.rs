@@ -1,9 +1,11 @@
 //! For those who write a store: the contract ([`LeaseStore`], with what an implementation
 //! owes), its requests and answers, its errors, and helpers: [`ChangeHub`] and
 //! [`watch_changes`] for stores that can notify, [`observed`] for stores that have no
-//! clock of their own, [`StoredValue`] for stores that keep a lease in one value.
+//! clock of their own, [`StoredValue`] for stores that keep a lease in one value, and
+//! [`url`] for reading store URLs.
 
 pub mod observed;
+pub mod url;
 mod value;
 mod watch;
 
