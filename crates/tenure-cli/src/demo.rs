@@ -55,6 +55,8 @@ pub async fn demo(candidates: usize, ttl: Duration) -> Result<()> {
         metadata: None,
         health: None,
         http: None,
+        cool_down: Duration::ZERO,
+        backoff: None,
     };
     if let Err(e) = campaign.renew_deadline() {
         bail!("--ttl {} is too short for the demo (try 1s or more): {e}", humantime::format_duration(ttl));

@@ -177,11 +177,13 @@ pub async fn evict(store: Arc<dyn LeaseStore>, election: &ElectionName, yes: boo
     Ok(0)
 }
 
-/// `tenure watch`: one line per change of leader until interrupted.
+/// `tenure watch`: one line per change of leader, or of what the leader publishes,
+/// until interrupted.
 pub async fn watch(store: Arc<dyn LeaseStore>, election: &ElectionName, as_json: bool) -> Result<()> {
     let observer = tenure::observe(store.clone(), election.clone());
     let mut changes = Box::pin(observer.into_stream());
     let stop = crate::run::stop_on_signals()?;
+    let mut last: Option<Leader> = None;
     loop {
         let leader: Option<Leader> = tokio::select! {
             _ = stop.cancelled() => return Ok(()),
@@ -204,12 +206,22 @@ pub async fn watch(store: Arc<dyn LeaseStore>, election: &ElectionName, as_json:
                 };
                 json!({ "time": now.to_string(), "election": election.as_str(), "leader": leader_obj }).to_string()
             }
+            // The same term with new metadata: the leader proclaimed it.
+            (Some(l), false) if last.as_ref().is_some_and(|p| p.holder == l.holder && p.token == l.token) => {
+                format!(
+                    "{now}  {election}  leader {} (token {}) published {}",
+                    l.holder,
+                    l.token,
+                    String::from_utf8_lossy(&l.metadata)
+                )
+            }
             (Some(l), false) => format!("{now}  {election}  leader {} (token {})", l.holder, l.token),
             (None, false) => format!("{now}  {election}  no leader"),
         };
         let mut out = std::io::stdout().lock();
         writeln!(out, "{line}")?;
         out.flush()?;
+        last = leader;
     }
 }
 

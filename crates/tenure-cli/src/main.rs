@@ -17,6 +17,7 @@ mod docs;
 mod gossip;
 mod http;
 mod inspect;
+mod proclaim;
 mod run;
 mod store_url;
 

@@ -8,6 +8,7 @@ use tenure::{CancellationToken, Config, Elector, Leadership, LeaseStore};
 
 use crate::child::Supervised;
 use crate::cron::Schedule;
+use crate::proclaim::MetadataFile;
 
 /// Time kept between killing the command and the lease deadline, for the kill itself.
 const KILL_MARGIN: Duration = Duration::from_millis(200);
@@ -16,6 +17,9 @@ const _: () = assert!(crate::child::STOP_SLACK.as_millis() < KILL_MARGIN.as_mill
 
 /// How often `tenure run` passes a renewal on to the supervisor's deadline file.
 const EXTEND_EVERY: Duration = Duration::from_millis(10);
+
+/// How often a leading `tenure run` looks at `TENURE_METADATA_FILE`.
+const METADATA_EVERY: Duration = Duration::from_millis(200);
 
 /// How long before the supervisor's own stop instant the runtime stops taking renewals
 /// (it steps down then). A renewal that lands at the last instant the runtime takes it
@@ -77,6 +81,14 @@ pub struct CampaignArgs {
     /// only, e.g. 127.0.0.1:9464
     #[arg(long, value_name = "ADDR")]
     http: Option<std::net::SocketAddr>,
+    /// After winning, wait this long (renewing meanwhile) before starting the command,
+    /// so that a previous leader's last writes can land
+    #[arg(long, value_name = "DUR", default_value = "0s", value_parser = crate::duration)]
+    cool_down: Duration,
+    /// How long a standby candidate waits between tries while another leads (on stores
+    /// that cannot notify) and after a failed store call [default: TTL/10, at most 2s]
+    #[arg(long, value_name = "DUR", value_parser = crate::duration)]
+    backoff: Option<Duration>,
 }
 
 impl CampaignArgs {
@@ -89,6 +101,8 @@ impl CampaignArgs {
             grace: self.grace.unwrap_or_else(|| default_grace(self.ttl)),
             metadata: self.metadata.clone(),
             http: self.http,
+            cool_down: self.cool_down,
+            backoff: self.backoff,
             health: self.health_cmd.clone().map(|cmd| Health {
                 cmd,
                 interval: self.health_interval,
@@ -110,6 +124,10 @@ pub struct Campaign {
     pub health: Option<Health>,
     /// Where to serve the operator endpoints (`--http`).
     pub http: Option<std::net::SocketAddr>,
+    /// How long a winner waits before its term is handed out (`--cool-down`).
+    pub cool_down: Duration,
+    /// The standby candidates' pause between tries (`--backoff`), if not the default.
+    pub backoff: Option<Duration>,
 }
 
 /// Docker's health-check settings: `cmd` runs every `interval` while leading; `retries`
@@ -179,7 +197,21 @@ impl Campaign {
         if let Some(m) = &self.metadata {
             b = b.metadata(m.as_bytes().to_vec());
         }
-        Ok(b.build()?)
+        b = b.cool_down(self.cool_down);
+        if let Some(backoff) = self.backoff {
+            b = b.retry_period(backoff);
+        }
+        b.build().map_err(|e| match e {
+            tenure::BuildError::Config(c) => {
+                let flag = match c.setting {
+                    "cool_down" => "--cool-down",
+                    "retry_period" => "--backoff",
+                    other => other,
+                };
+                anyhow::anyhow!("invalid {flag}: {}", c.reason)
+            }
+            other => other.into(),
+        })
     }
 
     /// Checks that `ttl` is valid and that `grace` fits inside it; returns when to step down.
@@ -293,9 +325,13 @@ async fn supervise(
     cmd: &[String],
     grace: Duration,
     health: Option<&Health>,
+    metadata: Option<&MetadataFile>,
     stop: &CancellationToken,
 ) -> Result<End> {
-    let mut child = Supervised::spawn(cmd, &child_env(l), stop_at_ns(l, grace), grace)?;
+    let mut env = child_env(l);
+    env.extend(metadata.map(MetadataFile::env));
+    let mut child = Supervised::spawn(cmd, &env, stop_at_ns(l, grace), grace)?;
+    let mut look_at_metadata = tokio::time::interval(METADATA_EVERY);
     let unhealthy = unhealthy(health, l);
     tokio::pin!(unhealthy);
     tracing::info!(token = %l.token(), pid = child.pid(), "leading; started the command");
@@ -331,6 +367,11 @@ async fn supervise(
                 child.stop(grace).await;
                 return Ok(End::Unhealthy);
             }
+            _ = look_at_metadata.tick(), if metadata.is_some() => {
+                if let Some(m) = metadata {
+                    m.publish(l).await;
+                }
+            }
             _ = tick.tick() => {
                 if l.deadline() != deadline && l.is_valid() {
                     deadline = l.deadline();
@@ -343,6 +384,7 @@ async fn supervise(
 
 /// `tenure run`: returns the exit code.
 pub async fn run(store: Arc<dyn LeaseStore>, c: &Campaign, keep_going: bool, cmd: &[String]) -> Result<i32> {
+    let metadata = MetadataFile::create(c.metadata.as_deref().unwrap_or("").as_bytes())?;
     let (elector, stop) = begin(store, c).await?;
     loop {
         let Some(l) = next_term(&elector, &stop).await? else { return Ok(0) };
@@ -357,7 +399,7 @@ pub async fn run(store: Arc<dyn LeaseStore>, c: &Campaign, keep_going: bool, cmd
             }
             continue;
         }
-        match supervise(&l, cmd, c.grace, c.health.as_ref(), &stop).await? {
+        match supervise(&l, cmd, c.grace, c.health.as_ref(), Some(&metadata), &stop).await? {
             End::Exited(code) if keep_going => {
                 tracing::info!(code, "the command exited; handing over and campaigning again");
                 l.resign().await;
@@ -396,7 +438,7 @@ pub async fn campaign(
             // ends first. Its finishing is not the end of the term.
             Some(hook) if can_start(&l, c.grace) => {
                 let hook = ["sh".to_string(), "-c".to_string(), hook.to_string()];
-                match supervise(&l, &hook, c.grace, c.health.as_ref(), &stop).await? {
+                match supervise(&l, &hook, c.grace, c.health.as_ref(), None, &stop).await? {
                     End::Exited(code) if code != 0 => {
                         tracing::warn!(code, "the on-elected hook failed; leading on");
                         None
@@ -496,7 +538,7 @@ pub async fn schedule(store: Arc<dyn LeaseStore>, c: &Campaign, schedule: &Sched
         match elector.current().filter(|l| can_start(l, c.grace)) {
             Some(l) => {
                 tracing::info!(tick = %humantime::format_rfc3339_seconds(at), "tick");
-                let end = supervise(&l, cmd, c.grace, c.health.as_ref(), &stop).await?;
+                let end = supervise(&l, cmd, c.grace, c.health.as_ref(), None, &stop).await?;
                 if matches!(end, End::Unhealthy) {
                     l.resign_for(c.ttl).await;
                 } else {
@@ -526,7 +568,17 @@ mod tests {
     use super::*;
 
     fn campaign(ttl: Duration, grace: Duration) -> Campaign {
-        Campaign { election: "e".into(), id: None, ttl, grace, metadata: None, health: None, http: None }
+        Campaign {
+            election: "e".into(),
+            id: None,
+            ttl,
+            grace,
+            metadata: None,
+            health: None,
+            http: None,
+            cool_down: Duration::ZERO,
+            backoff: None,
+        }
     }
 
     #[test]

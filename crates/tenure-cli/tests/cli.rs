@@ -326,6 +326,11 @@ fn bad_input_gets_clear_errors_and_documented_codes() {
     let out = env.tenure(&["run", "x", "--ttl", "soon", "--", "true"]);
     assert_eq!(out.status.code(), Some(2));
 
+    let out = env.tenure(&["run", "x", "--ttl", "3s", "--grace", "300ms", "--cool-down", "5s", "--", "true"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("invalid --cool-down") && err.contains("5s"), "{err}");
+
     let out = env.cmd().args(["status", "x", "--store", "sqlite:/nonexistent-dir/sub/t.db"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -581,4 +586,49 @@ fn status_list_and_watch_print_the_same_leader_object() {
         );
         assert!(v["leader"]["acquired_at"].is_string(), "{what}: {v}");
     }
+}
+
+#[test]
+fn a_leading_command_publishes_new_metadata_through_its_file_and_watch_shows_it() {
+    let env = Env::new();
+    let mut watch = Proc(env.cmd().args(["watch", "jobs/proclaim"]).stdout(Stdio::piped()).spawn().unwrap());
+    let script = format!(
+        "echo start $TENURE_HOLDER $TENURE_TOKEN $$ $(date +%s%N) >> {log}; sleep 0.5; \
+         printf 10.0.0.7:9090 > \"$TENURE_METADATA_FILE.new\" && mv \"$TENURE_METADATA_FILE.new\" \"$TENURE_METADATA_FILE\"; \
+         sleep 60",
+        log = env.log().display()
+    );
+    let args = ["run", "jobs/proclaim", "--id", "run-p", "--ttl", "3s", "--grace", "300ms"];
+    let run = Proc(
+        env.cmd()
+            .args(args)
+            .args(["--metadata", "10.0.0.7:8080", "--cool-down", "100ms", "--backoff", "200ms", "--", "sh", "-c"])
+            .arg(&script)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let started = wait_starts(&env.log(), 1, Duration::from_secs(20)).remove(0);
+    let status = || -> serde_json::Value {
+        serde_json::from_slice(&env.tenure(&["status", "jobs/proclaim", "--json"]).stdout).unwrap()
+    };
+    assert_eq!(status()["leader"]["metadata"], "10.0.0.7:8080", "at first, what --metadata said");
+    let t0 = Instant::now();
+    while status()["leader"]["metadata"] != "10.0.0.7:9090" {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the new metadata was not published: {}", status());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let v = status();
+    assert_eq!(v["leader"]["token"], started.token, "published within the same term");
+    assert_eq!(starts(&env.log()).len(), 1, "the command was not restarted");
+    std::thread::sleep(Duration::from_millis(300));
+    stop_all(vec![run]);
+    std::thread::sleep(Duration::from_millis(300));
+    signal(watch.id(), rustix::process::Signal::INT);
+    assert!(watch.wait().unwrap().success());
+    let lines: Vec<String> = BufReader::new(watch.stdout.take().unwrap()).lines().map(Result::unwrap).collect();
+    let leader = format!("leader run-p (token {})", started.token);
+    let first = lines.iter().position(|l| l.ends_with(&leader)).unwrap_or_else(|| panic!("{lines:?}"));
+    let published = format!("{leader} published 10.0.0.7:9090");
+    assert!(lines[first + 1..].iter().any(|l| l.ends_with(&published)), "watch shows the new metadata: {lines:?}");
 }

@@ -79,6 +79,7 @@ cases!(
     acquire_on_empty,
     held_by_another,
     same_holder_reacquire_renews,
+    reacquire_publishes_new_metadata,
     renew_keeps_token_and_moves_revision,
     renew_many_answers_each_lease_in_order,
     expiry_then_takeover,
@@ -209,6 +210,35 @@ async fn same_holder_reacquire_renews(h: Arc<dyn Harness>) {
     let again = acquired(&*s, &req(&e, &a, h.long_ttl())).await;
     assert_eq!(again.token, first.token, "re-acquiring by the same holder is a renewal and keeps the token");
     assert!(again.revision > first.revision, "a renewal moves the revision");
+}
+
+/// Checks duties 4 and 7 for a proclamation: a same-holder `try_acquire` with new
+/// metadata keeps the term (its token), publishes the metadata to readers and watchers,
+/// and later renewals keep it.
+async fn reacquire_publishes_new_metadata(h: Arc<dyn Harness>) {
+    let (s1, s2) = (h.open().await, h.open().await);
+    let e = election("proclaim");
+    let a = holder("a");
+    let mut w = s2.watch(&e);
+    if w.is_some() {
+        // Some stores need a moment before the subscription is live.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let first = acquired(&*s1, &req(&e, &a, h.long_ttl()).with_metadata(b"v1".to_vec())).await;
+    let again = acquired(&*s1, &req(&e, &a, h.long_ttl()).with_metadata(b"v2".to_vec())).await;
+    assert_eq!(again.token, first.token, "a proclamation keeps the term and its token");
+    assert!(again.revision > first.revision, "a proclamation moves the revision");
+    assert_eq!(again.metadata, b"v2", "the answer carries the new metadata");
+    assert_eq!(s2.get(&e).await.unwrap().unwrap().metadata, b"v2", "readers see the new metadata");
+    assert_eq!(held(&*s2, &req(&e, &holder("b"), h.long_ttl())).await.metadata, b"v2");
+    if let Some(w) = &mut w {
+        wait_for(w, "the proclamation", |ev| ev.as_ref().is_some_and(|r| r.metadata == b"v2")).await;
+    }
+    match s1.renew(&again, h.long_ttl()).await.unwrap() {
+        Renew::Renewed(r) => assert_eq!(r.metadata, b"v2", "a renewal keeps the proclaimed metadata"),
+        Renew::Lost(cur) => panic!("renewing after a proclamation failed: {cur:?}"),
+    }
+    assert_eq!(s2.get(&e).await.unwrap().unwrap().metadata, b"v2", "a renewal keeps the proclaimed metadata");
 }
 
 /// Checks duties 4 and 5 (renewal keeps the token; the compare is on holder and token).

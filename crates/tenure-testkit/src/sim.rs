@@ -482,6 +482,11 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
                                 tokio::time::sleep(ttl.mul_f64(2.0 * w.rand())).await;
                             }
                             w.write(ELECTION, token);
+                            if w.chance(0.02) {
+                                // Proclaim new metadata: a same-holder acquire, which the
+                                // runtime dates from its send time like a renewal.
+                                let _ = l.set_metadata(format!("after write {token}")).await;
+                            }
                             let nap = Duration::from_millis(5 + (w.rand() * 45.0) as u64);
                             tokio::select! {
                                 biased;

@@ -77,6 +77,21 @@ pub enum ElectError {
     Crashed,
 }
 
+/// Errors from [`Leadership::set_metadata`].
+#[derive(Debug, thiserror::Error)]
+pub enum ProclaimError {
+    /// The metadata is larger than [`MAX_METADATA`](crate::store::MAX_METADATA) bytes.
+    #[error("metadata of {0} bytes is larger than the {max} bytes a lease holds", max = crate::store::MAX_METADATA)]
+    TooLarge(usize),
+    /// The term ended before the new metadata was published.
+    #[error("the term has ended")]
+    TermEnded,
+    /// The store failed; the term goes on. After an [`ErrorKind::Ambiguous`] failure the
+    /// new metadata may or may not have been published.
+    #[error("the store could not publish the metadata")]
+    Store(#[source] StoreError),
+}
+
 type ConfigEdit = Box<dyn FnOnce(&mut Config) + Send>;
 
 /// Builds an [`Elector`]; see [`Elector::builder`].
@@ -396,12 +411,14 @@ struct Term {
     election: ElectionName,
     holder: HolderId,
     token: crate::FencingToken,
-    metadata: Vec<u8>,
+    /// What the leader publishes, as last proclaimed.
+    metadata: Mutex<Vec<u8>>,
     deadline: Arc<Mutex<Instant>>,
     clock: Arc<dyn Clock>,
     /// The lease TTL, for how long an unhealthy leader stands aside.
     ttl: Duration,
     resign: mpsc::UnboundedSender<Resign>,
+    proclaim: mpsc::UnboundedSender<Proclaim>,
     /// Dropped with the last clone; the runtime waits for that before releasing.
     _alive: mpsc::Sender<()>,
 }
@@ -434,7 +451,8 @@ impl Leadership {
 
     /// Who leads, as observers see it.
     pub fn leader(&self) -> Leader {
-        Leader { holder: self.term.holder.clone(), token: self.term.token, metadata: self.term.metadata.clone() }
+        let metadata = self.term.metadata.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        Leader { holder: self.term.holder.clone(), token: self.term.token, metadata }
     }
 
     /// The local deadline: the lease certainly holds before this instant. It moves
@@ -491,6 +509,24 @@ impl Leadership {
 }
 
 impl Leadership {
+    /// Publishes `metadata` in place of what this leader published so far, within the
+    /// term: the token stays, observers and watchers see the new value (etcd's
+    /// `Proclaim`). It is sent to the store as a renewal (a same-holder acquire, store
+    /// duty 4), so it also extends the term, dated from its send time like any renewal.
+    /// Returns once the store has answered.
+    pub async fn set_metadata(&self, metadata: impl Into<Vec<u8>>) -> Result<(), ProclaimError> {
+        let metadata = metadata.into();
+        if metadata.len() > crate::store::MAX_METADATA {
+            return Err(ProclaimError::TooLarge(metadata.len()));
+        }
+        if self.cancel.is_cancelled() {
+            return Err(ProclaimError::TermEnded);
+        }
+        let (tx, rx) = oneshot::channel();
+        self.term.proclaim.send(Proclaim { metadata, done: tx }).map_err(|_| ProclaimError::TermEnded)?;
+        rx.await.unwrap_or(Err(ProclaimError::TermEnded))
+    }
+
     /// Starts a watchdog over the guarded work, for a leader that keeps renewing while
     /// its work is stuck: unless [`Watchdog::progress`] is called at least every
     /// `within`, the leader resigns and stands aside for one TTL, so that a healthy
@@ -543,6 +579,12 @@ impl Drop for Watchdog {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// A request to publish new metadata: answered once the store has.
+struct Proclaim {
+    metadata: Vec<u8>,
+    done: oneshot::Sender<Result<(), ProclaimError>>,
 }
 
 /// A request to resign: answered once the lease is released.
@@ -900,17 +942,19 @@ async fn lead(
     let deadline_cell = Arc::new(Mutex::new(times.deadline));
     let cancel = CancellationToken::new();
     let (resign_tx, mut resign_rx) = mpsc::unbounded_channel();
+    let (proclaim_tx, mut proclaim_rx) = mpsc::unbounded_channel::<Proclaim>();
     let (alive_tx, mut alive_rx) = mpsc::channel::<()>(1);
     let mut pending = Some(Leadership {
         term: Arc::new(Term {
             election: election.clone(),
             holder: shared.req.holder.clone(),
             token: lease.token,
-            metadata: lease.metadata.clone(),
+            metadata: Mutex::new(lease.metadata.clone()),
             deadline: deadline_cell.clone(),
             clock: shared.clock.clone(),
             ttl: cfg.ttl,
             resign: resign_tx,
+            proclaim: proclaim_tx,
             _alive: alive_tx,
         }),
         cancel: cancel.clone(),
@@ -985,6 +1029,51 @@ async fn lead(
                             break StepDownReason::RenewFailed;
                         }
                         times.renew_at = (now + cfg.jittered(cfg.retry_period)).min(times.stop_at);
+                    }
+                }
+            }
+            Some(p) = proclaim_rx.recv() => {
+                let sent = shared.clock.now();
+                if sent >= times.stop_at {
+                    let _ = p.done.send(Err(ProclaimError::TermEnded));
+                    continue;
+                }
+                let req = AcquireRequest::new(election.clone(), shared.req.holder.clone(), cfg.ttl)
+                    .with_metadata(p.metadata.clone());
+                let until = times.stop_at.min(sent + cfg.request_timeout);
+                match call(shared, "proclaim", until, shared.store.try_acquire(&req)).await {
+                    // A same-holder acquire is a renewal: the same term, dated from its send time.
+                    Ok(Acquire::Acquired(rec)) if rec.token == lease.token => {
+                        lease = rec;
+                        times = TermTimes::after_success(cfg, dated(sent));
+                        *deadline_cell.lock().unwrap_or_else(|p| p.into_inner()) = times.deadline;
+                        shared.metrics.remaining(times.deadline.saturating_duration_since(shared.clock.now()));
+                        if let Some(l) = shared.leadership.borrow().as_ref() {
+                            *l.term.metadata.lock().unwrap_or_else(|p| p.into_inner()) = p.metadata;
+                        }
+                        let _ = p.done.send(Ok(()));
+                    }
+                    Ok(Acquire::Acquired(grant)) => {
+                        // A new grant: the store had ended this term. This process does not
+                        // lead in it; give it back and step down.
+                        let _ = p.done.send(Err(ProclaimError::TermEnded));
+                        if let Err(e) = release(shared, &grant).await {
+                            tracing::warn!(%election, error = %e, "release failed; the lease will expire on its own");
+                        }
+                        break StepDownReason::Lost { to: None };
+                    }
+                    Ok(Acquire::Held(cur)) => {
+                        let _ = p.done.send(Err(ProclaimError::TermEnded));
+                        break if cur.holder == lease.holder && cur.token == lease.token && cur.evicted {
+                            lease = cur;
+                            StepDownReason::Evicted
+                        } else {
+                            StepDownReason::Lost { to: Some(cur.leader()) }
+                        };
+                    }
+                    Err(e) => {
+                        tracing::warn!(%election, error = %e, "publishing new metadata failed");
+                        let _ = p.done.send(Err(ProclaimError::Store(e)));
                     }
                 }
             }

@@ -29,8 +29,8 @@ impl Observer {
         self.rx.borrow().clone()
     }
 
-    /// Waits for the first reading, then for each change; returns the leader then
-    /// in force. `None` from the outer option means the observer stopped.
+    /// Waits for the first reading, then for each change (of leader, or of the
+    /// metadata the leader publishes); returns the leader then in force. `None` from the outer option means the observer stopped.
     pub async fn changed(&mut self) -> Option<Option<Leader>> {
         if self.first {
             self.first = false;
@@ -42,7 +42,8 @@ impl Observer {
         Some(self.rx.borrow_and_update().clone())
     }
 
-    /// The readings as a stream: the first reading, then every change.
+    /// The readings as a stream: the first reading, then every change of leader or of
+    /// its metadata.
     pub fn into_stream(self) -> impl Stream<Item = Option<Leader>> + Send {
         tokio_stream::wrappers::WatchStream::from_changes(self.rx.clone()).map(move |v| {
             let _keep = &self._guard;
@@ -84,9 +85,9 @@ pub fn observe_with(
                         first = false;
                         tx.send_replace(leader);
                     } else {
+                        // A new leader, or new metadata proclaimed by the same one.
                         tx.send_if_modified(|cur| {
-                            let changed = cur.as_ref().map(|l| (&l.holder, l.token))
-                                != leader.as_ref().map(|l| (&l.holder, l.token));
+                            let changed = *cur != leader;
                             if changed {
                                 *cur = leader;
                             }

@@ -71,7 +71,8 @@ impl LeaseRecord {
     }
 }
 
-/// Who leads an election: the part of a [`LeaseRecord`] that does not change on renewal.
+/// Who leads an election: the part of a [`LeaseRecord`] that does not change on renewal
+/// (the metadata changes only when the leader proclaims new metadata).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Leader {
     /// The leader's holder id.

@@ -159,9 +159,11 @@ impl StdError for StoreError {
 /// 4. **Tokens only grow.** Every new grant of an election gets a token strictly
 ///    greater than every token granted for it before, across release, eviction,
 ///    expiry and, for durable stores, restarts. A renewal (including a same-holder
-///    `try_acquire`) keeps the token. *Checked by* `tokens_increase_across_release_evict_expiry`,
+///    `try_acquire`) keeps the token. A same-holder `try_acquire` also publishes its
+///    request's metadata (how a leader proclaims new metadata within its term), and
+///    later renewals keep it. *Checked by* `tokens_increase_across_release_evict_expiry`,
 ///    `tokens_increase_across_restart`, `same_holder_reacquire_renews`,
-///    `renew_keeps_token_and_moves_revision`.
+///    `reacquire_publishes_new_metadata`, `renew_keeps_token_and_moves_revision`.
 /// 5. **Renew is a compare-and-set on (holder, token)** and never succeeds once the
 ///    record belongs to another grant or has expired, or the holder was evicted.
 ///    **Release is a compare-and-set on (holder, token, revision).** *Checked by*
@@ -192,7 +194,8 @@ impl StdError for StoreError {
 pub trait LeaseStore: Send + Sync + 'static {
     /// Takes the lease if nobody holds it, if the record has expired by the store's
     /// judgement, or if `req.holder` already holds it (then it is a renewal that keeps
-    /// the token). Otherwise answers `Held` with the current record.
+    /// the token and writes `req.metadata`). Otherwise answers `Held` with the current
+    /// record.
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError>;
 
     /// Extends `held` by `ttl` from now, if the record is still the same grant

@@ -557,3 +557,76 @@ async fn a_leader_held_past_its_deadline_without_stepping_down_is_unhealthy() {
     a.shutdown().await;
     assert!(a.is_healthy(), "shut down is not stuck");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_leader_proclaims_new_metadata_within_its_term_and_observers_see_it() {
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let a = Elector::builder(store.clone(), "jobs/sweeper")
+        .holder("a")
+        .ttl(TTL)
+        .jitter(0.0)
+        .metadata(b"10.0.0.7:8080".to_vec())
+        .build()
+        .unwrap();
+    let log = record(&a);
+    let l = a.leadership().await.unwrap();
+    let mut seen = observe(store.clone(), tenure::ElectionName::new("jobs/sweeper").unwrap());
+    assert_eq!(seen.changed().await.unwrap().unwrap().metadata, b"10.0.0.7:8080");
+    tokio::time::sleep(TTL / 6).await;
+    let deadline_before = l.deadline();
+    l.set_metadata(b"10.0.0.7:9090".to_vec()).await.unwrap();
+    let rec = store.get(l.election()).await.unwrap().unwrap();
+    assert_eq!((rec.token, rec.metadata.as_slice()), (l.token(), &b"10.0.0.7:9090"[..]), "same term, new metadata");
+    assert_eq!(l.leader().metadata, b"10.0.0.7:9090", "the leadership tells what it publishes");
+    assert!(l.deadline() > deadline_before, "a proclamation is a renewal and moves the deadline");
+    let now =
+        tokio::time::timeout(TTL, seen.changed()).await.expect("observers are told of new metadata").unwrap().unwrap();
+    assert_eq!((now.token, now.metadata.as_slice()), (l.token(), &b"10.0.0.7:9090"[..]), "observers see it");
+    // Renewals keep it.
+    tokio::time::sleep(TTL * 2).await;
+    assert_eq!(store.get(l.election()).await.unwrap().unwrap().metadata, b"10.0.0.7:9090");
+    assert!(!events(&log).iter().any(|e| matches!(e, Event::SteppedDown { .. })), "no new term: {:?}", events(&log));
+    let too_big = vec![b'x'; tenure::store::MAX_METADATA + 1];
+    assert!(matches!(l.set_metadata(too_big).await, Err(tenure::ProclaimError::TooLarge(_))));
+    // Resigning ends the term at once; the release waits for every clone.
+    let kept = l.clone();
+    tokio::spawn(l.resign());
+    settle().await;
+    assert!(matches!(kept.set_metadata(b"late".to_vec()).await, Err(tenure::ProclaimError::TermEnded)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_proclamation_the_store_refuses_leaves_the_term_as_it_was() {
+    let store = FaultyStore::new(Arc::new(MemoryStore::new()));
+    let a = elector(Arc::new(store.clone()), "a");
+    let l = a.leadership().await.unwrap();
+    store.set(Fault::Unavailable);
+    let err = l.set_metadata(b"new".to_vec()).await.unwrap_err();
+    assert!(matches!(err, tenure::ProclaimError::Store(_)), "{err:?}");
+    store.set(Fault::None);
+    assert!(l.is_valid(), "the term goes on");
+    let rec = store.get(l.election()).await.unwrap().unwrap();
+    assert!(rec.metadata.is_empty(), "nothing was published");
+    l.set_metadata(b"new".to_vec()).await.unwrap();
+    assert_eq!(store.get(l.election()).await.unwrap().unwrap().metadata, b"new");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_proclamation_that_finds_another_holder_ends_the_term() {
+    let inner: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    // Without a watch, the leader learns of the new holder only from the store's answer.
+    let a = elector(Arc::new(FaultyStore::new(inner.clone()).without_watch()), "a");
+    let log = record(&a);
+    let l = a.leadership().await.unwrap();
+    inner.evict(l.election(), Evict::Now).await.unwrap();
+    let b = elector(inner.clone(), "b");
+    let lb = b.leadership().await.unwrap();
+    assert!(matches!(l.set_metadata(b"x".to_vec()).await, Err(tenure::ProclaimError::TermEnded)));
+    settle().await;
+    assert!(!l.is_valid());
+    assert!(
+        events(&log).iter().any(|e| matches!(e, Event::SteppedDown { reason: StepDownReason::Lost { to: Some(t) } } if t.token == lb.token())),
+        "{:?}",
+        events(&log)
+    );
+}
