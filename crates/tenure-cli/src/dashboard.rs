@@ -22,7 +22,8 @@ const REFRESH: Duration = Duration::from_millis(250);
 
 /// Every election under `prefix` with its leader, as `tenure list --json` prints them.
 async fn snapshot(store: &dyn LeaseStore, prefix: &str) -> Result<Value, String> {
-    let recs = store.list(prefix).await.map_err(|e| format!("{e:#}"))?;
+    let mut recs = store.list(prefix).await.map_err(|e| format!("{e:#}"))?;
+    recs.retain(|r| crate::inspect::listed(r, prefix));
     let all: Vec<Value> = recs.iter().map(|r| crate::inspect::status_json(r.election.as_str(), Some(r))).collect();
     Ok(json!({ "elections": all }))
 }

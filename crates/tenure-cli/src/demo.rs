@@ -57,6 +57,7 @@ pub async fn demo(candidates: usize, ttl: Duration) -> Result<()> {
         http: None,
         cool_down: Duration::ZERO,
         backoff: None,
+        announce: false,
     };
     if let Err(e) = campaign.renew_deadline() {
         bail!("--ttl {} is too short for the demo (try 1s or more): {e}", humantime::format_duration(ttl));

@@ -71,12 +71,17 @@ fn expires(r: &LeaseRecord) -> String {
 /// `tenure status`.
 pub async fn status(store: Arc<dyn LeaseStore>, election: &ElectionName, as_json: bool) -> Result<()> {
     let rec = store.get(election).await.with_context(|| format!("cannot read {election}"))?;
+    let candidates = tenure::candidates(&*store, election)
+        .await
+        .with_context(|| format!("cannot list the candidates of {election}"))?;
     let mut out = std::io::stdout().lock();
     if as_json {
-        writeln!(out, "{}", status_json(election.as_str(), rec.as_ref()))?;
+        let mut v = status_json(election.as_str(), rec.as_ref());
+        v["candidates"] = candidates.iter().map(candidate_json).collect();
+        writeln!(out, "{v}")?;
         return Ok(());
     }
-    match rec {
+    match &rec {
         None => writeln!(out, "{election}: no leader")?,
         Some(r) => {
             writeln!(out, "election  {election}")?;
@@ -90,12 +95,45 @@ pub async fn status(store: Arc<dyn LeaseStore>, election: &ElectionName, as_json
             }
         }
     }
+    if !candidates.is_empty() {
+        writeln!(out, "candidates (that announce themselves)")?;
+        for c in &candidates {
+            let lead = rec.as_ref().is_some_and(|r| r.holder == c.holder && !r.evicted);
+            writeln!(
+                out,
+                "  {}{}  priority {}  seen {}{}",
+                c.holder,
+                if lead { " (leader)" } else { "" },
+                c.priority,
+                ago(c.seen_at),
+                if c.metadata.is_empty() { String::new() } else { format!("  metadata {}", text(&c.metadata)) }
+            )?;
+        }
+    }
     Ok(())
+}
+
+/// A candidate as `status --json` shows it.
+fn candidate_json(c: &tenure::Candidate) -> Value {
+    json!({
+        "holder": c.holder.as_str(),
+        "priority": c.priority,
+        "seen_at": time(c.seen_at),
+        "expires_in_ms": c.expires_in.map(|d| d.as_millis() as u64),
+        "metadata": text(&c.metadata),
+    })
+}
+
+/// Whether `tenure list` shows `r`: not tenure's own records (presence leases), unless
+/// asked for by prefix.
+pub fn listed(r: &LeaseRecord, prefix: &str) -> bool {
+    prefix.starts_with(tenure::RESERVED_PREFIX) || !r.election.as_str().starts_with(tenure::RESERVED_PREFIX)
 }
 
 /// `tenure list`.
 pub async fn list(store: Arc<dyn LeaseStore>, prefix: &str, as_json: bool) -> Result<()> {
-    let recs = store.list(prefix).await.context("cannot list the elections")?;
+    let mut recs = store.list(prefix).await.context("cannot list the elections")?;
+    recs.retain(|r| listed(r, prefix));
     let mut out = std::io::stdout().lock();
     if as_json {
         let all: Vec<Value> = recs.iter().map(|r| status_json(r.election.as_str(), Some(r))).collect();

@@ -89,6 +89,10 @@ pub struct CampaignArgs {
     /// that cannot notify) and after a failed store call [default: TTL/10, at most 2s]
     #[arg(long, value_name = "DUR", value_parser = crate::duration)]
     backoff: Option<Duration>,
+    /// Publish this candidate's presence (holder id and --metadata) so that `tenure
+    /// status` lists it beside the leader; one more store call per TTL/3
+    #[arg(long)]
+    announce: bool,
 }
 
 impl CampaignArgs {
@@ -103,6 +107,7 @@ impl CampaignArgs {
             http: self.http,
             cool_down: self.cool_down,
             backoff: self.backoff,
+            announce: self.announce,
             health: self.health_cmd.clone().map(|cmd| Health {
                 cmd,
                 interval: self.health_interval,
@@ -128,6 +133,8 @@ pub struct Campaign {
     pub cool_down: Duration,
     /// The standby candidates' pause between tries (`--backoff`), if not the default.
     pub backoff: Option<Duration>,
+    /// Whether this candidate publishes its presence (`--announce`).
+    pub announce: bool,
 }
 
 /// Docker's health-check settings: `cmd` runs every `interval` while leading; `retries`
@@ -197,7 +204,7 @@ impl Campaign {
         if let Some(m) = &self.metadata {
             b = b.metadata(m.as_bytes().to_vec());
         }
-        b = b.cool_down(self.cool_down);
+        b = b.cool_down(self.cool_down).announce(self.announce);
         if let Some(backoff) = self.backoff {
             b = b.retry_period(backoff);
         }
@@ -578,6 +585,7 @@ mod tests {
             http: None,
             cool_down: Duration::ZERO,
             backoff: None,
+            announce: false,
         }
     }
 

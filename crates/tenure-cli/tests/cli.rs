@@ -632,3 +632,48 @@ fn a_leading_command_publishes_new_metadata_through_its_file_and_watch_shows_it(
     let published = format!("{leader} published 10.0.0.7:9090");
     assert!(lines[first + 1..].iter().any(|l| l.ends_with(&published)), "watch shows the new metadata: {lines:?}");
 }
+
+#[test]
+fn status_lists_the_candidates_that_announce_themselves_and_list_hides_their_presence() {
+    let env = Env::new();
+    let announcing = |id: &str| {
+        let script =
+            format!("echo start $TENURE_HOLDER $TENURE_TOKEN $$ $(date +%s%N) >> {}; sleep 60", env.log().display());
+        let args = ["run", "jobs/announce", "--id", id, "--ttl", "3s", "--grace", "300ms", "--announce"];
+        Proc(
+            env.cmd()
+                .args(args)
+                .args(["--metadata", &format!("{id}:8080"), "--", "sh", "-c", &script])
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let runs = vec![announcing("run-a"), announcing("run-b")];
+    let leader = wait_starts(&env.log(), 1, Duration::from_secs(20)).remove(0);
+    let t0 = Instant::now();
+    let v = loop {
+        let v: serde_json::Value =
+            serde_json::from_slice(&env.tenure(&["status", "jobs/announce", "--json"]).stdout).unwrap();
+        if v["candidates"].as_array().is_some_and(|c| c.len() == 2) {
+            break v;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "both candidates are listed: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(v["leader"]["holder"], leader.holder.as_str());
+    let c = &v["candidates"];
+    assert_eq!((c[0]["holder"].as_str(), c[0]["metadata"].as_str()), (Some("run-a"), Some("run-a:8080")), "{v}");
+    assert_eq!((c[1]["holder"].as_str(), c[1]["metadata"].as_str()), (Some("run-b"), Some("run-b:8080")), "{v}");
+    assert!(c[0]["expires_in_ms"].as_u64().unwrap() <= 3000);
+    let human = String::from_utf8(env.tenure(&["status", "jobs/announce"]).stdout).unwrap();
+    assert!(human.contains(&format!("{} (leader)", leader.holder)), "{human}");
+    let listed: serde_json::Value = serde_json::from_slice(&env.tenure(&["list", "--json"]).stdout).unwrap();
+    let names: Vec<&str> = listed.as_array().unwrap().iter().filter_map(|r| r["election"].as_str()).collect();
+    assert_eq!(names, ["jobs/announce"], "presence leases are not elections to list");
+    // A candidate that stops drops out of the list at once.
+    stop_all(runs);
+    let v: serde_json::Value =
+        serde_json::from_slice(&env.tenure(&["status", "jobs/announce", "--json"]).stdout).unwrap();
+    assert_eq!(v["candidates"], serde_json::json!([]), "{v}");
+}

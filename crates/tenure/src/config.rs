@@ -57,6 +57,12 @@ pub struct Config {
     pub resign_backoff: Duration,
     /// Metadata published with the lease (at most 4096 bytes).
     pub metadata: Vec<u8>,
+    /// Publish this candidate's presence (holder id, priority, metadata) in a lease of
+    /// its own, so that [`crate::candidates`] lists it beside the leader. One more store
+    /// call per renew interval. Default off.
+    pub announce: bool,
+    /// The priority published with this candidate's presence. Default 0.
+    pub priority: i32,
     /// A planted bug, only in builds with the `mutants` feature (the test kit's): date
     /// each term from when the store's answer *arrived* instead of when the request was
     /// sent, so that the simulation can show that it catches this mistake.
@@ -81,6 +87,8 @@ impl Config {
             splay: Duration::ZERO,
             resign_backoff: retry * 2,
             metadata: Vec::new(),
+            announce: false,
+            priority: 0,
             #[cfg(feature = "mutants")]
             mutation_date_from_response: false,
         }

@@ -162,6 +162,10 @@ impl ElectorBuilder {
         resign_backoff: Duration);
     setter!(/// See [`Config::metadata`].
         metadata: Vec<u8>);
+    setter!(/// See [`Config::announce`].
+        announce: bool);
+    setter!(/// See [`Config::priority`].
+        priority: i32);
 
     /// Validates the settings and builds the elector. It does not campaign until
     /// [`Elector::start`] (or a method that waits for leadership) is called.
@@ -173,6 +177,18 @@ impl ElectorBuilder {
             edit(&mut cfg);
         }
         cfg.validate()?;
+        // The presence lease: a candidate of its own, in an election nobody else enters.
+        let presence = match cfg.announce {
+            true => Some(
+                Elector::builder(self.store.clone(), crate::presence::name(&election, &holder).as_str())
+                    .holder(holder.as_str())
+                    .ttl(cfg.ttl)
+                    .clock(self.clock.clone())
+                    .metadata(crate::presence::encode(cfg.priority, &cfg.metadata))
+                    .build()?,
+            ),
+            false => None,
+        };
         let shutdown = CancellationToken::new();
         let metrics = crate::metrics::ElectorMetrics::new(election.as_str());
         let shared = Arc::new(Shared {
@@ -187,6 +203,7 @@ impl ElectorBuilder {
             stopped: watch::Sender::new(false),
             task: Mutex::new(None),
             failure: Mutex::new(None),
+            presence,
         });
         Ok(Elector { shared, _guard: Arc::new(shutdown.drop_guard()) })
     }
@@ -217,6 +234,8 @@ struct Shared {
     /// Why the campaign stopped, if not by shutdown.
     failure: Mutex<Option<ElectError>>,
     metrics: crate::metrics::ElectorMetrics,
+    /// The presence lease's candidate, with [`Config::announce`].
+    presence: Option<Elector>,
 }
 
 impl Elector {
@@ -252,8 +271,17 @@ impl Elector {
         self.shared.events.subscribe()
     }
 
+    /// The live candidates of this election that announce themselves
+    /// ([`Config::announce`]), by holder id.
+    pub async fn candidates(&self) -> Result<Vec<crate::Candidate>, StoreError> {
+        crate::presence::candidates(&*self.shared.store, self.election()).await
+    }
+
     /// Starts campaigning in a background task (on the current tokio runtime). Idempotent.
     pub fn start(&self) {
+        if let Some(p) = &self.shared.presence {
+            p.start();
+        }
         let mut task = self.shared.task.lock().unwrap_or_else(|p| p.into_inner());
         if task.is_none() && !self.shared.shutdown.is_cancelled() {
             let shared = self.shared.clone();
@@ -393,6 +421,10 @@ impl Elector {
         if started {
             let mut stopped = self.shared.stopped.subscribe();
             let _ = stopped.wait_for(|s| *s).await;
+        }
+        if let Some(p) = &self.shared.presence {
+            // The presence candidate has none of its own: one level deep.
+            Box::pin(p.shutdown()).await;
         }
     }
 }
@@ -1092,6 +1124,12 @@ async fn lead(
 
     // Step down: end the term, wait for the guarded work, then release.
     cancel.cancel();
+    // A proclamation sent meanwhile is answered now: its caller may hold the leadership
+    // that the release below waits for.
+    proclaim_rx.close();
+    while let Ok(p) = proclaim_rx.try_recv() {
+        let _ = p.done.send(Err(ProclaimError::TermEnded));
+    }
     drop(pending);
     shared.leadership.send_replace(None);
     tracing::info!(%election, token = %lease.token, ?reason, "stepped down");

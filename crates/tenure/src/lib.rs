@@ -29,7 +29,8 @@
 //! The pieces, for application code:
 //! - [`Elector`]: the runtime, configured by [`Config`]. [`Leadership`] is what the leader
 //!   holds; [`Event`]s tell of elections and step-downs.
-//! - [`observe`]: who leads, for programs that only watch.
+//! - [`observe`]: who leads, for programs that only watch; [`candidates`]: who else
+//!   campaigns, for candidates that announce themselves ([`Config::announce`]).
 //! - [`LeaseStore`]: a store to elect on (SQLite, PostgreSQL, … in crates of their own);
 //!   [`MemoryStore`] is the in-process one, [`Batched`] shares one store's round trips
 //!   among many electors.
@@ -50,6 +51,7 @@ mod memory;
 mod metrics;
 mod name;
 mod observe;
+mod presence;
 mod record;
 pub mod store;
 
@@ -62,6 +64,7 @@ pub use elector::{
 pub use memory::MemoryStore;
 pub use name::{ELECTION_NAME_RULE, ElectionName, HOLDER_ID_RULE, HolderId, NameError, host_name};
 pub use observe::{Observer, observe, observe_with};
+pub use presence::{Candidate, RESERVED_PREFIX, candidates};
 pub use record::{Evict, FencingToken, Leader, LeaseRecord};
 pub use store::{ErrorKind, LeaseStore, StoreError};
 pub use tokio_util::sync::CancellationToken;

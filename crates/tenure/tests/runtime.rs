@@ -630,3 +630,72 @@ async fn a_proclamation_that_finds_another_holder_ends_the_term() {
         events(&log)
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn announcing_candidates_are_listed_until_they_stop_or_their_presence_runs_out() {
+    let inner: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let announcing = |store: Arc<dyn LeaseStore>, holder: &str, priority: i32| {
+        Elector::builder(store, "jobs/sweeper")
+            .holder(holder)
+            .ttl(TTL)
+            .announce(true)
+            .priority(priority)
+            .metadata(format!("{holder}:8080").into_bytes())
+            .build()
+            .unwrap()
+    };
+    let cut = FaultyStore::new(inner.clone());
+    let a = announcing(Arc::new(cut.clone()), "a", 1);
+    let b = announcing(inner.clone(), "b", 5);
+    let quiet = elector(inner.clone(), "c");
+    a.start();
+    b.start();
+    quiet.start();
+    tokio::time::sleep(TTL).await;
+    let listed = b.candidates().await.unwrap();
+    let seen: Vec<(&str, i32, &[u8])> =
+        listed.iter().map(|c| (c.holder.as_str(), c.priority, c.metadata.as_slice())).collect();
+    assert_eq!(seen, [("a", 1, &b"a:8080"[..]), ("b", 5, &b"b:8080"[..])], "only those that announce");
+    let name = tenure::ElectionName::new("jobs/sweeper").unwrap();
+    assert_eq!(tenure::candidates(&*inner, &name).await.unwrap(), listed, "observers list the same");
+    // A candidate cut off from the store is listed until its presence runs out.
+    cut.set(Fault::Unavailable);
+    tokio::time::sleep(TTL / 2).await;
+    assert_eq!(b.candidates().await.unwrap().len(), 2);
+    tokio::time::sleep(TTL).await;
+    let left: Vec<String> = b.candidates().await.unwrap().iter().map(|c| c.holder.to_string()).collect();
+    assert_eq!(left, ["b"], "a crashed candidate drops out within a TTL");
+    // One that shuts down drops out at once.
+    b.shutdown().await;
+    assert!(tenure::candidates(&*inner, &name).await.unwrap().is_empty());
+    assert!(
+        inner
+            .list("")
+            .await
+            .unwrap()
+            .iter()
+            .all(|r| r.election.as_str() == "jobs/sweeper" || r.election.as_str().starts_with(tenure::RESERVED_PREFIX)),
+        "presence leases live under the reserved prefix"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_proclamation_sent_as_the_term_ends_is_answered_and_does_not_hold_up_the_release() {
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let a = elector(store.clone(), "a");
+    let l = a.leadership().await.unwrap();
+    // The guarded work proclaims without pause until told the term has ended.
+    let work = tokio::spawn(async move {
+        let mut n = 0u64;
+        while l.set_metadata(format!("n={n}")).await.is_ok() {
+            n += 1;
+        }
+    });
+    // Let it get going (no time passes while it proclaims without pause).
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::timeout(TTL, a.shutdown()).await.expect("the shutdown is not held up by a proclamation");
+    work.await.unwrap();
+    assert_eq!(store.get(a.election()).await.unwrap(), None, "released");
+}

@@ -7,7 +7,8 @@ use crate::record::LeaseRecord;
 
 /// A lease as a key-value store keeps it in one value: the header line
 /// `tenure1 HOLDER TTL_MS ACQUIRED_MS EVICTED[ TOKEN]`, then the metadata's raw bytes.
-/// Holder ids hold no space or line break, so the header splits cleanly.
+/// Holder ids hold no space or line break, so the header splits cleanly. Fields after
+/// these, which a later version may add, are passed over.
 ///
 /// `ACQUIRED_MS` is the grant's time in milliseconds since the Unix epoch (0 where the
 /// store dates grants itself) and `EVICTED` is `0` or `1`. A store that keeps the
@@ -48,12 +49,10 @@ impl StoredValue {
         let nl = raw.iter().position(|&b| b == b'\n')?;
         let header = std::str::from_utf8(&raw[..nl]).ok()?;
         let f: Vec<&str> = header.split(' ').collect();
-        let (fields, token) = match f[..] {
-            ["tenure1", h, t, a, e] => ([h, t, a, e], None),
-            ["tenure1", h, t, a, e, token] => ([h, t, a, e], Some(token.parse().ok()?)),
-            _ => return None,
-        };
-        let [holder, ttl, acquired, evicted] = fields;
+        // Fields after these (from a later version) are passed over; a sixth that is not
+        // a number is no token.
+        let ["tenure1", holder, ttl, acquired, evicted, ref rest @ ..] = f[..] else { return None };
+        let token = rest.first().and_then(|t| t.parse().ok());
         Some(Self {
             holder: HolderId::new(holder).ok()?,
             ttl: Duration::from_millis(ttl.parse().ok()?),
@@ -104,9 +103,15 @@ mod tests {
         assert!(v.encode().starts_with(b"tenure1 node-1 1500 1700000000000 1 42\n"));
         assert_eq!(StoredValue::decode(&v.encode()), Some(v));
         for bad in
-            [&b"other data"[..], b"tenure1 h 1 2 3\n", b"tenure2 h 1 2 0\n", b"tenure1 h 1 2\n", b"tenure1 h 1 2 0 x\n"]
+            [&b"other data"[..], b"tenure1 h 1 2 3\n", b"tenure2 h 1 2 0\n", b"tenure1 h 1 2\n", b"tenure1 h 1 2 0"]
         {
             assert_eq!(StoredValue::decode(bad), None, "{}", String::from_utf8_lossy(bad));
+        }
+        // Later fields are passed over; a sixth that is not a number is no token.
+        for (raw, token) in
+            [(&b"tenure1 h 1 2 0 x\n"[..], None), (b"tenure1 h 1 2 0 \n", None), (b"tenure1 h 1 2 0 7 x\n", Some(7))]
+        {
+            assert_eq!(StoredValue::decode(raw).map(|v| v.token), Some(token), "{}", String::from_utf8_lossy(raw));
         }
     }
 }
