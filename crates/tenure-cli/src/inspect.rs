@@ -89,7 +89,7 @@ pub async fn status(store: Arc<dyn LeaseStore>, election: &ElectionName, as_json
             writeln!(out, "token     {}", r.token)?;
             writeln!(out, "since     {}", ago(r.acquired_at))?;
             writeln!(out, "renewed   {}", ago(r.renewed_at))?;
-            writeln!(out, "expires   {}", expires(&r))?;
+            writeln!(out, "expires   {}", expires(r))?;
             if !r.metadata.is_empty() {
                 writeln!(out, "metadata  {}", text(&r.metadata))?;
             }
