@@ -339,6 +339,9 @@ async fn supervise(
     env.extend(metadata.map(MetadataFile::env));
     let mut child = Supervised::spawn(cmd, &env, stop_at_ns(l, grace), grace)?;
     let mut look_at_metadata = tokio::time::interval(METADATA_EVERY);
+    // A proclamation in flight runs beside the loop, which must go on extending the
+    // supervisor's deadline and reacting to the term's end meanwhile.
+    let mut publishing: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>> = None;
     let unhealthy = unhealthy(health, l);
     tokio::pin!(unhealthy);
     tracing::info!(token = %l.token(), pid = child.pid(), "leading; started the command");
@@ -374,11 +377,10 @@ async fn supervise(
                 child.stop(grace).await;
                 return Ok(End::Unhealthy);
             }
-            _ = look_at_metadata.tick(), if metadata.is_some() => {
-                if let Some(m) = metadata {
-                    m.publish(l).await;
-                }
+            _ = look_at_metadata.tick(), if metadata.is_some() && publishing.is_none() => {
+                publishing = metadata.map(|m| Box::pin(m.publish(l)) as _);
             }
+            () = async { publishing.as_mut().expect("guarded").await }, if publishing.is_some() => publishing = None,
             _ = tick.tick() => {
                 if l.deadline() != deadline && l.is_valid() {
                     deadline = l.deadline();
