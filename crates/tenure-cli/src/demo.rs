@@ -47,18 +47,7 @@ pub async fn demo(candidates: usize, ttl: Duration) -> Result<()> {
         bail!("--candidates {candidates}: the demo needs 2 to 20 candidates");
     }
     // The candidates stop their job within 300 ms: the TTL must leave room for that.
-    let campaign = crate::run::Campaign {
-        election: ELECTION.into(),
-        id: None,
-        ttl,
-        grace: Duration::from_millis(300),
-        metadata: None,
-        health: None,
-        http: None,
-        cool_down: Duration::ZERO,
-        backoff: None,
-        announce: false,
-    };
+    let campaign = crate::run::Campaign::new(ELECTION, ttl, Duration::from_millis(300));
     if let Err(e) = campaign.renew_deadline() {
         bail!("--ttl {} is too short for the demo (try 1s or more): {e}", humantime::format_duration(ttl));
     }

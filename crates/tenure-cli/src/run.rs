@@ -179,6 +179,22 @@ impl Health {
 }
 
 impl Campaign {
+    /// A campaign for `election` with every optional setting off.
+    pub fn new(election: &str, ttl: Duration, grace: Duration) -> Self {
+        Self {
+            election: election.into(),
+            id: None,
+            ttl,
+            grace,
+            metadata: None,
+            health: None,
+            http: None,
+            cool_down: Duration::ZERO,
+            backoff: None,
+            announce: false,
+        }
+    }
+
     /// Builds the elector and, with `--http`, starts serving the operator endpoints for
     /// it (the metrics recorder is installed first, so the elector reports to it).
     async fn start(&self, store: Arc<dyn LeaseStore>) -> Result<Elector> {
@@ -577,18 +593,7 @@ mod tests {
     use super::*;
 
     fn campaign(ttl: Duration, grace: Duration) -> Campaign {
-        Campaign {
-            election: "e".into(),
-            id: None,
-            ttl,
-            grace,
-            metadata: None,
-            health: None,
-            http: None,
-            cool_down: Duration::ZERO,
-            backoff: None,
-            announce: false,
-        }
+        Campaign::new("e", ttl, grace)
     }
 
     #[test]
