@@ -12,6 +12,8 @@ use tenure::{Leadership, ProclaimError};
 pub struct MetadataFile {
     _dir: tempfile::TempDir,
     path: PathBuf,
+    /// What a term starts with (`--metadata`).
+    initial: Vec<u8>,
     /// Content refused as too large, warned about once.
     refused: Mutex<Option<Vec<u8>>>,
 }
@@ -24,8 +26,15 @@ impl MetadataFile {
             .tempdir()
             .context("cannot create a directory for TENURE_METADATA_FILE")?;
         let path = dir.path().join("metadata");
-        std::fs::write(&path, initial).with_context(|| format!("cannot write {}", path.display()))?;
-        Ok(Self { _dir: dir, path, refused: Mutex::new(None) })
+        let file = Self { _dir: dir, path, initial: initial.to_vec(), refused: Mutex::new(None) };
+        file.reset()?;
+        Ok(file)
+    }
+
+    /// Puts back what a term starts with, before a command starts: a new term publishes
+    /// `--metadata`, not what the previous term's command wrote.
+    pub fn reset(&self) -> Result<()> {
+        std::fs::write(&self.path, &self.initial).with_context(|| format!("cannot write {}", self.path.display()))
     }
 
     /// The variable that names the file, for the command's environment.

@@ -424,6 +424,7 @@ pub async fn run(store: Arc<dyn LeaseStore>, c: &Campaign, keep_going: bool, cmd
             }
             continue;
         }
+        metadata.reset()?;
         match supervise(&l, cmd, c.grace, c.health.as_ref(), Some(&metadata), &stop).await? {
             End::Exited(code) if keep_going => {
                 tracing::info!(code, "the command exited; handing over and campaigning again");

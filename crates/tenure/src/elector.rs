@@ -631,6 +631,10 @@ struct Stopped<'a>(&'a Shared);
 
 impl Stopped<'_> {
     fn finish(shared: &Shared, crashed: bool) {
+        // A campaign that stopped stops announcing itself too.
+        if let Some(p) = &shared.presence {
+            p.shared.shutdown.cancel();
+        }
         if crashed {
             let mut f = shared.failure.lock().unwrap_or_else(|p| p.into_inner());
             f.get_or_insert(ElectError::Crashed);
@@ -996,6 +1000,8 @@ async fn lead(
     tracing::info!(%election, token = %lease.token, "elected");
     view.saw_record(Some(&lease));
     let mut resigners: Vec<Resign> = Vec::new();
+    // A proclamation answered by a grant of a new term, to release after the work stops.
+    let mut release_new_grant = false;
 
     let reason = loop {
         // After a pause (SIGSTOP, a stalled VM) these may already have passed.
@@ -1087,11 +1093,11 @@ async fn lead(
                     }
                     Ok(Acquire::Acquired(grant)) => {
                         // A new grant: the store had ended this term. This process does not
-                        // lead in it; give it back and step down.
+                        // lead in it: the work stops first (the step-down below), then the
+                        // grant, which keeps everyone else out meanwhile, is released.
                         let _ = p.done.send(Err(ProclaimError::TermEnded));
-                        if let Err(e) = release(shared, &grant).await {
-                            tracing::warn!(%election, error = %e, "release failed; the lease will expire on its own");
-                        }
+                        lease = grant;
+                        release_new_grant = true;
                         break StepDownReason::Lost { to: None };
                     }
                     Ok(Acquire::Held(cur)) => {
@@ -1151,7 +1157,7 @@ async fn lead(
     while let Ok(tx) = resign_rx.try_recv() {
         resigners.push(tx);
     }
-    if !matches!(reason, StepDownReason::Lost { .. }) {
+    if !matches!(reason, StepDownReason::Lost { .. }) || release_new_grant {
         match release(shared, &lease).await {
             Ok(true) => view.saw(None),
             Ok(false) => {}

@@ -699,3 +699,72 @@ async fn a_proclamation_sent_as_the_term_ends_is_answered_and_does_not_hold_up_t
     work.await.unwrap();
     assert_eq!(store.get(a.election()).await.unwrap(), None, "released");
 }
+
+/// A memory store without a watch that notes, at each release, whether the term it was
+/// told of had already ended.
+#[derive(Default)]
+struct ReleaseOrder {
+    inner: MemoryStore,
+    term: Mutex<Option<tenure::CancellationToken>>,
+    released_while_valid: Mutex<Vec<bool>>,
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for ReleaseOrder {
+    async fn try_acquire(
+        &self,
+        req: &tenure::store::AcquireRequest,
+    ) -> Result<tenure::store::Acquire, tenure::StoreError> {
+        self.inner.try_acquire(req).await
+    }
+    async fn renew(
+        &self,
+        held: &tenure::LeaseRecord,
+        ttl: Duration,
+    ) -> Result<tenure::store::Renew, tenure::StoreError> {
+        self.inner.renew(held, ttl).await
+    }
+    async fn release(&self, held: &tenure::LeaseRecord) -> Result<(), tenure::StoreError> {
+        let valid = self.term.lock().unwrap().as_ref().is_some_and(|t| !t.is_cancelled());
+        self.released_while_valid.lock().unwrap().push(valid);
+        self.inner.release(held).await
+    }
+    async fn get(&self, election: &tenure::ElectionName) -> Result<Option<tenure::LeaseRecord>, tenure::StoreError> {
+        self.inner.get(election).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<tenure::LeaseRecord>, tenure::StoreError> {
+        self.inner.list(prefix).await
+    }
+    async fn evict(
+        &self,
+        election: &tenure::ElectionName,
+        how: Evict,
+    ) -> Result<Option<tenure::LeaseRecord>, tenure::StoreError> {
+        self.inner.evict(election, how).await
+    }
+    fn describe(&self) -> String {
+        "release order".into()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_proclamation_granted_a_new_term_stops_the_work_before_giving_the_grant_back() {
+    let store = Arc::new(ReleaseOrder::default());
+    let a = elector(store.clone(), "a");
+    let log = record(&a);
+    let l = a.leadership().await.unwrap();
+    *store.term.lock().unwrap() = Some(l.cancellation_token());
+    // The record is lost (evicted at once, a store restored without it): the proclamation,
+    // an acquire, is granted a new term, in which this process does not lead.
+    store.evict(l.election(), Evict::Now).await.unwrap();
+    assert!(matches!(l.set_metadata(b"x".to_vec()).await, Err(tenure::ProclaimError::TermEnded)));
+    assert!(!l.is_valid(), "the term has ended");
+    drop(l);
+    settle().await;
+    assert_eq!(
+        store.released_while_valid.lock().unwrap().first(),
+        Some(&false),
+        "the new grant was given back, after the work stopped"
+    );
+    assert!(events(&log).contains(&Event::SteppedDown { reason: StepDownReason::Lost { to: None } }));
+}
