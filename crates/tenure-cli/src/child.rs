@@ -382,7 +382,16 @@ impl Supervised {
     /// Starts `cmd` with `env` added to our environment. The supervisor stops it on its
     /// own at `stop_at_ns` (on [`boottime_ns`]'s clock) unless [`Supervised::extend`]
     /// moves that on.
-    pub fn spawn(cmd: &[String], env: &[(&str, String)], stop_at_ns: u64, grace: Duration) -> Result<Self> {
+    ///
+    /// With `metadata`, the command also finds `TENURE_METADATA_FILE` holding it, in the
+    /// same directory as the deadline file (removed with it, even if `tenure run` is killed).
+    pub fn spawn(
+        cmd: &[String],
+        env: &[(&str, String)],
+        stop_at_ns: u64,
+        grace: Duration,
+        metadata: Option<&[u8]>,
+    ) -> Result<Self> {
         let exe = own_program().context("cannot find the tenure executable to supervise the command")?;
         let dir = tempfile::Builder::new()
             .prefix("tenure-run-")
@@ -390,6 +399,12 @@ impl Supervised {
             .context("cannot create the command's deadline file")?;
         let deadline_file = dir.path().join("deadline");
         write_stop_at(&deadline_file, stop_at_ns).context("cannot write the command's deadline file")?;
+        let mut env = env.to_vec();
+        if let Some(m) = metadata {
+            let file = dir.path().join("metadata");
+            std::fs::write(&file, m).context("cannot write TENURE_METADATA_FILE")?;
+            env.push(("TENURE_METADATA_FILE", file.display().to_string()));
+        }
         let child = Command::new(exe)
             .arg0("tenure")
             .arg("__child")
@@ -405,6 +420,11 @@ impl Supervised {
         let pid = child.id().context("the command exited before it could be supervised")?;
         let supervisor = Pid::from_raw(pid as i32).context("the command has an invalid process id")?;
         Ok(Self { child, supervisor, deadline_file, _dir: dir })
+    }
+
+    /// `TENURE_METADATA_FILE`, if the command was given one.
+    pub fn metadata_file(&self) -> Option<PathBuf> {
+        Some(self.deadline_file.with_file_name("metadata")).filter(|p| p.exists())
     }
 
     /// Moves the instant at which the supervisor stops the command on its own.

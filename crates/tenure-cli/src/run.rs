@@ -348,12 +348,12 @@ async fn supervise(
     cmd: &[String],
     grace: Duration,
     health: Option<&Health>,
-    metadata: Option<&MetadataFile>,
+    metadata: Option<&[u8]>,
     stop: &CancellationToken,
 ) -> Result<End> {
-    let mut env = child_env(l);
-    env.extend(metadata.map(MetadataFile::env));
-    let mut child = Supervised::spawn(cmd, &env, stop_at_ns(l, grace), grace)?;
+    let mut child = Supervised::spawn(cmd, &child_env(l), stop_at_ns(l, grace), grace, metadata)?;
+    let metadata = child.metadata_file().map(MetadataFile::at);
+    let metadata = metadata.as_ref();
     let mut look_at_metadata = tokio::time::interval(METADATA_EVERY);
     // A proclamation in flight runs beside the loop, which must go on extending the
     // supervisor's deadline and reacting to the term's end meanwhile.
@@ -409,7 +409,6 @@ async fn supervise(
 
 /// `tenure run`: returns the exit code.
 pub async fn run(store: Arc<dyn LeaseStore>, c: &Campaign, keep_going: bool, cmd: &[String]) -> Result<i32> {
-    let metadata = MetadataFile::create(c.metadata.as_deref().unwrap_or("").as_bytes())?;
     let (elector, stop) = begin(store, c).await?;
     loop {
         let Some(l) = next_term(&elector, &stop).await? else { return Ok(0) };
@@ -424,8 +423,8 @@ pub async fn run(store: Arc<dyn LeaseStore>, c: &Campaign, keep_going: bool, cmd
             }
             continue;
         }
-        metadata.reset()?;
-        match supervise(&l, cmd, c.grace, c.health.as_ref(), Some(&metadata), &stop).await? {
+        let metadata = c.metadata.as_deref().unwrap_or("").as_bytes();
+        match supervise(&l, cmd, c.grace, c.health.as_ref(), Some(metadata), &stop).await? {
             End::Exited(code) if keep_going => {
                 tracing::info!(code, "the command exited; handing over and campaigning again");
                 l.resign().await;
