@@ -367,6 +367,7 @@ pub struct Supervised {
     child: Child,
     supervisor: Pid,
     deadline_file: PathBuf,
+    metadata_file: Option<PathBuf>,
     _dir: tempfile::TempDir,
 }
 
@@ -400,11 +401,15 @@ impl Supervised {
         let deadline_file = dir.path().join("deadline");
         write_stop_at(&deadline_file, stop_at_ns).context("cannot write the command's deadline file")?;
         let mut env = env.to_vec();
-        if let Some(m) = metadata {
-            let file = dir.path().join("metadata");
-            std::fs::write(&file, m).context("cannot write TENURE_METADATA_FILE")?;
-            env.push(("TENURE_METADATA_FILE", file.display().to_string()));
-        }
+        let metadata_file = match metadata {
+            Some(m) => {
+                let file = dir.path().join("metadata");
+                std::fs::write(&file, m).context("cannot write TENURE_METADATA_FILE")?;
+                env.push(("TENURE_METADATA_FILE", file.display().to_string()));
+                Some(file)
+            }
+            None => None,
+        };
         let child = Command::new(exe)
             .arg0("tenure")
             .arg("__child")
@@ -419,12 +424,12 @@ impl Supervised {
             .with_context(|| format!("cannot start {:?}", cmd.first().map(String::as_str).unwrap_or("")))?;
         let pid = child.id().context("the command exited before it could be supervised")?;
         let supervisor = Pid::from_raw(pid as i32).context("the command has an invalid process id")?;
-        Ok(Self { child, supervisor, deadline_file, _dir: dir })
+        Ok(Self { child, supervisor, deadline_file, metadata_file, _dir: dir })
     }
 
     /// `TENURE_METADATA_FILE`, if the command was given one.
     pub fn metadata_file(&self) -> Option<PathBuf> {
-        Some(self.deadline_file.with_file_name("metadata")).filter(|p| p.exists())
+        self.metadata_file.clone()
     }
 
     /// Moves the instant at which the supervisor stops the command on its own.

@@ -246,12 +246,7 @@ pub async fn watch(store: Arc<dyn LeaseStore>, election: &ElectionName, as_json:
             }
             // The same term with new metadata: the leader proclaimed it.
             (Some(l), false) if last.as_ref().is_some_and(|p| p.holder == l.holder && p.token == l.token) => {
-                format!(
-                    "{now}  {election}  leader {} (token {}) published {}",
-                    l.holder,
-                    l.token,
-                    String::from_utf8_lossy(&l.metadata)
-                )
+                format!("{now}  {election}  leader {} (token {}) published {}", l.holder, l.token, text(&l.metadata))
             }
             (Some(l), false) => format!("{now}  {election}  leader {} (token {})", l.holder, l.token),
             (None, false) => format!("{now}  {election}  no leader"),

@@ -61,7 +61,9 @@ pub struct Config {
     /// its own, so that [`crate::candidates`] lists it beside the leader. One more store
     /// call per renew interval. Default off.
     pub announce: bool,
-    /// The priority published with this candidate's presence. Default 0.
+    /// The priority published with this candidate's presence, for those who list the
+    /// candidates. Published only: the election does not prefer higher priorities (yet).
+    /// Default 0.
     pub priority: i32,
     /// A planted bug, only in builds with the `mutants` feature (the test kit's): date
     /// each term from when the store's answer *arrived* instead of when the request was

@@ -920,6 +920,19 @@ impl<'a> Failures<'a> {
     }
 }
 
+/// Why a term ends when the store answers that `lease` is no longer this grant: evicted
+/// (then `lease` becomes the record as it now stands, whose revision moved, to release),
+/// or lost to `cur`'s holder, or to nobody.
+fn lost(lease: &mut LeaseRecord, cur: Option<LeaseRecord>) -> StepDownReason {
+    match cur {
+        Some(r) if r.holder == lease.holder && r.token == lease.token && r.evicted => {
+            *lease = r;
+            StepDownReason::Evicted
+        }
+        other => StepDownReason::Lost { to: other.map(|r| r.leader()) },
+    }
+}
+
 /// Releases `lease` and checks: a renewal that timed out may still have been applied and
 /// moved the revision, which makes the release match nothing; then the record as it
 /// stands is released. True if the lease is gone.
@@ -976,6 +989,12 @@ async fn lead(
     };
     let mut times = TermTimes::after_success(cfg, dated(sent));
     let deadline_cell = Arc::new(Mutex::new(times.deadline));
+    // A renewal (or proclamation) sent at `sent` succeeded: the term runs on from then.
+    let renewed = |times: &mut TermTimes, sent: Instant| {
+        *times = TermTimes::after_success(cfg, dated(sent));
+        *deadline_cell.lock().unwrap_or_else(|p| p.into_inner()) = times.deadline;
+        shared.metrics.remaining(times.deadline.saturating_duration_since(shared.clock.now()));
+    };
     let cancel = CancellationToken::new();
     let (resign_tx, mut resign_rx) = mpsc::unbounded_channel();
     let (proclaim_tx, mut proclaim_rx) = mpsc::unbounded_channel::<Proclaim>();
@@ -1046,20 +1065,9 @@ async fn lead(
                 match call(shared, "renew", until, shared.store.renew(&lease, cfg.ttl)).await {
                     Ok(Renew::Renewed(rec)) => {
                         lease = rec;
-                        times = TermTimes::after_success(cfg, dated(sent));
-                        *deadline_cell.lock().unwrap_or_else(|p| p.into_inner()) = times.deadline;
-                        shared.metrics.remaining(times.deadline.saturating_duration_since(shared.clock.now()));
+                        renewed(&mut times, sent);
                     }
-                    Ok(Renew::Lost(cur)) => {
-                        break match cur {
-                            Some(r) if r.holder == lease.holder && r.token == lease.token && r.evicted => {
-                                // Release the record as it now stands (its revision moved).
-                                lease = r;
-                                StepDownReason::Evicted
-                            }
-                            other => StepDownReason::Lost { to: other.map(|r| r.leader()) },
-                        };
-                    }
+                    Ok(Renew::Lost(cur)) => break lost(&mut lease, cur),
                     Err(e) => {
                         tracing::warn!(%election, error = %e, "renewal failed; retrying");
                         let now = shared.clock.now();
@@ -1083,9 +1091,7 @@ async fn lead(
                     // A same-holder acquire is a renewal: the same term, dated from its send time.
                     Ok(Acquire::Acquired(rec)) if rec.token == lease.token => {
                         lease = rec;
-                        times = TermTimes::after_success(cfg, dated(sent));
-                        *deadline_cell.lock().unwrap_or_else(|p| p.into_inner()) = times.deadline;
-                        shared.metrics.remaining(times.deadline.saturating_duration_since(shared.clock.now()));
+                        renewed(&mut times, sent);
                         if let Some(l) = shared.leadership.borrow().as_ref() {
                             *l.term.metadata.lock().unwrap_or_else(|p| p.into_inner()) = p.metadata;
                         }
@@ -1102,12 +1108,7 @@ async fn lead(
                     }
                     Ok(Acquire::Held(cur)) => {
                         let _ = p.done.send(Err(ProclaimError::TermEnded));
-                        break if cur.holder == lease.holder && cur.token == lease.token && cur.evicted {
-                            lease = cur;
-                            StepDownReason::Evicted
-                        } else {
-                            StepDownReason::Lost { to: Some(cur.leader()) }
-                        };
+                        break lost(&mut lease, Some(cur));
                     }
                     Err(e) => {
                         tracing::warn!(%election, error = %e, "publishing new metadata failed");
