@@ -61,15 +61,22 @@ pub struct Config {
     /// its own, so that [`crate::candidates`] lists it beside the leader. One more store
     /// call per renew interval. Default off.
     pub announce: bool,
-    /// The priority published with this candidate's presence, for those who list the
-    /// candidates. Published only: the election does not prefer higher priorities (yet).
-    /// Default 0.
+    /// This candidate's priority, published with its presence (so it counts only with
+    /// [`Config::announce`]). An announcing leader that sees a live announcing candidate
+    /// of higher priority hands over to it gracefully: it checks when it wins, before its
+    /// term is handed out, and after each renewal (one `list` per renew interval); its
+    /// work stops, the election is reserved for the successor for one TTL, and the lease
+    /// is released. Equal priorities never preempt each other. Default 0.
     pub priority: i32,
     /// A planted bug, only in builds with the `mutants` feature (the test kit's): date
     /// each term from when the store's answer *arrived* instead of when the request was
     /// sent, so that the simulation can show that it catches this mistake.
     #[cfg(feature = "mutants")]
     pub mutation_date_from_response: bool,
+    /// A planted bug, only with the `mutants` feature: a leader handing over to a
+    /// candidate of higher priority releases the lease but leads on.
+    #[cfg(feature = "mutants")]
+    pub mutation_hand_over_without_stepping_down: bool,
 }
 
 impl Config {
@@ -93,6 +100,8 @@ impl Config {
             priority: 0,
             #[cfg(feature = "mutants")]
             mutation_date_from_response: false,
+            #[cfg(feature = "mutants")]
+            mutation_hand_over_without_stepping_down: false,
         }
     }
 

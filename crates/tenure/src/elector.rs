@@ -11,6 +11,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use crate::clock::{Clock, Instant, TokioClock};
 use crate::config::{Config, ConfigError, TermTimes};
 use crate::name::{ElectionName, HolderId, NameError};
+use crate::presence::{Standing, Successor};
 use crate::record::{Acquire, AcquireRequest, Leader, LeaseRecord, Renew};
 use crate::store::{ErrorKind, LeaseStore, StoreError, WatchStream};
 
@@ -32,6 +33,13 @@ pub enum StepDownReason {
     ShuttingDown,
     /// The process woke up (after a pause) past its local deadline.
     DeadlinePassed,
+    /// Another announcing candidate should lead: one of higher priority, or the one a
+    /// reservation names (`tenure evict --to`). The work stopped, then the lease was
+    /// released for it (see [`Config::priority`]).
+    HandedOver {
+        /// The successor.
+        to: HolderId,
+    },
 }
 
 /// What an [`Elector`] tells its subscribers.
@@ -709,17 +717,33 @@ async fn campaign_loop(shared: &Shared) {
         }
     }
     let mut view = View { shared, leader: None, lease_ends: None, vacant_since: None, takeover: None };
+    // Unhealthy resignations in a row (a resignation that asked to stand aside).
+    let mut unhealthy = 0u32;
     loop {
         let Some((lease, sent)) = follow(shared, &mut view).await else {
             return;
         };
         let (reason, stand_aside) = lead(shared, &mut view, lease, sent).await;
+        let resigned_unhealthy = reason == StepDownReason::Resigned && !stand_aside.is_zero();
+        unhealthy = if resigned_unhealthy { unhealthy.saturating_add(1) } else { 0 };
+        if resigned_unhealthy && let Some(presence) = shared.presence.as_ref().and_then(Elector::current) {
+            // An unhealthy candidate withdraws its presence while it stands aside, and for
+            // longer each time in a row, so that a higher priority does not keep drawing the
+            // election back to it.
+            let hold = cfg.resign_backoff.max(stand_aside) * 2u32.pow(unhealthy.min(7) - 1);
+            tracing::info!(election = %shared.req.election, ?hold, "unhealthy: no longer announced for a while");
+            presence.resign_for(hold).await;
+        }
         match reason {
             StepDownReason::ShuttingDown => return,
             // Stand aside so that another candidate takes over.
             StepDownReason::Resigned | StepDownReason::Evicted
                 if sleep_or_shutdown(shared, shared.clock.now() + cfg.resign_backoff.max(stand_aside)).await =>
             {
+                return;
+            }
+            // Leave the election to the successor while it is reserved for it.
+            StepDownReason::HandedOver { .. } if sleep_or_shutdown(shared, shared.clock.now() + stand_aside).await => {
                 return;
             }
             _ => {}
@@ -995,6 +1019,25 @@ async fn lead(
         *deadline_cell.lock().unwrap_or_else(|p| p.into_inner()) = times.deadline;
         shared.metrics.remaining(times.deadline.saturating_duration_since(shared.clock.now()));
     };
+    // An announcing winner first asks whether the election belongs to someone else; nothing
+    // has been handed out yet, so if it does, the lease goes back at once.
+    if cfg.announce {
+        let until = times.stop_at.min(shared.clock.now() + cfg.request_timeout);
+        match successor(shared, until).await {
+            Some(Successor::Reserved { to, remaining }) => {
+                tracing::info!(%election, successor = %to, "won, but the election is reserved for another candidate; giving it back");
+                give_back(shared, &lease).await;
+                return (StepDownReason::HandedOver { to }, remaining.min(cfg.ttl));
+            }
+            Some(Successor::Higher(to)) => {
+                tracing::info!(%election, successor = %to, "won, but a candidate of higher priority campaigns; handing over to it");
+                reserve(shared, &to).await;
+                give_back(shared, &lease).await;
+                return (StepDownReason::HandedOver { to }, cfg.ttl);
+            }
+            None => {}
+        }
+    }
     let cancel = CancellationToken::new();
     let (resign_tx, mut resign_rx) = mpsc::unbounded_channel();
     let (proclaim_tx, mut proclaim_rx) = mpsc::unbounded_channel::<Proclaim>();
@@ -1021,6 +1064,8 @@ async fn lead(
     let mut resigners: Vec<Resign> = Vec::new();
     // A proclamation answered by a grant of a new term, to release after the work stops.
     let mut release_new_grant = false;
+    // The successor to reserve the election for, after the work stops and before the release.
+    let mut reserve_for: Option<HolderId> = None;
 
     let reason = loop {
         // After a pause (SIGSTOP, a stalled VM) these may already have passed.
@@ -1066,6 +1111,29 @@ async fn lead(
                     Ok(Renew::Renewed(rec)) => {
                         lease = rec;
                         renewed(&mut times, sent);
+                        if cfg.announce {
+                            let until = times.stop_at.min(shared.clock.now() + cfg.request_timeout);
+                            match successor(shared, until).await {
+                                // A reservation made during this term: an operator's handover.
+                                Some(Successor::Reserved { to, .. }) => {
+                                    tracing::info!(%election, successor = %to, "the election was reserved for another candidate; handing over");
+                                    break StepDownReason::HandedOver { to };
+                                }
+                                Some(Successor::Higher(to)) => {
+                                    tracing::info!(%election, successor = %to, "a candidate of higher priority campaigns; handing over to it");
+                                    #[cfg(feature = "mutants")]
+                                    if cfg.mutation_hand_over_without_stepping_down {
+                                        // The planted bug: give the lease away and lead on.
+                                        reserve(shared, &to).await;
+                                        give_back(shared, &lease).await;
+                                        continue;
+                                    }
+                                    reserve_for = Some(to.clone());
+                                    break StepDownReason::HandedOver { to };
+                                }
+                                None => {}
+                            }
+                        }
                     }
                     Ok(Renew::Lost(cur)) => break lost(&mut lease, cur),
                     Err(e) => {
@@ -1158,6 +1226,9 @@ async fn lead(
     while let Ok(tx) = resign_rx.try_recv() {
         resigners.push(tx);
     }
+    if let Some(to) = &reserve_for {
+        reserve(shared, to).await;
+    }
     if !matches!(reason, StepDownReason::Lost { .. }) || release_new_grant {
         match release(shared, &lease).await {
             Ok(true) => view.saw(None),
@@ -1170,9 +1241,53 @@ async fn lead(
     if let StepDownReason::Lost { to } = &reason {
         view.saw(to.clone());
     }
-    let stand_aside = resigners.iter().map(|r| r.stand_aside).max().unwrap_or_default();
+    let mut stand_aside = resigners.iter().map(|r| r.stand_aside).max().unwrap_or_default();
+    if let StepDownReason::HandedOver { .. } = reason {
+        // Leave the election to the successor while it is reserved for it.
+        stand_aside = cfg.ttl;
+    }
     for r in resigners {
         let _ = r.done.send(());
     }
     (reason, stand_aside)
+}
+
+/// Whom this announcing winner should give the election to, if anyone (one `list`). A
+/// reservation that names this candidate has served its purpose and is ended. A store
+/// that does not answer in time says nobody: priorities never hold up an election.
+async fn successor(shared: &Shared, until: Instant) -> Option<Successor> {
+    let me = &shared.req.holder;
+    let standing = match call(shared, "list", until, Standing::read(&*shared.store, &shared.req.election)).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::debug!(election = %shared.req.election, error = %e, "could not list the candidates");
+            return None;
+        }
+    };
+    let next = standing.successor(me, shared.cfg.priority);
+    if next.is_none()
+        && let Some(rec) = standing.reserved_for_me(me)
+    {
+        let until = shared.clock.now() + shared.cfg.request_timeout;
+        let _ = call(shared, "release", until, shared.store.release(rec)).await;
+    }
+    next
+}
+
+/// Reserves the election for `to` for one TTL, so that no other announcing candidate
+/// slips in between the release and the successor's acquire. Best effort: a reservation
+/// that fails costs a handover, not safety.
+async fn reserve(shared: &Shared, to: &HolderId) {
+    let until = shared.clock.now() + shared.cfg.request_timeout;
+    let r = crate::presence::reserve(&*shared.store, &shared.req.election, to, &shared.req.holder, shared.cfg.ttl);
+    if let Err(e) = call(shared, "reserve", until, r).await {
+        tracing::warn!(election = %shared.req.election, successor = %to, error = %e, "could not reserve the election for the successor; releasing anyway");
+    }
+}
+
+/// Releases a lease under which no work ran.
+async fn give_back(shared: &Shared, lease: &LeaseRecord) {
+    if let Err(e) = release(shared, lease).await {
+        tracing::warn!(election = %shared.req.election, error = %e, "release failed; the lease will expire on its own");
+    }
 }

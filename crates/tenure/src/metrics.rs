@@ -71,6 +71,7 @@ impl ElectorMetrics {
             StepDownReason::Resigned => "resigned",
             StepDownReason::ShuttingDown => "shutting_down",
             StepDownReason::DeadlinePassed => "deadline_passed",
+            StepDownReason::HandedOver { .. } => "handed_over",
         };
         counter!("tenure_terms_ended_total", "election" => self.election.clone(), "reason" => reason).increment(1);
     }

@@ -5,13 +5,23 @@
 //! lease* of its own, uncontested, under [`RESERVED_PREFIX`]: the holder id, its
 //! priority and metadata, renewed like any lease and expiring on its own a TTL after
 //! the candidate stops renewing it. It costs one store call per renew interval per
-//! candidate (through [`Batched`](crate::Batched), a share of one). Nothing about the
-//! election itself depends on it.
+//! candidate (through [`Batched`](crate::Batched), a share of one).
+//!
+//! Announcing candidates also honour priorities. A leader that announces lists the
+//! candidates when it wins (before its term is handed out) and after each renewal; when a
+//! live candidate has a higher priority, it steps down gracefully for it: its work
+//! stops, it *reserves* the election for that successor, then releases. A reservation is
+//! one more ordinary lease beside the presence leases, naming the successor and expiring
+//! a TTL after it was written; an announcing candidate that wins while a live reservation
+//! names someone else gives the lease back at once, before any work starts, and waits for
+//! the reservation to end. Nothing in this is needed for safety: every grant is still the
+//! store's compare-and-set, so a late or missed reservation can only cost a handover,
+//! never make two leaders.
 
 use std::time::{Duration, SystemTime};
 
 use crate::name::{ElectionName, HolderId};
-use crate::record::{LeaseRecord, MAX_METADATA};
+use crate::record::{Acquire, AcquireRequest, LeaseRecord, MAX_METADATA};
 use crate::store::{LeaseStore, StoreError};
 
 /// Election names under this prefix belong to tenure itself (presence leases); listings
@@ -39,6 +49,105 @@ pub async fn candidates(store: &dyn LeaseStore, election: &ElectionName) -> Resu
     let mut out: Vec<Candidate> = store.list(&prefix(election)).await?.iter().filter_map(candidate).collect();
     out.sort_by(|a, b| a.holder.cmp(&b.holder));
     Ok(out)
+}
+
+/// Reserves `election` for `successor` for `window`: the reservation lease, held by `by`,
+/// names it, so that announcing candidates other than `successor` that win the election
+/// meanwhile give it back at once. What a leader handing over does between stopping its
+/// work and releasing, and what `tenure evict --to` does before evicting. A reservation
+/// someone else holds is replaced. Answers the reservation's record, to renew it with
+/// [`LeaseStore::renew`] or end it with [`LeaseStore::release`].
+pub async fn reserve(
+    store: &dyn LeaseStore,
+    election: &ElectionName,
+    successor: &HolderId,
+    by: &HolderId,
+    window: Duration,
+) -> Result<LeaseRecord, StoreError> {
+    let name = reservation(election);
+    let req = AcquireRequest::new(name.clone(), by.clone(), window).with_metadata(encode_reservation(successor));
+    for _ in 0..3 {
+        match store.try_acquire(&req).await? {
+            Acquire::Acquired(rec) => return Ok(rec),
+            // An earlier reservation by someone else (a leader before, an operator): this
+            // one is newer.
+            Acquire::Held(cur) => store.release(&cur).await?,
+        }
+    }
+    Err(StoreError::unavailable(format!("{name}: the reservation kept changing hands")))
+}
+
+/// What the announcing candidates of an election say about who should lead: a live
+/// reservation, and the candidates. One `list`.
+#[derive(Debug, Default)]
+pub(crate) struct Standing {
+    reservation: Option<(LeaseRecord, HolderId)>,
+    candidates: Vec<Candidate>,
+}
+
+/// Whom a winner should give the election to.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Successor {
+    /// A live reservation names this other candidate; it ends in `remaining`.
+    Reserved { to: HolderId, remaining: Duration },
+    /// This live candidate has a higher priority (the highest; among equals, the first
+    /// holder id).
+    Higher(HolderId),
+}
+
+impl Standing {
+    pub(crate) async fn read(store: &dyn LeaseStore, election: &ElectionName) -> Result<Self, StoreError> {
+        let mut out = Standing::default();
+        let name = reservation(election);
+        for rec in store.list(&prefix(election)).await? {
+            if rec.election == name {
+                if let Some(to) = reserved_for(&rec) {
+                    out.reservation = Some((rec, to));
+                }
+            } else if let Some(c) = candidate(&rec) {
+                out.candidates.push(c);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whom `me`, of `priority`, should give the election to, if anyone.
+    pub(crate) fn successor(&self, me: &HolderId, priority: i32) -> Option<Successor> {
+        if let Some((rec, to)) = &self.reservation
+            && to != me
+            && !rec.evicted
+        {
+            let remaining = rec.remaining.unwrap_or(rec.ttl);
+            return Some(Successor::Reserved { to: to.clone(), remaining });
+        }
+        self.candidates
+            .iter()
+            .filter(|c| c.priority > priority && c.holder != *me)
+            .max_by(|a, b| a.priority.cmp(&b.priority).then_with(|| b.holder.cmp(&a.holder)))
+            .map(|c| Successor::Higher(c.holder.clone()))
+    }
+
+    /// The reservation, if it names `me`: it has served its purpose once `me` leads.
+    pub(crate) fn reserved_for_me(&self, me: &HolderId) -> Option<&LeaseRecord> {
+        self.reservation.as_ref().filter(|(_, to)| to == me).map(|(rec, _)| rec)
+    }
+}
+
+/// The reservation lease of `election`: beside the presence leases, so that one `list`
+/// reads both (its name cannot be a presence lease's, which ends in 16 hex digits).
+pub(crate) fn reservation(election: &ElectionName) -> ElectionName {
+    ElectionName::new(format!("{}handover", prefix(election))).expect("a reserved prefix and a word form a valid name")
+}
+
+const RESERVATION: &str = "tenure-handover\n";
+
+fn encode_reservation(successor: &HolderId) -> Vec<u8> {
+    format!("{RESERVATION}{successor}").into_bytes()
+}
+
+fn reserved_for(rec: &LeaseRecord) -> Option<HolderId> {
+    let text = std::str::from_utf8(&rec.metadata).ok()?;
+    HolderId::new(text.strip_prefix(RESERVATION)?).ok()
 }
 
 /// Where the presence leases of `election` live: a fixed-length name, whatever the

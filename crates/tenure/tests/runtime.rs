@@ -768,3 +768,150 @@ async fn a_proclamation_granted_a_new_term_stops_the_work_before_giving_the_gran
     );
     assert!(events(&log).contains(&Event::SteppedDown { reason: StepDownReason::Lost { to: None } }));
 }
+
+fn announcing(store: Arc<dyn LeaseStore>, holder: &str, priority: i32) -> Elector {
+    Elector::builder(store, "jobs/sweeper")
+        .holder(holder)
+        .ttl(TTL)
+        .jitter(0.0)
+        .announce(true)
+        .priority(priority)
+        .build()
+        .unwrap()
+}
+
+/// Runs `e`'s work while it leads: notes when each term's work started and when it had
+/// stopped, winding down for `wind_down` after its term ends.
+fn worker(
+    e: &Elector,
+    wind_down: Duration,
+) -> (Arc<Mutex<Vec<(u64, Instant, Option<Instant>)>>>, tokio::task::JoinHandle<()>) {
+    let terms: Arc<Mutex<Vec<(u64, Instant, Option<Instant>)>>> = Arc::default();
+    let (t, e) = (terms.clone(), e.clone());
+    let task = tokio::spawn(async move {
+        let _ = e
+            .run_while_leader(|l| {
+                let t = t.clone();
+                async move {
+                    t.lock().unwrap().push((l.token().0, Instant::now(), None));
+                    l.cancelled().await;
+                    tokio::time::sleep(wind_down).await;
+                    t.lock().unwrap().last_mut().unwrap().2 = Some(Instant::now());
+                }
+            })
+            .await;
+    });
+    (terms, task)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_candidate_of_higher_priority_takes_over_once_the_leaders_work_has_stopped() {
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let a = announcing(store.clone(), "a", 0);
+    let log_a = record(&a);
+    let (terms_a, _wa) = worker(&a, Duration::from_millis(400));
+    tokio::time::sleep(TTL).await;
+    assert_eq!(terms_a.lock().unwrap().len(), 1, "a leads alone");
+    let b = announcing(store.clone(), "b", 5);
+    let (terms_b, _wb) = worker(&b, Duration::ZERO);
+    let joined = Instant::now();
+    tokio::time::timeout(TTL, async {
+        while terms_b.lock().unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the candidate of higher priority leads within a renew interval and the wind-down");
+    let (a_token, _, a_stopped) = terms_a.lock().unwrap()[0];
+    let (b_token, b_started, _) = terms_b.lock().unwrap()[0];
+    let a_stopped = a_stopped.expect("a's work stopped");
+    assert!(a_stopped <= b_started, "b's work starts only after a's has stopped ({a_stopped:?} > {b_started:?})");
+    assert!(b_token > a_token);
+    assert!(b_started - joined <= TTL / 3 + Duration::from_millis(500), "took {:?}", b_started - joined);
+    assert!(events(&log_a).contains(&Event::SteppedDown {
+        reason: StepDownReason::HandedOver { to: tenure::HolderId::new("b").unwrap() }
+    }));
+    // An equal priority never preempts, and a lower one never takes it back.
+    let c = announcing(store.clone(), "c", 5);
+    let (terms_c, _wc) = worker(&c, Duration::ZERO);
+    tokio::time::sleep(TTL * 4).await;
+    assert_eq!(terms_b.lock().unwrap().len(), 1, "b still leads in its first term");
+    assert!(terms_b.lock().unwrap()[0].2.is_none());
+    assert!(terms_c.lock().unwrap().is_empty() && terms_a.lock().unwrap().len() == 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_winner_gives_back_an_election_reserved_for_another_candidate() {
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let name = tenure::ElectionName::new("jobs/sweeper").unwrap();
+    let (x, op) = (tenure::HolderId::new("x").unwrap(), tenure::HolderId::new("operator").unwrap());
+    let reserved = Instant::now();
+    tenure::reserve(&*store, &name, &x, &op, TTL).await.unwrap();
+    let c = announcing(store.clone(), "c", 9);
+    let log_c = record(&c);
+    let (terms_c, _wc) = worker(&c, Duration::ZERO);
+    tokio::time::sleep(TTL / 2).await;
+    assert!(terms_c.lock().unwrap().is_empty(), "no work under a lease reserved for someone else");
+    assert_eq!(store.get(&name).await.unwrap(), None, "the lease was given back");
+    assert!(!events(&log_c).iter().any(|e| matches!(e, Event::Elected { .. })), "and no term was handed out");
+    // The reservation lasts a TTL; then anyone may lead.
+    tokio::time::timeout(TTL * 2, async {
+        while terms_c.lock().unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("c leads once the reservation has run out");
+    assert!(terms_c.lock().unwrap()[0].1 >= reserved + TTL);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_eviction_with_a_reservation_hands_over_to_the_named_candidate() {
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let name = tenure::ElectionName::new("jobs/sweeper").unwrap();
+    let a = announcing(store.clone(), "a", 0);
+    let (terms_a, _wa) = worker(&a, Duration::from_millis(300));
+    tokio::time::sleep(TTL / 10).await;
+    let others: Vec<_> = ["b", "c", "d"].iter().map(|h| announcing(store.clone(), h, 0)).collect();
+    let work: Vec<_> = others.iter().map(|e| worker(e, Duration::ZERO)).collect();
+    tokio::time::sleep(TTL).await;
+    assert_eq!(terms_a.lock().unwrap().len(), 1);
+    let (c, op) = (tenure::HolderId::new("c").unwrap(), tenure::HolderId::new("operator").unwrap());
+    tenure::reserve(&*store, &name, &c, &op, TTL).await.unwrap();
+    store.evict(&name, Evict::AfterTerm).await.unwrap();
+    tokio::time::sleep(TTL).await;
+    let a_stopped = terms_a.lock().unwrap()[0].2.expect("a stopped");
+    let led: Vec<usize> = work.iter().map(|(t, _)| t.lock().unwrap().len()).collect();
+    assert_eq!(led, [0, 1, 0], "only the named candidate leads");
+    assert!(work[1].0.lock().unwrap()[0].1 >= a_stopped, "after the evicted leader's work stopped");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unhealthy_candidate_of_higher_priority_stops_drawing_the_election_back() {
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let name = tenure::ElectionName::new("jobs/sweeper").unwrap();
+    let a = announcing(store.clone(), "a", 5);
+    let l = a.leadership().await.unwrap();
+    let b = announcing(store.clone(), "b", 0);
+    let (terms_b, _wb) = worker(&b, Duration::ZERO);
+    tokio::time::sleep(TTL).await;
+    // a finds itself unhealthy: it resigns and stands aside for a TTL.
+    let listed = |s: Arc<dyn LeaseStore>, n: tenure::ElectionName| async move {
+        tenure::candidates(&*s, &n).await.unwrap().iter().map(|c| c.holder.to_string()).collect::<Vec<_>>()
+    };
+    l.resign_for(TTL).await;
+    tokio::time::sleep(TTL / 2).await;
+    assert_eq!(terms_b.lock().unwrap().len(), 1, "b leads");
+    assert_eq!(listed(store.clone(), name.clone()).await, ["b"], "a is not announced while it stands aside");
+    // Back after its stand-aside: healthy again, a gets the election back.
+    tokio::time::sleep(TTL * 2).await;
+    let l = a.current().expect("a leads again once announced");
+    let first_b = terms_b.lock().unwrap()[0];
+    assert!(first_b.2.unwrap() - first_b.1 >= TTL, "b led for at least a's stand-aside");
+    // Unhealthy twice in a row: it stays away twice as long.
+    l.resign_for(TTL).await;
+    tokio::time::sleep(TTL * 2 - TTL / 4).await;
+    assert_eq!(listed(store.clone(), name.clone()).await, ["b"], "the second absence lasts two TTLs");
+    assert_eq!(terms_b.lock().unwrap().len(), 2);
+    assert!(terms_b.lock().unwrap()[1].2.is_none(), "b leads all the while");
+}
