@@ -780,13 +780,13 @@ fn announcing(store: Arc<dyn LeaseStore>, holder: &str, priority: i32) -> Electo
         .unwrap()
 }
 
+/// Each term's token, when its work started, and when it had stopped.
+type Terms = Arc<Mutex<Vec<(u64, Instant, Option<Instant>)>>>;
+
 /// Runs `e`'s work while it leads: notes when each term's work started and when it had
 /// stopped, winding down for `wind_down` after its term ends.
-fn worker(
-    e: &Elector,
-    wind_down: Duration,
-) -> (Arc<Mutex<Vec<(u64, Instant, Option<Instant>)>>>, tokio::task::JoinHandle<()>) {
-    let terms: Arc<Mutex<Vec<(u64, Instant, Option<Instant>)>>> = Arc::default();
+fn worker(e: &Elector, wind_down: Duration) -> (Terms, tokio::task::JoinHandle<()>) {
+    let terms: Terms = Arc::default();
     let (t, e) = (terms.clone(), e.clone());
     let task = tokio::spawn(async move {
         let _ = e
