@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use tenure::store::{Acquire, AcquireRequest, Renew, WatchStream};
 use tenure::{
-    Clock, Config, ElectionName, Elector, Event, Evict, Instant, LeaseRecord, LeaseStore, MemoryStore, StoreError,
+    Clock, Config, ElectionName, Elector, Event, Evict, HolderId, Instant, LeaseRecord, LeaseStore, MemoryStore,
+    StoreError,
 };
 
 use crate::history::{self, Liveness, Record, Summary};
@@ -37,6 +38,9 @@ pub enum Mutant {
     /// A store refusal that clears by itself (read-only after a failover) reported as
     /// fatal, so the campaign ends.
     RefusalIsFatal,
+    /// A leader handing over to a candidate of higher priority releases the lease but
+    /// leads on.
+    HandOverWithoutSteppingDown,
 }
 
 /// What one seed covered and found.
@@ -414,9 +418,13 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
             runtime_cfg.renew_deadline = runtime_cfg.deadline_offset();
         }
         Some(Mutant::DeadlineFromResponse) => runtime_cfg.mutation_date_from_response = true,
+        Some(Mutant::HandOverWithoutSteppingDown) => runtime_cfg.mutation_hand_over_without_stepping_down = true,
         _ => {}
     }
 
+    // One seed in three: every candidate announces itself with a priority of 0 to 2, so
+    // leaders hand over to higher priorities and winners defer to reservations.
+    let prioritised = seed % 3 == 1;
     let mut candidates: BTreeMap<u32, Candidate> = BTreeMap::new();
     let mut next_id = 0u32;
     let spawn = |id: u32, rng: &mut fastrand::Rng| -> Candidate {
@@ -431,12 +439,12 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
             suspend: Mutex::new(None),
         });
         let store = Arc::new(SimStore { world: world.clone(), dead: dead.clone(), cut_until: cut_until.clone() });
-        let elector = Elector::builder(store, ELECTION)
-            .holder(&name)
-            .config(runtime_cfg.clone())
-            .clock(clock.clone())
-            .build()
-            .expect("a valid simulation config");
+        let mut builder =
+            Elector::builder(store, ELECTION).holder(&name).config(runtime_cfg.clone()).clock(clock.clone());
+        if prioritised {
+            builder = builder.announce(true).priority(rng.i32(0..3));
+        }
+        let elector = builder.build().expect("a valid simulation config");
         let w = world.clone();
         let e = elector.clone();
         let holder = name.clone();
@@ -639,6 +647,20 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
                     c.cut_until.store(until, Ordering::SeqCst);
                 }
             }
+            10 if prioritised && !refusing => {
+                // `tenure evict --to`: an operator reserves the election for a named
+                // candidate and evicts the leader, which stops its work and releases.
+                let others: Vec<&Candidate> =
+                    candidates.iter().filter(|(id, _)| Some(**id) != leader_id).map(|(_, c)| c).collect();
+                if leader_id.is_some() && !others.is_empty() {
+                    let to = others[rng.usize(0..others.len())].name.clone();
+                    world.note(format!("evict --to {to}"));
+                    let e = ElectionName::new(ELECTION).unwrap();
+                    let (to, by) = (HolderId::new(&to).unwrap(), HolderId::new("operator").unwrap());
+                    let _ = tenure::reserve(&world.store, &e, &to, &by, ttl).await;
+                    let _ = world.store.evict(&e, Evict::AfterTerm).await;
+                }
+            }
             _ => {}
         }
         while candidates.len() < 2 {
@@ -658,7 +680,9 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
         after_crash: crash_bound.as_nanos() as u64,
         // The release and the next acquire (four legs), plus, for a leader stopped while
         // its grant was still on its way back, that answer and its shutdown (two more).
-        after_stop: (world.max_latency * 6 + Duration::from_millis(5)).as_nanos() as u64,
+        // An announcing leader withdraws its presence (a release and a read, four more
+        // legs) before it releases the election.
+        after_stop: (world.max_latency * if prioritised { 10 } else { 6 } + Duration::from_millis(5)).as_nanos() as u64,
         until,
     });
     let summary = history::check(&records, liveness);

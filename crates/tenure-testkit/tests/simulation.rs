@@ -56,3 +56,8 @@ fn deadline_dated_from_the_response_is_caught() {
 fn renew_without_compare_and_set_is_caught() {
     caught(Mutant::RenewWithoutCas);
 }
+
+#[test]
+fn a_handover_that_leads_on_is_caught() {
+    caught(Mutant::HandOverWithoutSteppingDown);
+}

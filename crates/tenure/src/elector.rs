@@ -424,15 +424,24 @@ impl Elector {
     /// Stops campaigning: cancels the current leadership, waits for every
     /// [`Leadership`] clone to be dropped, releases the lease, and returns.
     pub async fn shutdown(&self) {
+        // The presence goes first (the lead loop waits for it before releasing), so that
+        // the next winner does not find this candidate still announced and hand over to it.
+        if let Some(p) = &self.shared.presence {
+            p.shared.shutdown.cancel();
+        }
         self.shared.shutdown.cancel();
+        self.stopped().await;
+        if let Some(p) = &self.shared.presence {
+            p.stopped().await;
+        }
+    }
+
+    /// Waits until the campaign task, if it was started, has ended.
+    async fn stopped(&self) {
         let started = self.shared.task.lock().unwrap_or_else(|p| p.into_inner()).is_some();
         if started {
             let mut stopped = self.shared.stopped.subscribe();
             let _ = stopped.wait_for(|s| *s).await;
-        }
-        if let Some(p) = &self.shared.presence {
-            // The presence candidate has none of its own: one level deep.
-            Box::pin(p.shutdown()).await;
         }
     }
 }
@@ -719,8 +728,10 @@ async fn campaign_loop(shared: &Shared) {
     let mut view = View { shared, leader: None, lease_ends: None, vacant_since: None, takeover: None };
     // Unhealthy resignations in a row (a resignation that asked to stand aside).
     let mut unhealthy = 0u32;
+    // After a handover: the election is reserved for the successor until then.
+    let mut defer = None;
     loop {
-        let Some((lease, sent)) = follow(shared, &mut view).await else {
+        let Some((lease, sent)) = follow(shared, &mut view, defer.take()).await else {
             return;
         };
         let (reason, stand_aside) = lead(shared, &mut view, lease, sent).await;
@@ -742,10 +753,7 @@ async fn campaign_loop(shared: &Shared) {
             {
                 return;
             }
-            // Leave the election to the successor while it is reserved for it.
-            StepDownReason::HandedOver { .. } if sleep_or_shutdown(shared, shared.clock.now() + stand_aside).await => {
-                return;
-            }
+            StepDownReason::HandedOver { .. } => defer = Some(shared.clock.now() + stand_aside),
             _ => {}
         }
         if shared.shutdown.is_cancelled() {
@@ -790,7 +798,9 @@ async fn next_event(watch: &mut Option<WatchStream>) -> Option<Result<Option<Lea
 }
 
 /// The follower phase: campaigns until this candidate holds the lease. `None` on shutdown.
-async fn follow(shared: &Shared, view: &mut View<'_>) -> Option<(LeaseRecord, Instant)> {
+/// Until `defer`, it leaves a free lease to the successor it was reserved for, reading
+/// instead of acquiring, until it sees anyone hold the lease.
+async fn follow(shared: &Shared, view: &mut View<'_>, mut defer: Option<Instant>) -> Option<(LeaseRecord, Instant)> {
     let cfg = &shared.cfg;
     let me = &shared.req.holder;
     let mut watch = shared.store.watch(&shared.req.election);
@@ -810,7 +820,28 @@ async fn follow(shared: &Shared, view: &mut View<'_>) -> Option<(LeaseRecord, In
             let sent = shared.clock.now();
             let until = sent + cfg.request_timeout;
             let retry_at = sent + cfg.jittered(cfg.retry_period);
-            if unresolved {
+            defer = defer.filter(|d| *d > sent);
+            if let Some(reserved_until) = defer
+                && !unresolved
+            {
+                match call(shared, "get", until, shared.store.get(&shared.req.election)).await {
+                    Ok(Some(rec)) if rec.holder != *me => {
+                        // Someone leads: the reservation has done its work.
+                        defer = None;
+                        failures.reset();
+                        view.saw_record(Some(&rec));
+                        view.live(&rec);
+                        wake_at = follower_wake(shared, Some(&rec), watch.is_some());
+                    }
+                    Ok(_) => {
+                        wake_at = if watch.is_some() { reserved_until } else { reserved_until.min(retry_at) };
+                    }
+                    Err(e) => {
+                        failures.note(&e, "reading the lease failed");
+                        wake_at = retry_at.min(reserved_until);
+                    }
+                }
+            } else if unresolved {
                 match call(shared, "get", until, shared.store.get(&shared.req.election)).await {
                     Ok(Some(rec)) if rec.holder == *me && !rec.evicted => {
                         // A read cannot tell which of our writes produced this record,
@@ -896,6 +927,7 @@ async fn follow(shared: &Shared, view: &mut View<'_>) -> Option<(LeaseRecord, In
                         attempt = true;
                         unresolved = true;
                     } else if !unresolved {
+                        defer = None;
                         view.saw_record(Some(&rec));
                         view.live(&rec);
                         wake_at = follower_wake(shared, Some(&rec), true);
@@ -1228,6 +1260,11 @@ async fn lead(
     }
     if let Some(to) = &reserve_for {
         reserve(shared, to).await;
+    }
+    if let (StepDownReason::ShuttingDown, Some(p)) = (&reason, &shared.presence) {
+        // Withdrawn before the release (within a request's time), so that the next winner
+        // does not find this candidate still announced and hand over to it.
+        let _ = tokio::time::timeout(cfg.request_timeout, p.stopped()).await;
     }
     if !matches!(reason, StepDownReason::Lost { .. }) || release_new_grant {
         match release(shared, &lease).await {

@@ -47,9 +47,10 @@ fn parse() -> Result<Args, String> {
                     "renew-without-cas" => Mutant::RenewWithoutCas,
                     "monotonic-deadlines" => Mutant::MonotonicDeadlines,
                     "refusal-is-fatal" => Mutant::RefusalIsFatal,
+                    "hand-over-without-stepping-down" => Mutant::HandOverWithoutSteppingDown,
                     other => {
                         return Err(format!(
-                            "unknown mutant {other:?}; one of zero-margin, deadline-from-response, renew-without-cas, monotonic-deadlines, refusal-is-fatal"
+                            "unknown mutant {other:?}; one of zero-margin, deadline-from-response, renew-without-cas, monotonic-deadlines, refusal-is-fatal, hand-over-without-stepping-down"
                         ));
                     }
                 })
@@ -58,7 +59,7 @@ fn parse() -> Result<Args, String> {
             "--log" => a.cfg.keep_log = true,
             "-h" | "--help" => {
                 return Err("usage: tenure-sim [--seeds N] [--first-seed S] [--duration 60s] [--threads T] \
-                            [--mutant zero-margin|deadline-from-response|renew-without-cas|monotonic-deadlines|refusal-is-fatal] [-v] [--log]"
+                            [--mutant zero-margin|deadline-from-response|renew-without-cas|monotonic-deadlines|refusal-is-fatal|hand-over-without-stepping-down] [-v] [--log]"
                     .into());
             }
             other => return Err(format!("unknown argument {other:?}; see --help")),
