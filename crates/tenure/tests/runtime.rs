@@ -915,3 +915,37 @@ async fn an_unhealthy_candidate_of_higher_priority_stops_drawing_the_election_ba
     assert_eq!(terms_b.lock().unwrap().len(), 2);
     assert!(terms_b.lock().unwrap()[1].2.is_none(), "b leads all the while");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_leader_of_higher_priority_that_stops_is_not_handed_the_election_on_its_way_out() {
+    let inner: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    // The departing leader's store is slow, so its releases take a while to land.
+    let slow = FaultyStore::new(inner.clone());
+    let a = announcing(Arc::new(slow.clone()), "a", 5);
+    a.leadership().await.unwrap();
+    let b = announcing(inner.clone(), "b", 0);
+    let log_b = record(&b);
+    b.start();
+    tokio::time::sleep(TTL).await;
+    slow.set(Fault::Delay(50));
+    a.shutdown().await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(b.current().is_some(), "b leads at once: {:?}", events(&log_b));
+    assert!(!events(&log_b).iter().any(|e| matches!(e, Event::SteppedDown { .. })));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_leader_that_handed_over_takes_over_at_once_when_its_successor_stops() {
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let a = announcing(store.clone(), "a", 0);
+    a.leadership().await.unwrap();
+    let b = announcing(store.clone(), "b", 5);
+    let l = tokio::time::timeout(TTL, b.leadership()).await.expect("b takes over").unwrap();
+    drop(l);
+    // Within the reservation's TTL, the successor stops: a needs no reservation to end.
+    b.shutdown().await;
+    let stopped = Instant::now();
+    let l = tokio::time::timeout(TTL, a.leadership()).await.expect("a leads again").unwrap();
+    assert!(Instant::now() - stopped < Duration::from_millis(100), "took {:?}", Instant::now() - stopped);
+    drop(l);
+}
