@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
-use tenure::{ElectionName, Evict, Leader, LeaseRecord, LeaseStore};
+use tenure::{ElectionName, Evict, HolderId, Leader, LeaseRecord, LeaseStore};
 use tokio_stream::StreamExt;
 
 fn time(t: Option<SystemTime>) -> Value {
@@ -166,12 +166,25 @@ pub async fn list(store: Arc<dyn LeaseStore>, prefix: &str, as_json: bool) -> Re
     Ok(())
 }
 
-/// `tenure evict`.
-pub async fn evict(store: Arc<dyn LeaseStore>, election: &ElectionName, yes: bool, now: bool) -> Result<i32> {
+/// `tenure evict`; with `to`, a handover to that announcing candidate.
+pub async fn evict(
+    store: Arc<dyn LeaseStore>,
+    election: &ElectionName,
+    yes: bool,
+    now: bool,
+    to: Option<HolderId>,
+) -> Result<i32> {
     let Some(cur) = store.get(election).await.with_context(|| format!("cannot read {election}"))? else {
         println!("{election}: no leader; nothing to evict");
         return Ok(0);
     };
+    if let Some(to) = &to {
+        if cur.holder == *to && !cur.evicted {
+            println!("{to} already leads {election}; nothing to do");
+            return Ok(0);
+        }
+        check_successor(&*store, election, to).await?;
+    }
     if !yes {
         if !std::io::stdin().is_terminal() {
             eprintln!(
@@ -181,9 +194,10 @@ pub async fn evict(store: Arc<dyn LeaseStore>, election: &ElectionName, yes: boo
             return Ok(2);
         }
         eprint!(
-            "Evict {} (token {}) from {election}{}? [y/N] ",
+            "Evict {} (token {}) from {election}{}{}? [y/N] ",
             cur.holder,
             cur.token,
+            to.as_ref().map(|t| format!(" and hand over to {t}")).unwrap_or_default(),
             if now { " AT ONCE" } else { "" }
         );
         std::io::stderr().flush()?;
@@ -194,6 +208,18 @@ pub async fn evict(store: Arc<dyn LeaseStore>, election: &ElectionName, yes: boo
             return Ok(1);
         }
     }
+    // The reservation comes first: once evicted, the leader may release at once.
+    let reservation = match &to {
+        Some(to) => {
+            let by =
+                HolderId::new(format!("tenure-evict@{}", tenure::host_name())).unwrap_or_else(|_| HolderId::generate());
+            let r = tenure::reserve(&*store, election, to, &by, cur.ttl)
+                .await
+                .with_context(|| format!("cannot reserve {election} for {to}"))?;
+            Some(r)
+        }
+        None => None,
+    };
     let how = if now { Evict::Now } else { Evict::AfterTerm };
     match store.evict(election, how).await.with_context(|| format!("cannot evict the leader of {election}"))? {
         None => println!("{election}: no leader; nothing to evict"),
@@ -212,7 +238,82 @@ pub async fn evict(store: Arc<dyn LeaseStore>, election: &ElectionName, yes: boo
             expires(&r)
         ),
     }
-    Ok(0)
+    match (to, reservation) {
+        (Some(to), Some(reservation)) => hand_over(&*store, election, &to, reservation, &cur).await,
+        _ => Ok(0),
+    }
+}
+
+/// Refuses a successor that is not a live announcing candidate; warns when a candidate
+/// of higher priority would take the election from it.
+async fn check_successor(store: &dyn LeaseStore, election: &ElectionName, to: &HolderId) -> Result<()> {
+    let candidates = tenure::candidates(store, election)
+        .await
+        .with_context(|| format!("cannot list the candidates of {election}"))?;
+    let Some(target) = candidates.iter().find(|c| c.holder == *to) else {
+        let names: Vec<&str> = candidates.iter().map(|c| c.holder.as_str()).collect();
+        bail!(
+            "{to} is not an announced candidate of {election} ({}); only a candidate started with --announce or --priority can be handed the election",
+            if names.is_empty() {
+                "none announce themselves".to_string()
+            } else {
+                format!("announced: {}", names.join(", "))
+            }
+        );
+    };
+    if let Some(higher) = candidates.iter().filter(|c| c.priority > target.priority).max_by_key(|c| c.priority) {
+        eprintln!(
+            "warning: {} has priority {}, above {to}'s {}: once {to} leads, it will hand over to {}",
+            higher.holder, higher.priority, target.priority, higher.holder
+        );
+    }
+    Ok(())
+}
+
+/// Keeps the reservation for `to` until it leads (renewing it every third of its TTL),
+/// at most until the evicted term has run out and two TTLs more.
+async fn hand_over(
+    store: &dyn LeaseStore,
+    election: &ElectionName,
+    to: &HolderId,
+    mut reservation: LeaseRecord,
+    evicted: &LeaseRecord,
+) -> Result<i32> {
+    let ttl = evicted.ttl;
+    let give_up = tokio::time::Instant::now() + evicted.remaining.unwrap_or(ttl) + ttl * 2;
+    let mut renew_at = tokio::time::Instant::now() + ttl / 3;
+    let poll = (ttl / 20).clamp(Duration::from_millis(20), Duration::from_millis(200));
+    loop {
+        match store.get(election).await.with_context(|| format!("cannot read {election}"))? {
+            Some(r) if r.holder == *to && !r.evicted => {
+                let _ = store.release(&reservation).await;
+                println!("{to} leads {election} now (token {})", r.token);
+                return Ok(0);
+            }
+            // Someone that does not announce itself, and so ignores reservations.
+            Some(r) if r.holder != evicted.holder && !r.evicted => {
+                let _ = store.release(&reservation).await;
+                bail!(
+                    "{} took {election} (token {}) instead of {to}: a candidate that does not announce itself ignores reservations",
+                    r.holder,
+                    r.token
+                );
+            }
+            _ => {}
+        }
+        let now = tokio::time::Instant::now();
+        if now >= give_up {
+            let _ = store.release(&reservation).await;
+            bail!("{to} did not take over {election} in time; the reservation is withdrawn, so any candidate may lead");
+        }
+        if now >= renew_at {
+            renew_at = now + ttl / 3;
+            if let Ok(tenure::store::Renew::Renewed(r)) = store.renew(&reservation, ttl).await {
+                reservation = r;
+            }
+        }
+        tokio::time::sleep(poll).await;
+    }
 }
 
 /// `tenure watch`: one line per change of leader, or of what the leader publishes,

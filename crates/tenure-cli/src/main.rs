@@ -108,10 +108,13 @@ the changes seen since the page opened. Nothing on it changes state.")]
 By default the evicted leader stops its command and releases; nobody else can
 lead before that, or before its current term runs out, so two commands never
 overlap. --now clears the lease at once: only for a leader known to be dead.
+--to reserves the election for a named candidate (one started with --announce
+or --priority) before evicting, waits until it leads, and says so.
 
 Examples:
   tenure evict billing/nightly
   tenure evict billing/nightly --yes
+  tenure evict billing/nightly --yes --to web-2
   tenure evict billing/nightly --yes --now")]
     Evict {
         /// The election
@@ -123,6 +126,10 @@ Examples:
         /// Clear the lease at once (the old leader may still be acting)
         #[arg(long)]
         now: bool,
+        /// Hand over to this announcing candidate: the election is reserved for it, so
+        /// that no other announcing candidate slips in, and evict waits until it leads
+        #[arg(long, value_name = "HOLDER", value_parser = holder)]
+        to: Option<tenure::HolderId>,
     },
     /// Print a line for every change of leader, until interrupted
     #[command(after_help = "\
@@ -362,6 +369,10 @@ fn election(s: &str) -> Result<ElectionName, String> {
     ElectionName::new(s).map_err(|e| e.to_string())
 }
 
+fn holder(s: &str) -> Result<tenure::HolderId, String> {
+    tenure::HolderId::new(s).map_err(|e| e.to_string())
+}
+
 pub(crate) fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write durations like 500ms, 10s, 1m30s)"))
 }
@@ -438,8 +449,8 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         }
         Command::Dashboard { prefix, http } => dashboard::dashboard(store_url::open(store).await?, http, prefix).await,
         Command::List { prefix, json } => inspect::list(store_url::open(store).await?, &prefix, json).await.map(|()| 0),
-        Command::Evict { election, yes, now } => {
-            inspect::evict(store_url::open(store).await?, &election, yes, now).await
+        Command::Evict { election, yes, now, to } => {
+            inspect::evict(store_url::open(store).await?, &election, yes, now, to).await
         }
         Command::Watch { election, json } => {
             inspect::watch(store_url::open(store).await?, &election, json).await.map(|()| 0)

@@ -93,6 +93,12 @@ pub struct CampaignArgs {
     /// status` lists it beside the leader; one more store call per TTL/3
     #[arg(long)]
     announce: bool,
+    /// This candidate's priority (implies --announce): a leader of lower priority that
+    /// also announces hands over to it gracefully (its command stopped within --grace,
+    /// then the lease released and reserved for this one); equal priorities never
+    /// preempt each other [default: 0]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    priority: Option<i32>,
 }
 
 impl CampaignArgs {
@@ -107,7 +113,8 @@ impl CampaignArgs {
             http: self.http,
             cool_down: self.cool_down,
             backoff: self.backoff,
-            announce: self.announce,
+            announce: self.announce || self.priority.is_some(),
+            priority: self.priority.unwrap_or(0),
             health: self.health_cmd.clone().map(|cmd| Health {
                 cmd,
                 interval: self.health_interval,
@@ -135,6 +142,8 @@ pub struct Campaign {
     pub backoff: Option<Duration>,
     /// Whether this candidate publishes its presence (`--announce`).
     pub announce: bool,
+    /// Its priority among announcing candidates (`--priority`).
+    pub priority: i32,
 }
 
 /// Docker's health-check settings: `cmd` runs every `interval` while leading; `retries`
@@ -192,6 +201,7 @@ impl Campaign {
             cool_down: Duration::ZERO,
             backoff: None,
             announce: false,
+            priority: 0,
         }
     }
 
@@ -220,7 +230,7 @@ impl Campaign {
         if let Some(m) = &self.metadata {
             b = b.metadata(m.as_bytes().to_vec());
         }
-        b = b.cool_down(self.cool_down).announce(self.announce);
+        b = b.cool_down(self.cool_down).announce(self.announce).priority(self.priority);
         if let Some(backoff) = self.backoff {
             b = b.retry_period(backoff);
         }

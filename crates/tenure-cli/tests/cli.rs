@@ -677,3 +677,55 @@ fn status_lists_the_candidates_that_announce_themselves_and_list_hides_their_pre
         serde_json::from_slice(&env.tenure(&["status", "jobs/announce", "--json"]).stdout).unwrap();
     assert_eq!(v["candidates"], serde_json::json!([]), "{v}");
 }
+
+#[test]
+fn priorities_hand_over_gracefully_and_evict_to_hands_over_to_the_named_candidate() {
+    let env = Env::new();
+    let run = |id: &str, priority: &str| {
+        let script = format!(
+            "echo start $TENURE_HOLDER $TENURE_TOKEN $$ $(date +%s%N) >> {log}; \
+             while true; do echo tick $TENURE_HOLDER $TENURE_TOKEN $$ $(date +%s%N) >> {log}; sleep 0.05; done",
+            log = env.log().display()
+        );
+        let args = ["run", "jobs/report", "--id", id, "--ttl", "3s", "--grace", "300ms", "--priority", priority];
+        env.cmd().args(args).args(["--", "sh", "-c", &script]).stdout(Stdio::null()).spawn().map(Proc).unwrap()
+    };
+    let holders = || starts(&env.log()).into_iter().map(|l| l.holder).collect::<Vec<_>>();
+    let mut runs = vec![run("a", "1")];
+    wait_starts(&env.log(), 1, Duration::from_secs(20));
+    // Equal priorities never preempt each other.
+    runs.push(run("b", "1"));
+    runs.push(run("c", "1"));
+    let t0 = Instant::now();
+    loop {
+        let v: serde_json::Value =
+            serde_json::from_slice(&env.tenure(&["status", "jobs/report", "--json"]).stdout).unwrap();
+        if v["candidates"].as_array().is_some_and(|c| c.len() == 3) {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "three candidates are listed: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(holders(), ["a"]);
+    // A handover to a named candidate: only it leads next, after the old command ended.
+    let out = env.tenure(&["evict", "jobs/report", "--yes", "--to", "c"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("c leads jobs/report now"), "{stdout}");
+    assert_eq!(holders(), ["a", "c"]);
+    let out = env.tenure(&["evict", "jobs/report", "--yes", "--to", "nobody"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("nobody is not an announced candidate of jobs/report"), "{stderr}");
+    assert!(stderr.contains("announced: a, b, c"), "{stderr}");
+    // A candidate of higher priority takes over within a renew interval and the grace.
+    runs.push(run("d", "9"));
+    let t0 = Instant::now();
+    wait_starts(&env.log(), 3, Duration::from_secs(10));
+    assert!(t0.elapsed() < Duration::from_secs(3), "took {:?}", t0.elapsed());
+    assert_eq!(holders(), ["a", "c", "d"]);
+    std::thread::sleep(Duration::from_millis(500));
+    stop_all(runs);
+    assert_no_overlap(&env.log());
+}
