@@ -99,6 +99,8 @@ cases!(
     watch_tells_of_changes,
     metadata_round_trips,
     invalid_requests_are_refused,
+    announced_candidates_are_listed,
+    priority_handover_and_reservations,
 );
 
 /// Runs every case against the store `harness` opens, each in its own task; panics
@@ -615,4 +617,113 @@ async fn invalid_requests_are_refused(h: Arc<dyn Harness>) {
         let err = ElectionName::new(bad).expect_err("bad names never reach a store");
         assert!(err.to_string().contains("1 to 200 characters"), "{err}");
     }
+}
+
+/// The TTL of the runtime cases' electors: short enough that a handover, which waits for
+/// a renewal, comes within seconds; the store's only TTL where it serves one.
+fn elector_ttl(h: &dyn Harness) -> Duration {
+    h.long_ttl().min(Duration::from_secs(3)).max(h.short_ttl())
+}
+
+fn announcing(
+    store: Arc<dyn LeaseStore>,
+    e: &ElectionName,
+    holder: &HolderId,
+    priority: i32,
+    ttl: Duration,
+) -> tenure::Elector {
+    tenure::Elector::builder(store, e.as_str())
+        .holder(holder.as_str())
+        .ttl(ttl)
+        .announce(true)
+        .priority(priority)
+        .metadata(format!("{holder}:8080").into_bytes())
+        .build()
+        .expect("a valid elector")
+}
+
+/// Checks `list` and `release` as the runtime's presence uses them: announcing
+/// candidates are listed with their priority and metadata, and one that stops is not.
+async fn announced_candidates_are_listed(h: Arc<dyn Harness>) {
+    let ttl = elector_ttl(&*h);
+    let e = election("announce");
+    let (a, b) = (holder("a"), holder("b"));
+    let ea = announcing(h.open().await, &e, &a, 1, ttl);
+    let eb = announcing(h.open().await, &e, &b, -2, ttl);
+    ea.start();
+    eb.start();
+    let observer = h.open().await;
+    let listed = tokio::time::timeout(ttl * 10, async {
+        loop {
+            let c = tenure::candidates(&*observer, &e).await.expect("listing the candidates failed");
+            if c.len() == 2 {
+                return c;
+            }
+            tokio::time::sleep(ttl / 20).await;
+        }
+    })
+    .await
+    .expect("both candidates are listed");
+    let mut seen: Vec<(HolderId, i32, Vec<u8>)> =
+        listed.into_iter().map(|c| (c.holder, c.priority, c.metadata)).collect();
+    seen.sort();
+    let mut want =
+        vec![(a.clone(), 1, format!("{a}:8080").into_bytes()), (b.clone(), -2, format!("{b}:8080").into_bytes())];
+    want.sort();
+    assert_eq!(seen, want, "holder, priority and metadata as announced");
+    eb.shutdown().await;
+    let left: Vec<HolderId> = tenure::candidates(&*observer, &e).await.unwrap().into_iter().map(|c| c.holder).collect();
+    assert_eq!(left, [a], "a candidate that stopped is not listed");
+    ea.shutdown().await;
+}
+
+/// Checks `list`, `release`, `evict` and watches (or polling) as priority handover uses
+/// them: a candidate of higher priority takes over once the leader's work has stopped,
+/// and a reservation keeps every other announcing candidate out until it ends.
+async fn priority_handover_and_reservations(h: Arc<dyn Harness>) {
+    let ttl = elector_ttl(&*h);
+    let e = election("priority");
+    let (a, b) = (holder("a"), holder("b"));
+    let ea = announcing(h.open().await, &e, &a, 0, ttl);
+    let la = tokio::time::timeout(ttl * 10, ea.leadership()).await.expect("a leads in time").expect("a leads");
+    // a's work: runs until its term ends, then takes a moment to stop.
+    let a_work = tokio::spawn(async move {
+        la.cancelled().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let stopped = tokio::time::Instant::now();
+        drop(la);
+        stopped
+    });
+    let eb = announcing(h.open().await, &e, &b, 5, ttl);
+    let lb = tokio::time::timeout(ttl * 10, eb.leadership()).await.expect("b takes over in time").expect("b leads");
+    let b_started = tokio::time::Instant::now();
+    let a_stopped = tokio::time::timeout(ttl, a_work).await.expect("a's work stopped").unwrap();
+    assert!(a_stopped <= b_started, "b's term began only after a's work had stopped");
+    // An operator hands over to someone who is not there: the reservation keeps a out.
+    let mut a_events = ea.events();
+    let x = holder("x");
+    let reserved = tokio::time::Instant::now();
+    tenure::reserve(&*h.open().await, &e, &x, &holder("operator"), ttl).await.expect("reserving failed");
+    let b_token = lb.token();
+    let b_work = tokio::spawn(async move { lb.cancelled().await });
+    h.open().await.evict(&e, Evict::AfterTerm).await.expect("evict failed");
+    tokio::time::timeout(ttl * 2, b_work).await.expect("b stepped down").unwrap();
+    eb.shutdown().await;
+    // Until the reservation ends, a may win the lease but gives it back before any work.
+    let elected = tokio::time::timeout(ttl * 10, async {
+        loop {
+            match a_events.recv().await {
+                Ok(tenure::Event::Elected { token }) => return token,
+                Ok(_) => {}
+                Err(err) => panic!("a's events ended: {err}"),
+            }
+        }
+    })
+    .await
+    .expect("a leads once the reservation has run out");
+    // The store times the reservation from when it received it (a moment after `reserved`),
+    // on a clock that may run a little fast.
+    assert!(reserved.elapsed() >= ttl.mul_f64(0.97), "a led {:?} into a reservation of {ttl:?}", reserved.elapsed());
+    assert!(elected > b_token);
+    ea.shutdown().await;
 }

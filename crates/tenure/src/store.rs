@@ -180,7 +180,10 @@ impl StdError for StoreError {
 ///    `watch_tells_of_changes`.
 ///
 /// Every case of the suite (`tenure_testkit::conformance::CASES`) names the duty it checks;
-/// `list_by_prefix` and `metadata_round_trips` check `list` and the record's fields.
+/// `list_by_prefix` and `metadata_round_trips` check `list` and the record's fields;
+/// `announced_candidates_are_listed` and `priority_handover_and_reservations` run the
+/// runtime's presence leases, priority handover and reservations (ordinary leases,
+/// `list`, `evict`) on the store.
 ///
 /// # Cancellation
 ///
