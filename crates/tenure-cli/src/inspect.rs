@@ -93,6 +93,9 @@ pub async fn status(store: Arc<dyn LeaseStore>, election: &ElectionName, as_json
             if !r.metadata.is_empty() {
                 writeln!(out, "metadata  {}", text(&r.metadata))?;
             }
+            if let Some(h) = candidates.iter().find(|c| c.holder == r.holder).and_then(|c| c.health) {
+                writeln!(out, "health    {}  (its own check, published with its presence)", h.as_str())?;
+            }
         }
     }
     if !candidates.is_empty() {
@@ -118,6 +121,7 @@ fn candidate_json(c: &tenure::Candidate) -> Value {
     json!({
         "holder": c.holder.as_str(),
         "priority": c.priority,
+        "health": c.health.map(tenure::Health::as_str),
         "seen_at": time(c.seen_at),
         "expires_in_ms": c.expires_in.map(|d| d.as_millis() as u64),
         "metadata": text(&c.metadata),

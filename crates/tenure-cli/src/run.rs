@@ -159,14 +159,20 @@ pub struct Health {
 
 impl Health {
     /// Runs the check every interval until it fails `retries` times in a row; returns
-    /// what the last failure was.
-    async fn watch(self, env: Vec<(&'static str, String)>) -> String {
+    /// what the last failure was. Each result is published with the candidate's presence
+    /// (with `--announce`), for `tenure status`.
+    async fn watch(self, env: Vec<(&'static str, String)>, l: &Leadership) -> String {
         let mut failures = 0;
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + self.interval, self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let failed = match self.check(&env).await {
+            let checked = self.check(&env).await;
+            let health = if checked.is_ok() { tenure::Health::Passing } else { tenure::Health::Failing };
+            if let Err(e) = l.set_health(health).await {
+                tracing::debug!(error = %e, "could not publish the health check's result");
+            }
+            let failed = match checked {
                 Ok(()) => {
                     failures = 0;
                     continue;
@@ -326,7 +332,7 @@ const MIN_RUN: Duration = Duration::from_millis(100);
 /// without a health check.
 async fn unhealthy(health: Option<&Health>, l: &Leadership) -> String {
     match health {
-        Some(h) => h.clone().watch(child_env(l)).await,
+        Some(h) => h.clone().watch(child_env(l), l).await,
         None => std::future::pending().await,
     }
 }

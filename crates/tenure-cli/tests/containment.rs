@@ -347,6 +347,44 @@ fn a_leader_whose_health_check_fails_stands_aside_and_another_leads() {
     }
 }
 
+#[test]
+fn status_shows_the_health_an_announcing_leader_last_found() {
+    let env = Env::new();
+    let sick = env.path("sick");
+    let health = format!("test ! -e {}", sick.display());
+    let _leader = Command::new(TENURE)
+        .env("TENURE_STORE", env.sqlite())
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .args(["run", "jobs/health", "--id", "a", "--ttl", "2s", "--grace", "300ms", "--announce"])
+        .args(["--health-cmd", &health, "--health-interval", "200ms", "--health-retries", "1000"])
+        .args(["--", "sleep", "600"])
+        .spawn()
+        .map(Proc)
+        .unwrap();
+    let status = || {
+        let out =
+            Command::new(TENURE).env("TENURE_STORE", env.sqlite()).args(["status", "jobs/health"]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let wait_for = |what: &str| {
+        let t0 = Instant::now();
+        loop {
+            let s = status();
+            if s.lines().any(|l| l.starts_with("health") && l.contains(what)) {
+                return;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(20), "status never showed health {what}: {s}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_for("passing");
+    std::fs::write(&sick, "").unwrap();
+    wait_for("failing");
+    std::fs::remove_file(&sick).unwrap();
+    wait_for("passing");
+}
+
 /// The latest instant LOG records work at (ns since the epoch).
 fn last_work(log: &Path) -> u64 {
     std::fs::read_to_string(log).unwrap_or_default().lines().filter_map(|l| l.parse::<u64>().ok()).max().unwrap_or(0)

@@ -192,7 +192,7 @@ impl ElectorBuilder {
                     .holder(holder.as_str())
                     .ttl(cfg.ttl)
                     .clock(self.clock.clone())
-                    .metadata(crate::presence::encode(cfg.priority, &cfg.metadata))
+                    .metadata(crate::presence::encode(cfg.priority, None, &cfg.metadata))
                     .build()?,
             ),
             false => None,
@@ -466,6 +466,8 @@ struct Term {
     clock: Arc<dyn Clock>,
     /// The lease TTL, for how long an unhealthy leader stands aside.
     ttl: Duration,
+    /// The presence lease's candidate, to publish health with.
+    presence: Option<Elector>,
     resign: mpsc::UnboundedSender<Resign>,
     proclaim: mpsc::UnboundedSender<Proclaim>,
     /// Dropped with the last clone; the runtime waits for that before releasing.
@@ -574,6 +576,16 @@ impl Leadership {
         let (tx, rx) = oneshot::channel();
         self.term.proclaim.send(Proclaim { metadata, done: tx }).map_err(|_| ProclaimError::TermEnded)?;
         rx.await.unwrap_or(Err(ProclaimError::TermEnded))
+    }
+
+    /// Publishes this leader's health with its presence, for `tenure status` and
+    /// [`crate::candidates`] (one store call). Without [`Config::announce`] there is no
+    /// presence to publish it with, and it does nothing. [`ProclaimError::TermEnded`]
+    /// means the presence lease is not held right now (it is being renewed back).
+    pub async fn set_health(&self, health: crate::Health) -> Result<(), ProclaimError> {
+        let Some(presence) = &self.term.presence else { return Ok(()) };
+        let Some(l) = presence.current() else { return Err(ProclaimError::TermEnded) };
+        l.set_metadata(crate::presence::with_health(&presence.config().metadata, health)).await
     }
 
     /// Starts a watchdog over the guarded work, for a leader that keeps renewing while
@@ -1083,6 +1095,7 @@ async fn lead(
             deadline: deadline_cell.clone(),
             clock: shared.clock.clone(),
             ttl: cfg.ttl,
+            presence: shared.presence.clone(),
             resign: resign_tx,
             proclaim: proclaim_tx,
             _alive: alive_tx,

@@ -64,7 +64,7 @@ pub use elector::{
 pub use memory::MemoryStore;
 pub use name::{ELECTION_NAME_RULE, ElectionName, HOLDER_ID_RULE, HolderId, NameError, host_name};
 pub use observe::{Observer, observe, observe_with};
-pub use presence::{Candidate, RESERVED_PREFIX, candidates, reserve};
+pub use presence::{Candidate, Health, RESERVED_PREFIX, candidates, reserve};
 pub use record::{Evict, FencingToken, Leader, LeaseRecord};
 pub use store::{ErrorKind, LeaseStore, StoreError};
 pub use tokio_util::sync::CancellationToken;

@@ -38,10 +38,32 @@ pub struct Candidate {
     /// Its metadata ([`Config::metadata`](crate::Config::metadata)), cut to fit beside
     /// the priority in one lease.
     pub metadata: Vec<u8>,
+    /// What it last said about its health while leading ([`Leadership::set_health`]
+    /// (crate::Leadership::set_health)), if it did.
+    pub health: Option<Health>,
     /// When it last renewed its presence, where the store keeps the time.
     pub seen_at: Option<SystemTime>,
     /// How long its presence lasts without another renewal, where the store knows.
     pub expires_in: Option<Duration>,
+}
+
+/// A leader's health, as its own check last found it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Health {
+    /// The last check passed.
+    Passing,
+    /// The last check failed (or timed out); the leader stands aside after enough of them.
+    Failing,
+}
+
+impl Health {
+    /// `passing` or `failing`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Health::Passing => "passing",
+            Health::Failing => "failing",
+        }
+    }
 }
 
 /// The live candidates of `election` that announce themselves, by holder id.
@@ -162,9 +184,11 @@ pub(crate) fn name(election: &ElectionName, holder: &HolderId) -> ElectionName {
         .expect("a reserved prefix and two hashes form a valid name")
 }
 
-/// What a presence lease publishes: `tenure-candidate PRIORITY\n`, then the metadata.
-pub(crate) fn encode(priority: i32, metadata: &[u8]) -> Vec<u8> {
-    let mut v = format!("tenure-candidate {priority}\n").into_bytes();
+/// What a presence lease publishes: `tenure-candidate PRIORITY[ health=passing|failing]\n`,
+/// then the metadata.
+pub(crate) fn encode(priority: i32, health: Option<Health>, metadata: &[u8]) -> Vec<u8> {
+    let health = health.map(|h| format!(" health={}", h.as_str())).unwrap_or_default();
+    let mut v = format!("tenure-candidate {priority}{health}\n").into_bytes();
     let room = MAX_METADATA - v.len();
     v.extend_from_slice(&metadata[..metadata.len().min(room)]);
     v
@@ -175,15 +199,33 @@ fn candidate(rec: &LeaseRecord) -> Option<Candidate> {
         return None;
     }
     let nl = rec.metadata.iter().position(|&b| b == b'\n')?;
-    let header = std::str::from_utf8(&rec.metadata[..nl]).ok()?;
-    let priority = header.strip_prefix("tenure-candidate ")?.parse().ok()?;
+    let (priority, health) = header(&rec.metadata[..nl])?;
     Some(Candidate {
         holder: rec.holder.clone(),
         priority,
+        health,
         metadata: rec.metadata[nl + 1..].to_vec(),
         seen_at: rec.renewed_at.or(rec.acquired_at),
         expires_in: rec.remaining,
     })
+}
+
+fn header(line: &[u8]) -> Option<(i32, Option<Health>)> {
+    let mut words = std::str::from_utf8(line).ok()?.strip_prefix("tenure-candidate ")?.split(' ');
+    let priority = words.next()?.parse().ok()?;
+    let health = words.find_map(|w| match w {
+        "health=passing" => Some(Health::Passing),
+        "health=failing" => Some(Health::Failing),
+        _ => None,
+    });
+    Some((priority, health))
+}
+
+/// `presence` (as [`encode`] wrote it) with `health` in place of what it said before.
+pub(crate) fn with_health(presence: &[u8], health: Health) -> Vec<u8> {
+    let nl = presence.iter().position(|&b| b == b'\n').unwrap_or(presence.len());
+    let priority = header(&presence[..nl]).map(|(p, _)| p).unwrap_or_default();
+    encode(priority, Some(health), presence.get(nl + 1..).unwrap_or_default())
 }
 
 /// FNV-1a, 64 bits: stable across builds and platforms, unlike std's hasher.
@@ -219,9 +261,14 @@ mod tests {
             evicted: false,
             metadata,
         };
-        let c = candidate(&rec(encode(-3, b"10.0.0.7:8080\n"))).unwrap();
-        assert_eq!((c.priority, c.metadata.as_slice()), (-3, &b"10.0.0.7:8080\n"[..]));
-        let big = encode(7, &vec![b'x'; MAX_METADATA]);
+        let c = candidate(&rec(encode(-3, None, b"10.0.0.7:8080\n"))).unwrap();
+        assert_eq!((c.priority, c.health, c.metadata.as_slice()), (-3, None, &b"10.0.0.7:8080\n"[..]));
+        let failing = with_health(&encode(-3, None, b"10.0.0.7:8080\n"), Health::Failing);
+        let c = candidate(&rec(failing.clone())).unwrap();
+        assert_eq!((c.priority, c.health, c.metadata.as_slice()), (-3, Some(Health::Failing), &b"10.0.0.7:8080\n"[..]));
+        let c = candidate(&rec(with_health(&failing, Health::Passing))).unwrap();
+        assert_eq!((c.priority, c.health), (-3, Some(Health::Passing)));
+        let big = encode(7, None, &vec![b'x'; MAX_METADATA]);
         assert_eq!(big.len(), MAX_METADATA);
         assert_eq!(candidate(&rec(big)).unwrap().priority, 7);
         assert_eq!(candidate(&rec(b"not a presence".to_vec())), None);
