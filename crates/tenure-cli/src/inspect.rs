@@ -211,6 +211,14 @@ pub async fn evict(
             eprintln!("not evicted");
             return Ok(1);
         }
+        // The answer may have taken a while: evict only the leader that was asked about.
+        let now_cur = store.get(election).await.with_context(|| format!("cannot read {election}"))?;
+        if now_cur.as_ref().map(|r| (&r.holder, r.token)) != Some((&cur.holder, cur.token)) {
+            bail!(
+                "the leader of {election} changed while asking (now {}); nothing was evicted",
+                now_cur.map(|r| format!("{} with token {}", r.holder, r.token)).unwrap_or_else(|| "none".into())
+            );
+        }
     }
     // The reservation comes first: once evicted, the leader may release at once.
     let reservation = match &to {
@@ -225,7 +233,8 @@ pub async fn evict(
         None => None,
     };
     let how = if now { Evict::Now } else { Evict::AfterTerm };
-    match store.evict(election, how).await.with_context(|| format!("cannot evict the leader of {election}"))? {
+    let evicted = store.evict(election, how).await.with_context(|| format!("cannot evict the leader of {election}"))?;
+    match &evicted {
         None => println!("{election}: no leader; nothing to evict"),
         Some(r) if now => {
             println!("evicted {} (token {}) from {election} at once", r.holder, r.token);
@@ -239,11 +248,13 @@ pub async fn evict(
             "evicted {} (token {}) from {election}: it stops its work and releases; nobody else can lead before that or before its term ends ({})",
             r.holder,
             r.token,
-            expires(&r)
+            expires(r)
         ),
     }
     match (to, reservation) {
-        (Some(to), Some(reservation)) => hand_over(&*store, election, &to, reservation, &cur).await,
+        (Some(to), Some(reservation)) => {
+            hand_over(&*store, election, &to, reservation, evicted.as_ref().unwrap_or(&cur)).await
+        }
         _ => Ok(0),
     }
 }
@@ -294,14 +305,19 @@ async fn hand_over(
                 println!("{to} leads {election} now (token {})", r.token);
                 return Ok(0);
             }
-            // Someone that does not announce itself, and so ignores reservations.
+            // Someone else: an announcing candidate gives the lease back at once; one that
+            // does not announce itself ignores reservations and keeps it.
             Some(r) if r.holder != evicted.holder && !r.evicted => {
-                let _ = store.release(&reservation).await;
-                bail!(
-                    "{} took {election} (token {}) instead of {to}: a candidate that does not announce itself ignores reservations",
-                    r.holder,
-                    r.token
-                );
+                let announced =
+                    tenure::candidates(store, election).await.map(|c| c.iter().any(|c| c.holder == r.holder));
+                if !matches!(announced, Ok(true)) {
+                    let _ = store.release(&reservation).await;
+                    bail!(
+                        "{} took {election} (token {}) instead of {to}: a candidate that does not announce itself ignores reservations",
+                        r.holder,
+                        r.token
+                    );
+                }
             }
             _ => {}
         }

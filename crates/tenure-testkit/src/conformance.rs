@@ -699,9 +699,21 @@ async fn priority_handover_and_reservations(h: Arc<dyn Harness>) {
     let b_started = tokio::time::Instant::now();
     let a_stopped = tokio::time::timeout(ttl, a_work).await.expect("a's work stopped").unwrap();
     assert!(a_stopped <= b_started, "b's term began only after a's work had stopped");
-    // An operator hands over to someone who is not there: the reservation keeps a out.
-    let mut a_events = ea.events();
+    // An operator hands over to x, which announces itself but whose acquires fail: the
+    // reservation keeps a out until it ends.
     let x = holder("x");
+    let x_store = tenure::faults::FaultyStore::new(h.open().await).only(&[tenure::faults::Op::Acquire]);
+    let ex = announcing(Arc::new(x_store.clone()), &e, &x, 0, ttl);
+    ex.start();
+    tokio::time::timeout(ttl * 10, async {
+        while !tenure::candidates(&*h.open().await, &e).await.unwrap().iter().any(|c| c.holder == x) {
+            tokio::time::sleep(ttl / 20).await;
+        }
+    })
+    .await
+    .expect("x is listed");
+    x_store.set(tenure::faults::Fault::Unavailable);
+    let mut a_events = ea.events();
     let reserved = tokio::time::Instant::now();
     tenure::reserve(&*h.open().await, &e, &x, &holder("operator"), ttl).await.expect("reserving failed");
     let b_token = lb.token();
@@ -726,4 +738,5 @@ async fn priority_handover_and_reservations(h: Arc<dyn Harness>) {
     assert!(reserved.elapsed() >= ttl.mul_f64(0.97), "a led {:?} into a reservation of {ttl:?}", reserved.elapsed());
     assert!(elected > b_token);
     ea.shutdown().await;
+    ex.shutdown().await;
 }

@@ -15,6 +15,18 @@ use crate::presence::{Standing, Successor};
 use crate::record::{Acquire, AcquireRequest, Leader, LeaseRecord, Renew};
 use crate::store::{ErrorKind, LeaseStore, StoreError, WatchStream};
 
+/// Logs a term's news at INFO, or at DEBUG for tenure's own presence leases (whose lines
+/// would otherwise double every announcing candidate's).
+macro_rules! note {
+    ($shared:expr, $($arg:tt)*) => {
+        if $shared.req.election.as_str().starts_with(crate::RESERVED_PREFIX) {
+            tracing::debug!($($arg)*)
+        } else {
+            tracing::info!($($arg)*)
+        }
+    };
+}
+
 /// Why a leader stepped down.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StepDownReason {
@@ -746,17 +758,7 @@ async fn campaign_loop(shared: &Shared) {
         let Some((lease, sent)) = follow(shared, &mut view, defer.take()).await else {
             return;
         };
-        let (reason, stand_aside) = lead(shared, &mut view, lease, sent).await;
-        let resigned_unhealthy = reason == StepDownReason::Resigned && !stand_aside.is_zero();
-        unhealthy = if resigned_unhealthy { unhealthy.saturating_add(1) } else { 0 };
-        if resigned_unhealthy && let Some(presence) = shared.presence.as_ref().and_then(Elector::current) {
-            // An unhealthy candidate withdraws its presence while it stands aside, and for
-            // longer each time in a row, so that a higher priority does not keep drawing the
-            // election back to it.
-            let hold = cfg.resign_backoff.max(stand_aside) * 2u32.pow(unhealthy.min(7) - 1);
-            tracing::info!(election = %shared.req.election, ?hold, "unhealthy: no longer announced for a while");
-            presence.resign_for(hold).await;
-        }
+        let (reason, stand_aside) = lead(shared, &mut view, lease, sent, &mut unhealthy).await;
         match reason {
             StepDownReason::ShuttingDown => return,
             // Stand aside so that another candidate takes over.
@@ -837,7 +839,13 @@ async fn follow(shared: &Shared, view: &mut View<'_>, mut defer: Option<Instant>
                 && !unresolved
             {
                 match call(shared, "get", until, shared.store.get(&shared.req.election)).await {
-                    Ok(Some(rec)) if rec.holder != *me => {
+                    Ok(Some(rec)) if rec.holder == *me && !rec.evicted => {
+                        // Ours (a give-back that did not land, an acquire applied late):
+                        // resolve it, which gives it back again if it is still reserved.
+                        unresolved = true;
+                        attempt = true;
+                    }
+                    Ok(Some(rec)) => {
                         // Someone leads: the reservation has done its work.
                         defer = None;
                         failures.reset();
@@ -845,8 +853,18 @@ async fn follow(shared: &Shared, view: &mut View<'_>, mut defer: Option<Instant>
                         view.live(&rec);
                         wake_at = follower_wake(shared, Some(&rec), watch.is_some());
                     }
-                    Ok(_) => {
-                        wake_at = if watch.is_some() { reserved_until } else { reserved_until.min(retry_at) };
+                    Ok(None) => {
+                        // Free: leave it only while it is still reserved for a live candidate.
+                        let reserved =
+                            call(shared, "list", until, Standing::read(&*shared.store, &shared.req.election))
+                                .await
+                                .map(|st| matches!(st.successor(me, cfg.priority), Some(Successor::Reserved { .. })));
+                        if let Ok(false) = reserved {
+                            defer = None;
+                            attempt = true;
+                        } else {
+                            wake_at = if watch.is_some() { reserved_until } else { reserved_until.min(retry_at) };
+                        }
                     }
                     Err(e) => {
                         failures.note(&e, "reading the lease failed");
@@ -1040,6 +1058,7 @@ async fn lead(
     view: &mut View<'_>,
     mut lease: LeaseRecord,
     sent: Instant,
+    unhealthy: &mut u32,
 ) -> (StepDownReason, Duration) {
     let cfg = &shared.cfg;
     let election = &shared.req.election;
@@ -1104,7 +1123,7 @@ async fn lead(
     });
     let publish_at = sent + cfg.cool_down;
     let mut watch = shared.store.watch(election);
-    tracing::info!(%election, token = %lease.token, "elected");
+    note!(shared, %election, token = %lease.token, "elected");
     view.saw_record(Some(&lease));
     let mut resigners: Vec<Resign> = Vec::new();
     // A proclamation answered by a grant of a new term, to release after the work stops.
@@ -1252,7 +1271,7 @@ async fn lead(
     }
     drop(pending);
     shared.leadership.send_replace(None);
-    tracing::info!(%election, token = %lease.token, ?reason, "stepped down");
+    note!(shared, %election, token = %lease.token, ?reason, "stepped down");
     shared.metrics.ended(&reason);
     let _ = shared.events.send(Event::SteppedDown { reason: reason.clone() });
     // Warn if the work outlives the deadline, unless we only woke up past it.
@@ -1271,13 +1290,38 @@ async fn lead(
     while let Ok(tx) = resign_rx.try_recv() {
         resigners.push(tx);
     }
+    let mut stand_aside = resigners.iter().map(|r| r.stand_aside).max().unwrap_or_default();
     if let Some(to) = &reserve_for {
         reserve(shared, to).await;
     }
-    if let (StepDownReason::ShuttingDown, Some(p)) = (&reason, &shared.presence) {
-        // Withdrawn before the release (within a request's time), so that the next winner
-        // does not find this candidate still announced and hand over to it.
-        let _ = tokio::time::timeout(cfg.request_timeout, p.stopped()).await;
+    // A candidate that stops or stands aside withdraws its presence before the release,
+    // so that the next winner does not find it announced and hand the election back to it.
+    // An unhealthy one stays away longer each time in a row.
+    let resigned_unhealthy = reason == StepDownReason::Resigned && !stand_aside.is_zero();
+    *unhealthy = if resigned_unhealthy { unhealthy.saturating_add(1) } else { 0 };
+    match (&reason, &shared.presence) {
+        (StepDownReason::ShuttingDown, Some(p)) => {
+            p.shared.shutdown.cancel();
+            let until = shared.clock.now() + cfg.request_timeout;
+            tokio::select! {
+                biased;
+                _ = p.stopped() => {}
+                _ = shared.clock.sleep_until(until) => {}
+            }
+        }
+        (StepDownReason::Resigned | StepDownReason::Evicted, Some(p)) => {
+            let hold = cfg.resign_backoff.max(stand_aside) * 2u32.pow((*unhealthy).clamp(1, 7) - 1);
+            if let Some(presence) = p.current() {
+                tracing::debug!(%election, ?hold, "standing aside: no longer announced meanwhile");
+                let until = shared.clock.now() + cfg.request_timeout;
+                tokio::select! {
+                    biased;
+                    _ = presence.resign_for(hold) => {}
+                    _ = shared.clock.sleep_until(until) => {}
+                }
+            }
+        }
+        _ => {}
     }
     if !matches!(reason, StepDownReason::Lost { .. }) || release_new_grant {
         match release(shared, &lease).await {
@@ -1291,7 +1335,6 @@ async fn lead(
     if let StepDownReason::Lost { to } = &reason {
         view.saw(to.clone());
     }
-    let mut stand_aside = resigners.iter().map(|r| r.stand_aside).max().unwrap_or_default();
     if let StepDownReason::HandedOver { .. } = reason {
         // Leave the election to the successor while it is reserved for it.
         stand_aside = cfg.ttl;
@@ -1318,7 +1361,7 @@ async fn successor(shared: &Shared, until: Instant) -> Option<Successor> {
     if next.is_none()
         && let Some(rec) = standing.reserved_for_me(me)
     {
-        let until = shared.clock.now() + shared.cfg.request_timeout;
+        // Within the caller's time (a leader's step-down time): not a moment longer.
         let _ = call(shared, "release", until, shared.store.release(rec)).await;
     }
     next

@@ -89,6 +89,8 @@ pub struct FaultyStore {
     watch_events: Arc<AtomicU64>,
     watchable: bool,
     renewal_times: Option<RenewalTimes>,
+    /// The operations the fault applies to; every one if `None`.
+    only: Option<Arc<[Op]>>,
 }
 
 impl FaultyStore {
@@ -102,7 +104,15 @@ impl FaultyStore {
             watch_events: Arc::default(),
             watchable: true,
             renewal_times: None,
+            only: None,
         }
+    }
+
+    /// Applies the fault to `ops` only; every other operation passes through (say, a
+    /// candidate whose acquires fail while its renewals go through).
+    pub fn only(mut self, ops: &[Op]) -> Self {
+        self.only = Some(ops.into());
+        self
     }
 
     /// Notes how long each [`renew`](LeaseStore::renew) through this wrapper took in
@@ -146,7 +156,10 @@ impl FaultyStore {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.by_op[op as usize].fetch_add(1, Ordering::SeqCst);
         let what = op.name();
-        let fault = *self.fault.lock().unwrap_or_else(|p| p.into_inner());
+        let fault = match &self.only {
+            Some(ops) if !ops.contains(&op) => Fault::None,
+            _ => *self.fault.lock().unwrap_or_else(|p| p.into_inner()),
+        };
         match fault {
             Fault::None => f.await,
             Fault::Unavailable => Err(StoreError::unavailable(format!("{what}: injected outage"))),

@@ -110,7 +110,8 @@ pub(crate) struct Standing {
 /// Whom a winner should give the election to.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Successor {
-    /// A live reservation names this other candidate; it ends in `remaining`.
+    /// A live reservation names this other candidate, which announces itself; the
+    /// reservation ends in `remaining`.
     Reserved { to: HolderId, remaining: Duration },
     /// This live candidate has a higher priority (the highest; among equals, the first
     /// holder id).
@@ -135,9 +136,12 @@ impl Standing {
 
     /// Whom `me`, of `priority`, should give the election to, if anyone.
     pub(crate) fn successor(&self, me: &HolderId, priority: i32) -> Option<Successor> {
+        // A reservation counts only while its successor announces itself: one that stopped
+        // or stands aside will not come for the election.
         if let Some((rec, to)) = &self.reservation
             && to != me
             && !rec.evicted
+            && self.candidates.iter().any(|c| c.holder == *to)
         {
             let remaining = rec.remaining.unwrap_or(rec.ttl);
             return Some(Successor::Reserved { to: to.clone(), remaining });

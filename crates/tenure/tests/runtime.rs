@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tenure::{Elector, Event, Evict, Instant, LeaseStore, MemoryStore, StepDownReason, observe};
-use tenure_testkit::faults::{Fault, FaultyStore};
+use tenure_testkit::faults::{Fault, FaultyStore, Op};
 
 const TTL: Duration = Duration::from_secs(3);
 
@@ -844,25 +844,44 @@ async fn a_candidate_of_higher_priority_takes_over_once_the_leaders_work_has_sto
 async fn a_winner_gives_back_an_election_reserved_for_another_candidate() {
     let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
     let name = tenure::ElectionName::new("jobs/sweeper").unwrap();
-    let (x, op) = (tenure::HolderId::new("x").unwrap(), tenure::HolderId::new("operator").unwrap());
-    let reserved = Instant::now();
-    tenure::reserve(&*store, &name, &x, &op, TTL).await.unwrap();
-    let c = announcing(store.clone(), "c", 9);
-    let log_c = record(&c);
-    let (terms_c, _wc) = worker(&c, Duration::ZERO);
+    let c = announcing(store.clone(), "c", 0);
+    c.leadership().await.unwrap();
+    // x announces itself, but its acquires fail: it will not come for the election.
+    let x_store = FaultyStore::new(store.clone()).only(&[Op::Acquire]);
+    let x = announcing(Arc::new(x_store.clone()), "x", 0);
+    x.start();
+    let d = announcing(store.clone(), "d", 0);
+    let log_d = record(&d);
+    let (terms_d, _wd) = worker(&d, Duration::ZERO);
     tokio::time::sleep(TTL / 2).await;
-    assert!(terms_c.lock().unwrap().is_empty(), "no work under a lease reserved for someone else");
+    x_store.set(Fault::Unavailable);
+    let (x_id, op) = (tenure::HolderId::new("x").unwrap(), tenure::HolderId::new("operator").unwrap());
+    let reserved = Instant::now();
+    tenure::reserve(&*store, &name, &x_id, &op, TTL).await.unwrap();
+    c.shutdown().await;
+    tokio::time::sleep(TTL / 2).await;
+    assert!(terms_d.lock().unwrap().is_empty(), "no work under a lease reserved for someone else");
     assert_eq!(store.get(&name).await.unwrap(), None, "the lease was given back");
-    assert!(!events(&log_c).iter().any(|e| matches!(e, Event::Elected { .. })), "and no term was handed out");
+    assert!(!events(&log_d).iter().any(|e| matches!(e, Event::Elected { .. })), "and no term was handed out");
     // The reservation lasts a TTL; then anyone may lead.
     tokio::time::timeout(TTL * 2, async {
-        while terms_c.lock().unwrap().is_empty() {
+        while terms_d.lock().unwrap().is_empty() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
     .await
-    .expect("c leads once the reservation has run out");
-    assert!(terms_c.lock().unwrap()[0].1 >= reserved + TTL);
+    .expect("d leads once the reservation has run out");
+    assert!(terms_d.lock().unwrap()[0].1 >= reserved + TTL);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reservation_for_a_candidate_that_does_not_announce_itself_is_ignored() {
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let name = tenure::ElectionName::new("jobs/sweeper").unwrap();
+    let (gone, op) = (tenure::HolderId::new("gone").unwrap(), tenure::HolderId::new("operator").unwrap());
+    tenure::reserve(&*store, &name, &gone, &op, TTL).await.unwrap();
+    let c = announcing(store.clone(), "c", 0);
+    tokio::time::timeout(TTL / 10, c.leadership()).await.expect("c leads at once").unwrap();
 }
 
 #[tokio::test(start_paused = true)]
@@ -948,4 +967,31 @@ async fn a_leader_that_handed_over_takes_over_at_once_when_its_successor_stops()
     let l = tokio::time::timeout(TTL, a.leadership()).await.expect("a leads again").unwrap();
     assert!(Instant::now() - stopped < Duration::from_millis(100), "took {:?}", Instant::now() - stopped);
     drop(l);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_leader_of_higher_priority_that_is_dropped_or_resigns_unhealthy_is_not_handed_the_election_back() {
+    for how in ["unhealthy", "dropped"] {
+        let inner: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+        // The departing leader's store is slow, so its releases take a while to land.
+        let slow = FaultyStore::new(inner.clone());
+        let a = announcing(Arc::new(slow.clone()), "a", 5);
+        let l = a.leadership().await.unwrap();
+        let b = announcing(inner.clone(), "b", 0);
+        let log_b = record(&b);
+        b.start();
+        tokio::time::sleep(TTL).await;
+        slow.set(Fault::Delay(50));
+        if how == "dropped" {
+            drop(l);
+            drop(a);
+        } else {
+            tokio::spawn(l.resign_for(TTL));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(b.current().is_some(), "{how}: b leads at once: {:?}", events(&log_b));
+        tokio::time::sleep(TTL / 2).await;
+        assert!(b.current().is_some(), "{how}: and goes on leading");
+        assert!(!events(&log_b).iter().any(|e| matches!(e, Event::SteppedDown { .. })), "{how}");
+    }
 }
