@@ -211,14 +211,6 @@ pub async fn evict(
             eprintln!("not evicted");
             return Ok(1);
         }
-        // The answer may have taken a while: evict only the leader that was asked about.
-        let now_cur = store.get(election).await.with_context(|| format!("cannot read {election}"))?;
-        if now_cur.as_ref().map(|r| (&r.holder, r.token)) != Some((&cur.holder, cur.token)) {
-            bail!(
-                "the leader of {election} changed while asking (now {}); nothing was evicted",
-                now_cur.map(|r| format!("{} with token {}", r.holder, r.token)).unwrap_or_else(|| "none".into())
-            );
-        }
     }
     // The reservation comes first: once evicted, the leader may release at once.
     let reservation = match &to {
@@ -232,6 +224,24 @@ pub async fn evict(
         }
         None => None,
     };
+    // The answer (or the reservation) may have taken a while: evict only the leader that
+    // was asked about.
+    let now_cur = store.get(election).await.with_context(|| format!("cannot read {election}"))?;
+    if now_cur.as_ref().map(|r| (&r.holder, r.token)) != Some((&cur.holder, cur.token)) {
+        if let Some(r) = &reservation {
+            let _ = store.release(r).await;
+        }
+        if let (Some(to), Some(r)) = (&to, &now_cur)
+            && r.holder == *to
+        {
+            println!("{to} leads {election} now (token {})", r.token);
+            return Ok(0);
+        }
+        bail!(
+            "the leader of {election} changed meanwhile (now {}); nothing was evicted",
+            now_cur.map(|r| format!("{} with token {}", r.holder, r.token)).unwrap_or_else(|| "none".into())
+        );
+    }
     let how = if now { Evict::Now } else { Evict::AfterTerm };
     let evicted = store.evict(election, how).await.with_context(|| format!("cannot evict the leader of {election}"))?;
     match &evicted {
@@ -305,18 +315,23 @@ async fn hand_over(
                 println!("{to} leads {election} now (token {})", r.token);
                 return Ok(0);
             }
-            // Someone else: an announcing candidate gives the lease back at once; one that
-            // does not announce itself ignores reservations and keeps it.
+            // Someone else: an announcing candidate gives the lease back at once (while
+            // `to` announces itself); one that does not announce itself keeps it.
             Some(r) if r.holder != evicted.holder && !r.evicted => {
-                let announced =
-                    tenure::candidates(store, election).await.map(|c| c.iter().any(|c| c.holder == r.holder));
-                if !matches!(announced, Ok(true)) {
-                    let _ = store.release(&reservation).await;
-                    bail!(
-                        "{} took {election} (token {}) instead of {to}: a candidate that does not announce itself ignores reservations",
-                        r.holder,
-                        r.token
-                    );
+                // A failed listing is tried again at the next look.
+                if let Ok(c) = tenure::candidates(store, election).await {
+                    if !c.iter().any(|c| c.holder == *to) {
+                        let _ = store.release(&reservation).await;
+                        bail!("{to} stopped announcing itself; {} holds {election} (token {})", r.holder, r.token);
+                    }
+                    if !c.iter().any(|c| c.holder == r.holder) {
+                        let _ = store.release(&reservation).await;
+                        bail!(
+                            "{} took {election} (token {}) instead of {to}: a candidate that does not announce itself ignores reservations",
+                            r.holder,
+                            r.token
+                        );
+                    }
                 }
             }
             _ => {}
@@ -328,8 +343,22 @@ async fn hand_over(
         }
         if now >= renew_at {
             renew_at = now + ttl / 3;
-            if let Ok(tenure::store::Renew::Renewed(r)) = store.renew(&reservation, ttl).await {
-                reservation = r;
+            match store.renew(&reservation, ttl).await {
+                Ok(tenure::store::Renew::Renewed(r)) => reservation = r,
+                Ok(tenure::store::Renew::Lost(by)) => {
+                    // Unless `to` took it and ended it, someone else decided meanwhile.
+                    if let Some(r) = store.get(election).await.ok().flatten().filter(|r| r.holder == *to && !r.evicted)
+                    {
+                        println!("{to} leads {election} now (token {})", r.token);
+                        return Ok(0);
+                    }
+                    let why = match by {
+                        Some(b) => format!("replaced by {}'s", b.holder),
+                        None => "withdrawn".into(),
+                    };
+                    bail!("the reservation of {election} for {to} was {why} before {to} led");
+                }
+                Err(_) => {}
             }
         }
         tokio::time::sleep(poll).await;

@@ -428,10 +428,13 @@ impl LeaseStore for PostgresStore {
             Ok(r) => r,
             Err(e) => return held.iter().map(|_| Err(e.duplicate())).collect(),
         };
+        // Thousands at a time (through `Batched`): look each answer up, not through a scan.
+        let by_key: std::collections::HashMap<(&str, &str, u64), &LeaseRecord> =
+            renewed.iter().map(|r| ((r.election.as_str(), r.holder.as_str(), r.token.0), r)).collect();
         let mut out = Vec::with_capacity(held.len());
         for l in held {
-            match renewed.iter().find(|r| r.election == l.election && r.holder == l.holder && r.token == l.token) {
-                Some(r) => out.push(Ok(Renew::Renewed(r.clone()))),
+            match by_key.get(&(l.election.as_str(), l.holder.as_str(), l.token.0)) {
+                Some(r) => out.push(Ok(Renew::Renewed((*r).clone()))),
                 None => out.push(self.get(&l.election).await.map(Renew::Lost)),
             }
         }

@@ -763,7 +763,11 @@ async fn campaign_loop(shared: &Shared) {
             StepDownReason::ShuttingDown => return,
             // Stand aside so that another candidate takes over.
             StepDownReason::Resigned | StepDownReason::Evicted
-                if sleep_or_shutdown(shared, shared.clock.now() + cfg.resign_backoff.max(stand_aside)).await =>
+                if sleep_or_shutdown(
+                    shared,
+                    shared.clock.now() + cfg.resign_backoff.max(stand_aside).min(LONGEST_STAND_ASIDE),
+                )
+                .await =>
             {
                 return;
             }
@@ -775,6 +779,9 @@ async fn campaign_loop(shared: &Shared) {
         }
     }
 }
+
+/// The longest a candidate stands aside, whatever it was asked: a year.
+const LONGEST_STAND_ASIDE: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Sleeps until `until`; true if shutdown came first.
 async fn sleep_or_shutdown(shared: &Shared, until: Instant) -> bool {
@@ -840,10 +847,10 @@ async fn follow(shared: &Shared, view: &mut View<'_>, mut defer: Option<Instant>
             {
                 match call(shared, "get", until, shared.store.get(&shared.req.election)).await {
                     Ok(Some(rec)) if rec.holder == *me && !rec.evicted => {
-                        // Ours (a give-back that did not land, an acquire applied late):
-                        // resolve it, which gives it back again if it is still reserved.
-                        unresolved = true;
-                        attempt = true;
+                        // Ours (a give-back that did not land, an acquire applied late), and
+                        // nothing runs under it: give it back again, and look again later.
+                        let _ = call(shared, "release", until, shared.store.release(&rec)).await;
+                        wake_at = retry_at.min(reserved_until);
                     }
                     Ok(Some(rec)) => {
                         // Someone leads: the reservation has done its work.
@@ -863,7 +870,9 @@ async fn follow(shared: &Shared, view: &mut View<'_>, mut defer: Option<Instant>
                             defer = None;
                             attempt = true;
                         } else {
-                            wake_at = if watch.is_some() { reserved_until } else { reserved_until.min(retry_at) };
+                            // The successor's presence can end without a word on the
+                            // election's watch: look again within a retry period.
+                            wake_at = reserved_until.min(retry_at);
                         }
                     }
                     Err(e) => {
@@ -1074,11 +1083,20 @@ async fn lead(
         }
         sent
     };
-    let mut times = TermTimes::after_success(cfg, dated(sent));
+    // Through a store that gathers renewals, renew early on its grid, so they meet.
+    let grid = shared.store.renewal_grid();
+    let term_times = |sent: Instant| {
+        let mut t = TermTimes::after_success(cfg, dated(sent));
+        if let Some(origin) = grid {
+            t.renew_at = on_grid(t.renew_at, t.sent, origin, cfg.renew_interval);
+        }
+        t
+    };
+    let mut times = term_times(sent);
     let deadline_cell = Arc::new(Mutex::new(times.deadline));
     // A renewal (or proclamation) sent at `sent` succeeded: the term runs on from then.
     let renewed = |times: &mut TermTimes, sent: Instant| {
-        *times = TermTimes::after_success(cfg, dated(sent));
+        *times = term_times(sent);
         *deadline_cell.lock().unwrap_or_else(|p| p.into_inner()) = times.deadline;
         shared.metrics.remaining(times.deadline.saturating_duration_since(shared.clock.now()));
     };
@@ -1302,7 +1320,8 @@ async fn lead(
     match (&reason, &shared.presence) {
         (StepDownReason::ShuttingDown, Some(p)) => {
             p.shared.shutdown.cancel();
-            let until = shared.clock.now() + cfg.request_timeout;
+            // Its release and the read that confirms it.
+            let until = shared.clock.now() + cfg.request_timeout * 2;
             tokio::select! {
                 biased;
                 _ = p.stopped() => {}
@@ -1310,10 +1329,10 @@ async fn lead(
             }
         }
         (StepDownReason::Resigned | StepDownReason::Evicted, Some(p)) => {
-            let hold = cfg.resign_backoff.max(stand_aside) * 2u32.pow((*unhealthy).clamp(1, 7) - 1);
+            let hold = cfg.resign_backoff.max(stand_aside).saturating_mul(2u32.pow((*unhealthy).clamp(1, 7) - 1));
             if let Some(presence) = p.current() {
                 tracing::debug!(%election, ?hold, "standing aside: no longer announced meanwhile");
-                let until = shared.clock.now() + cfg.request_timeout;
+                let until = shared.clock.now() + cfg.request_timeout * 2;
                 tokio::select! {
                     biased;
                     _ = presence.resign_for(hold) => {}
@@ -1383,4 +1402,16 @@ async fn give_back(shared: &Shared, lease: &LeaseRecord) {
     if let Err(e) = release(shared, lease).await {
         tracing::warn!(election = %shared.req.election, error = %e, "release failed; the lease will expire on its own");
     }
+}
+
+/// The latest instant at or before `due` that is a whole number of `period`s after
+/// `origin`, if it comes after `sent`; otherwise `due`. Never later than `due`.
+fn on_grid(due: Instant, sent: Instant, origin: Instant, period: Duration) -> Instant {
+    let period_ns = period.as_nanos();
+    if period_ns == 0 || due <= origin {
+        return due;
+    }
+    let since = (due - origin).as_nanos();
+    let at = origin + Duration::from_nanos(u64::try_from(since - since % period_ns).unwrap_or(u64::MAX));
+    if at > sent && at <= due { at } else { due }
 }

@@ -223,6 +223,9 @@ impl LeaseStore for FaultyStore {
     fn expiry(&self) -> ExpiryJudge {
         self.inner.expiry()
     }
+    fn renewal_grid(&self) -> Option<crate::Instant> {
+        self.inner.renewal_grid()
+    }
     fn describe(&self) -> String {
         format!("faulty({})", self.inner.describe())
     }

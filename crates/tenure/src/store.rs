@@ -240,6 +240,15 @@ pub trait LeaseStore: Send + Sync + 'static {
         None
     }
 
+    /// Where this handle gathers the renewals of many leases into few calls
+    /// ([`crate::Batched`]), the origin of a shared grid: electors renew early, at a
+    /// whole number of renew intervals after it, so that electors with the same TTL renew
+    /// together and their renewals meet in one call. Renewing early is safe (a term is
+    /// dated from its renewal's send time). `None`, the default: renew when due.
+    fn renewal_grid(&self) -> Option<crate::Instant> {
+        None
+    }
+
     /// Whose clock judges expiry.
     fn expiry(&self) -> ExpiryJudge {
         ExpiryJudge::ByStore

@@ -39,6 +39,33 @@ async fn a_thousand_elections_renew_in_a_few_calls_and_none_is_lost() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn electors_started_at_different_times_renew_together_on_the_grid() {
+    let counting = FaultyStore::new(Arc::new(MemoryStore::new()));
+    let store: Arc<dyn LeaseStore> = Arc::new(Batched::new(Arc::new(counting.clone())));
+    let ttl = Duration::from_secs(3);
+    let mut electors = Vec::new();
+    // Started over a whole renew interval, 10 ms apart: without the grid their renewals
+    // would fall in a hundred different windows.
+    for i in 0..100 {
+        let e = Elector::builder(store.clone(), format!("shard/{i}")).holder("p1").ttl(ttl).build().unwrap();
+        e.start();
+        electors.push(e);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // One renew interval for the first (early) renewals to land on the grid.
+    tokio::time::sleep(ttl).await;
+    let before = counting.calls_of(Op::RenewMany);
+    tokio::time::sleep(ttl * 3).await;
+    let batches = counting.calls_of(Op::RenewMany) - before;
+    assert!(electors.iter().all(|e| e.current().is_some()), "every election is still led");
+    // Three TTLs at one renewal per TTL/3: nine rounds, each one call.
+    assert!(batches <= 10, "{batches} renew_many calls for nine rounds of renewals");
+    for e in &electors {
+        e.shutdown().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn each_caller_gets_its_own_answer() {
     let memory = MemoryStore::new();
     let batched = Batched::new(Arc::new(memory.clone()));
