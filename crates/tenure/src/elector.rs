@@ -1,10 +1,10 @@
 //! The election runtime: campaign, lead, renew, step down, hand over.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use tokio::sync::{broadcast, mpsc, oneshot, watch};
+use tokio::sync::{broadcast, oneshot, watch};
 use tokio_stream::StreamExt;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
@@ -14,6 +14,9 @@ use crate::name::{ElectionName, HolderId, NameError};
 use crate::presence::{Standing, Successor};
 use crate::record::{Acquire, AcquireRequest, Leader, LeaseRecord, Renew};
 use crate::store::{ErrorKind, LeaseStore, StoreError, WatchStream};
+
+/// How many events an [`Elector`] keeps for a subscriber that has not read them yet.
+pub const EVENTS_BUFFERED: usize = 64;
 
 /// Logs a term's news at INFO, or at DEBUG for tenure's own presence leases (whose lines
 /// would otherwise double every announcing candidate's).
@@ -217,7 +220,7 @@ impl ElectorBuilder {
             req: AcquireRequest { election, holder, ttl: cfg.ttl, metadata: cfg.metadata.clone() },
             cfg,
             clock: self.clock,
-            events: broadcast::channel(256).0,
+            events: OnceLock::new(),
             leadership: watch::Sender::new(None),
             shutdown: shutdown.clone(),
             stopped: watch::Sender::new(false),
@@ -246,7 +249,9 @@ struct Shared {
     req: AcquireRequest,
     cfg: Config,
     clock: Arc<dyn Clock>,
-    events: broadcast::Sender<Event>,
+    /// Made by the first subscriber: with thousands of electors in a process, those that
+    /// nobody listens to do not carry a buffer of events.
+    events: OnceLock<broadcast::Sender<Event>>,
     leadership: watch::Sender<Option<Leadership>>,
     shutdown: CancellationToken,
     stopped: watch::Sender<bool>,
@@ -256,6 +261,15 @@ struct Shared {
     metrics: crate::metrics::ElectorMetrics,
     /// The presence lease's candidate, with [`Config::announce`].
     presence: Option<Elector>,
+}
+
+impl Shared {
+    /// Tells the subscribers, if there are any.
+    fn send_event(&self, ev: Event) {
+        if let Some(tx) = self.events.get() {
+            let _ = tx.send(ev);
+        }
+    }
 }
 
 impl Elector {
@@ -286,9 +300,11 @@ impl Elector {
         &self.shared.cfg
     }
 
-    /// Events from now on. Subscribe before [`Elector::start`] to see every event.
+    /// Events from now on. Subscribe before [`Elector::start`] to see every event. A
+    /// subscriber that falls more than [`EVENTS_BUFFERED`] events behind misses the oldest
+    /// (its next `recv` says how many).
     pub fn events(&self) -> broadcast::Receiver<Event> {
-        self.shared.events.subscribe()
+        self.shared.events.get_or_init(|| broadcast::channel(EVENTS_BUFFERED).0).subscribe()
     }
 
     /// The live candidates of this election that announce themselves
@@ -480,10 +496,98 @@ struct Term {
     ttl: Duration,
     /// The presence lease's candidate, to publish health with.
     presence: Option<Elector>,
-    resign: mpsc::UnboundedSender<Resign>,
-    proclaim: mpsc::UnboundedSender<Proclaim>,
-    /// Dropped with the last clone; the runtime waits for that before releasing.
-    _alive: mpsc::Sender<()>,
+    /// Resignations and proclamations for the lead loop.
+    asks: Arc<Asks>,
+    /// Told when the last clone is dropped; the runtime waits for that before releasing.
+    gone: Arc<tokio::sync::Notify>,
+}
+
+impl Drop for Term {
+    fn drop(&mut self) {
+        // Kept as a permit if the runtime is not waiting yet.
+        self.gone.notify_one();
+    }
+}
+
+/// What the holders of a term ask of its lead loop. A queue under a lock rather than
+/// channels: a channel keeps a block of slots, and a process may hold thousands of terms.
+#[derive(Default)]
+struct Asks {
+    state: Mutex<AsksState>,
+    changed: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct AsksState {
+    resign: Vec<Resign>,
+    proclaim: std::collections::VecDeque<Proclaim>,
+    /// The term is ending: proclamations are refused.
+    proclaim_closed: bool,
+    /// The lead loop is done with the term: everything is refused.
+    closed: bool,
+}
+
+impl Asks {
+    fn lock(&self) -> std::sync::MutexGuard<'_, AsksState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues a resignation; gives it back once the lead loop is done with the term.
+    fn resign(&self, r: Resign) -> Result<(), Resign> {
+        let mut s = self.lock();
+        if s.closed {
+            return Err(r);
+        }
+        s.resign.push(r);
+        drop(s);
+        self.changed.notify_waiters();
+        Ok(())
+    }
+
+    /// Queues a proclamation; gives it back once the term is ending.
+    fn proclaim(&self, p: Proclaim) -> Result<(), Proclaim> {
+        let mut s = self.lock();
+        if s.closed || s.proclaim_closed {
+            return Err(p);
+        }
+        s.proclaim.push_back(p);
+        drop(s);
+        self.changed.notify_waiters();
+        Ok(())
+    }
+
+    /// Waits until `take` finds something.
+    async fn next<T>(&self, take: impl Fn(&mut AsksState) -> Option<T>) -> T {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            // Registered before looking, so a change made after the look wakes it.
+            changed.as_mut().enable();
+            if let Some(x) = take(&mut self.lock()) {
+                return x;
+            }
+            changed.await;
+        }
+    }
+
+    /// Refuses proclamations from now on; answers those still queued.
+    fn end_proclaims(&self) {
+        let queued = {
+            let mut s = self.lock();
+            s.proclaim_closed = true;
+            std::mem::take(&mut s.proclaim)
+        };
+        for p in queued {
+            let _ = p.done.send(Err(ProclaimError::TermEnded));
+        }
+    }
+
+    /// Refuses everything from now on; the resignations still queued.
+    fn close(&self) -> Vec<Resign> {
+        let mut s = self.lock();
+        s.closed = true;
+        std::mem::take(&mut s.resign)
+    }
 }
 
 impl std::fmt::Debug for Leadership {
@@ -563,7 +667,7 @@ impl Leadership {
     /// A stand-aside of one TTL lets even candidates that poll find the lease free.
     pub async fn resign_for(self, stand_aside: Duration) {
         let (tx, rx) = oneshot::channel();
-        let sent = self.term.resign.send(Resign { done: tx, stand_aside }).is_ok();
+        let sent = self.term.asks.resign(Resign { done: tx, stand_aside }).is_ok();
         drop(self);
         if sent {
             let _ = rx.await;
@@ -586,7 +690,7 @@ impl Leadership {
             return Err(ProclaimError::TermEnded);
         }
         let (tx, rx) = oneshot::channel();
-        self.term.proclaim.send(Proclaim { metadata, done: tx }).map_err(|_| ProclaimError::TermEnded)?;
+        self.term.asks.proclaim(Proclaim { metadata, done: tx }).map_err(|_| ProclaimError::TermEnded)?;
         rx.await.unwrap_or(Err(ProclaimError::TermEnded))
     }
 
@@ -732,7 +836,7 @@ impl View<'_> {
         let key = leader.as_ref().map(|l| (l.holder.clone(), l.token));
         if self.leader.as_ref() != Some(&key) {
             self.leader = Some(key);
-            let _ = self.shared.events.send(Event::LeaderChanged(leader));
+            self.shared.send_event(Event::LeaderChanged(leader));
         }
     }
 
@@ -1104,25 +1208,24 @@ async fn lead(
     // has been handed out yet, so if it does, the lease goes back at once.
     if cfg.announce {
         let until = times.stop_at.min(shared.clock.now() + cfg.request_timeout);
-        match successor(shared, until).await {
+        match Box::pin(successor(shared, until)).await {
             Some(Successor::Reserved { to, remaining }) => {
                 tracing::info!(%election, successor = %to, "won, but the election is reserved for another candidate; giving it back");
-                give_back(shared, &lease).await;
+                Box::pin(give_back(shared, &lease)).await;
                 return (StepDownReason::HandedOver { to }, remaining.min(cfg.ttl));
             }
             Some(Successor::Higher(to)) => {
                 tracing::info!(%election, successor = %to, "won, but a candidate of higher priority campaigns; handing over to it");
-                reserve(shared, &to).await;
-                give_back(shared, &lease).await;
+                Box::pin(reserve(shared, &to)).await;
+                Box::pin(give_back(shared, &lease)).await;
                 return (StepDownReason::HandedOver { to }, cfg.ttl);
             }
             None => {}
         }
     }
     let cancel = CancellationToken::new();
-    let (resign_tx, mut resign_rx) = mpsc::unbounded_channel();
-    let (proclaim_tx, mut proclaim_rx) = mpsc::unbounded_channel::<Proclaim>();
-    let (alive_tx, mut alive_rx) = mpsc::channel::<()>(1);
+    let asks = Arc::new(Asks::default());
+    let gone = Arc::new(tokio::sync::Notify::new());
     let mut pending = Some(Leadership {
         term: Arc::new(Term {
             election: election.clone(),
@@ -1133,9 +1236,8 @@ async fn lead(
             clock: shared.clock.clone(),
             ttl: cfg.ttl,
             presence: shared.presence.clone(),
-            resign: resign_tx,
-            proclaim: proclaim_tx,
-            _alive: alive_tx,
+            asks: asks.clone(),
+            gone: gone.clone(),
         }),
         cancel: cancel.clone(),
     });
@@ -1167,7 +1269,7 @@ async fn lead(
         tokio::select! {
             biased;
             _ = shared.shutdown.cancelled() => break StepDownReason::ShuttingDown,
-            Some(tx) = resign_rx.recv() => {
+            tx = asks.next(|s| s.resign.pop()) => {
                 resigners.push(tx);
                 break StepDownReason::Resigned;
             }
@@ -1175,7 +1277,7 @@ async fn lead(
                 if let Some(l) = pending.take() {
                     shared.metrics.elected(view.takeover.take());
                     shared.metrics.remaining(times.deadline.saturating_duration_since(shared.clock.now()));
-                    let _ = shared.events.send(Event::Elected { token: l.token() });
+                    shared.send_event(Event::Elected { token: l.token() });
                     shared.leadership.send_replace(Some(l));
                 }
             }
@@ -1195,7 +1297,7 @@ async fn lead(
                         renewed(&mut times, sent);
                         if cfg.announce {
                             let until = times.stop_at.min(shared.clock.now() + cfg.request_timeout);
-                            match successor(shared, until).await {
+                            match Box::pin(successor(shared, until)).await {
                                 // A reservation made during this term: an operator's handover.
                                 Some(Successor::Reserved { to, .. }) => {
                                     tracing::info!(%election, successor = %to, "the election was reserved for another candidate; handing over");
@@ -1206,8 +1308,8 @@ async fn lead(
                                     #[cfg(feature = "mutants")]
                                     if cfg.mutation_hand_over_without_stepping_down {
                                         // The planted bug: give the lease away and lead on.
-                                        reserve(shared, &to).await;
-                                        give_back(shared, &lease).await;
+                                        Box::pin(reserve(shared, &to)).await;
+                                        Box::pin(give_back(shared, &lease)).await;
                                         continue;
                                     }
                                     reserve_for = Some(to.clone());
@@ -1228,7 +1330,7 @@ async fn lead(
                     }
                 }
             }
-            Some(p) = proclaim_rx.recv() => {
+            p = asks.next(|s| s.proclaim.pop_front()) => {
                 let sent = shared.clock.now();
                 if sent >= times.stop_at {
                     let _ = p.done.send(Err(ProclaimError::TermEnded));
@@ -1283,21 +1385,18 @@ async fn lead(
     cancel.cancel();
     // A proclamation sent meanwhile is answered now: its caller may hold the leadership
     // that the release below waits for.
-    proclaim_rx.close();
-    while let Ok(p) = proclaim_rx.try_recv() {
-        let _ = p.done.send(Err(ProclaimError::TermEnded));
-    }
+    asks.end_proclaims();
     drop(pending);
     shared.leadership.send_replace(None);
     note!(shared, %election, token = %lease.token, ?reason, "stepped down");
     shared.metrics.ended(&reason);
-    let _ = shared.events.send(Event::SteppedDown { reason: reason.clone() });
+    shared.send_event(Event::SteppedDown { reason: reason.clone() });
     // Warn if the work outlives the deadline, unless we only woke up past it.
     let mut warned = shared.clock.now() >= times.deadline;
     loop {
         tokio::select! {
             biased;
-            _ = alive_rx.recv() => break,
+            _ = gone.notified() => break,
             _ = shared.clock.sleep_until(times.deadline), if !warned => {
                 warned = true;
                 tracing::error!(%election, token = %lease.token,
@@ -1305,12 +1404,10 @@ async fn lead(
             }
         }
     }
-    while let Ok(tx) = resign_rx.try_recv() {
-        resigners.push(tx);
-    }
+    resigners.extend(asks.close());
     let mut stand_aside = resigners.iter().map(|r| r.stand_aside).max().unwrap_or_default();
     if let Some(to) = &reserve_for {
-        reserve(shared, to).await;
+        Box::pin(reserve(shared, to)).await;
     }
     // A candidate that stops or stands aside withdraws its presence before the release,
     // so that the next winner does not find it announced and hand the election back to it.
@@ -1324,7 +1421,7 @@ async fn lead(
             let until = shared.clock.now() + cfg.request_timeout * 2;
             tokio::select! {
                 biased;
-                _ = p.stopped() => {}
+                _ = Box::pin(p.stopped()) => {}
                 _ = shared.clock.sleep_until(until) => {}
             }
         }
@@ -1335,7 +1432,7 @@ async fn lead(
                 let until = shared.clock.now() + cfg.request_timeout * 2;
                 tokio::select! {
                     biased;
-                    _ = presence.resign_for(hold) => {}
+                    _ = Box::pin(presence.resign_for(hold)) => {}
                     _ = shared.clock.sleep_until(until) => {}
                 }
             }
@@ -1343,7 +1440,7 @@ async fn lead(
         _ => {}
     }
     if !matches!(reason, StepDownReason::Lost { .. }) || release_new_grant {
-        match release(shared, &lease).await {
+        match Box::pin(release(shared, &lease)).await {
             Ok(true) => view.saw(None),
             Ok(false) => {}
             Err(e) => {

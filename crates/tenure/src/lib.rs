@@ -59,7 +59,8 @@ pub use batch::{Batched, DEFAULT_MAX_BATCH, DEFAULT_WINDOW};
 pub use clock::{Clock, Instant, TokioClock, host_suspended};
 pub use config::{Config, ConfigError, TermTimes};
 pub use elector::{
-    BuildError, ElectError, Elector, ElectorBuilder, Event, Leadership, ProclaimError, StepDownReason, Watchdog,
+    BuildError, EVENTS_BUFFERED, ElectError, Elector, ElectorBuilder, Event, Leadership, ProclaimError, StepDownReason,
+    Watchdog,
 };
 pub use memory::MemoryStore;
 pub use name::{ELECTION_NAME_RULE, ElectionName, HOLDER_ID_RULE, HolderId, NameError, host_name};

@@ -65,7 +65,7 @@ impl MemoryStore {
             current: None,
             last_token: 0,
             revision: 0,
-            changes: broadcast::channel(64).0,
+            changes: broadcast::channel(8).0,
         })
     }
 }

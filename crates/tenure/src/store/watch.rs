@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_stream::{Stream, StreamExt};
 
 use crate::name::ElectionName;
@@ -18,72 +18,135 @@ use crate::store::{StoreError, WatchEvent, WatchStream};
 
 /// The loop behind every watch helper: `events` yields `Some(record)` when a notification
 /// carried the record as it now stands, `None` when the election must be re-read with
-/// `read`. Reports a record when its holder, token, revision or eviction differs from the
-/// last report; retryable read errors are retried every `retry`, other errors end the
-/// stream after being reported; the stream also ends with `events`.
+/// `read`. Starts with the record as it stands (read when the stream is first polled), then
+/// reports a record when its holder, token, revision or eviction differs from the last
+/// report; retryable read errors are retried every `retry`, other errors end the stream
+/// after being reported; the stream also ends with `events`.
+///
+/// It runs as the watcher polls it: no task or channel of its own, which matters with
+/// thousands of watching electors in one process. So the first read comes later than the
+/// subscription, and a change between the watcher's own read and that first read is
+/// reported only because the first read is: a follower that read the record, then saw
+/// its release before the stream was first polled, still wakes.
 fn watch_loop<S, R, F>(election: ElectionName, events: S, read: R, retry: Duration) -> WatchStream
 where
     S: Stream<Item = Option<WatchEvent>> + Send + 'static,
     R: Fn(ElectionName) -> F + Send + Sync + 'static,
     F: Future<Output = Result<Option<LeaseRecord>, StoreError>> + Send + 'static,
 {
-    let (tx, rx) = mpsc::channel(16);
-    tokio::spawn(async move {
-        let key = |r: &Option<LeaseRecord>| r.as_ref().map(|r| (r.holder.clone(), r.token, r.revision, r.evicted));
-        // None when nobody listens any more.
-        let reread = async || loop {
-            match read(election.clone()).await {
-                Err(e) if e.is_retryable() => tokio::select! {
-                    _ = tx.closed() => return None,
-                    _ = tokio::time::sleep(retry) => {}
-                },
-                other => return Some(other),
-            }
-        };
-        let mut events = Box::pin(events);
-        let mut last = match reread().await {
-            None => return,
-            Some(Ok(r)) => key(&r),
-            Some(Err(e)) => {
-                let _ = tx.send(Err(e)).await;
-                return;
-            }
-        };
-        loop {
-            let event = tokio::select! {
-                biased;
-                _ = tx.closed() => return,
-                ev = events.next() => match ev {
-                    None => return,
-                    Some(ev) => ev,
-                },
-            };
-            let now = match event {
-                // A notification that waited behind a newer read is stale: revisions of an
-                // election only grow.
-                Some(Some(rec)) if last.as_ref().is_some_and(|k| rec.revision < k.2) => continue,
-                Some(carried) => Ok(carried),
-                None => match reread().await {
-                    None => return,
-                    Some(r) => r,
-                },
-            };
-            match now {
-                Ok(rec) if key(&rec) == last => {}
-                Ok(rec) => {
-                    last = key(&rec);
-                    if tx.send(Ok(rec)).await.is_err() {
-                        return;
-                    }
-                }
-                Err(e) => {
-                    let _ = tx.send(Err(e)).await;
-                    return;
+    let state = Loop { election, events: Box::pin(events), read: Arc::new(read), retry, last: None, started: false };
+    Box::pin(Unfold { state: Some(state), step: None })
+}
+
+type Item = Result<Option<LeaseRecord>, StoreError>;
+type Key = Option<(crate::HolderId, crate::FencingToken, crate::store::Revision, bool)>;
+
+/// The watch loop's state between two reports.
+struct Loop<R> {
+    election: ElectionName,
+    events: std::pin::Pin<Box<dyn Stream<Item = Option<WatchEvent>> + Send>>,
+    read: Arc<R>,
+    retry: Duration,
+    /// The last record reported, by what a change is judged on.
+    last: Key,
+    started: bool,
+}
+
+fn key(r: &Option<LeaseRecord>) -> Key {
+    r.as_ref().map(|r| (r.holder.clone(), r.token, r.revision, r.evicted))
+}
+
+impl<R, F> Loop<R>
+where
+    R: Fn(ElectionName) -> F + Send + Sync + 'static,
+    F: Future<Output = Item> + Send + 'static,
+{
+    /// Reads the election, retrying what can be retried. Owns what it uses: a `Loop` is
+    /// not `Sync` (its event stream need not be), so no reference to it is held across an
+    /// await.
+    fn reread(&self) -> impl Future<Output = Item> + Send + 'static {
+        let (read, election, retry) = (self.read.clone(), self.election.clone(), self.retry);
+        async move {
+            loop {
+                match read(election.clone()).await {
+                    Err(e) if e.is_retryable() => tokio::time::sleep(retry).await,
+                    other => return other,
                 }
             }
         }
-    });
-    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+    }
+
+    /// Runs until the next report; `None` once the stream has ended. An error is
+    /// reported once, and ends it.
+    async fn step(mut self) -> Option<(Item, Option<Self>)> {
+        if !self.started {
+            self.started = true;
+            return match self.reread().await {
+                Ok(r) => {
+                    self.last = key(&r);
+                    Some((Ok(r), Some(self)))
+                }
+                Err(e) => Some((Err(e), None)),
+            };
+        }
+        loop {
+            let now = match self.events.next().await? {
+                // A notification that waited behind a newer read is stale: revisions of an
+                // election only grow.
+                Some(Some(rec)) if self.last.as_ref().is_some_and(|k| rec.revision < k.2) => continue,
+                Some(carried) => Ok(carried),
+                None => self.reread().await,
+            };
+            match now {
+                Ok(rec) if key(&rec) == self.last => {}
+                Ok(rec) => {
+                    self.last = key(&rec);
+                    return Some((Ok(rec), Some(self)));
+                }
+                Err(e) => return Some((Err(e), None)),
+            }
+        }
+    }
+}
+
+type Step<R> = std::pin::Pin<Box<dyn Future<Output = Option<(Item, Option<Loop<R>>)>> + Send>>;
+
+/// A stream made of [`Loop::step`]s.
+struct Unfold<R> {
+    state: Option<Loop<R>>,
+    step: Option<Step<R>>,
+}
+
+impl<R, F> Stream for Unfold<R>
+where
+    R: Fn(ElectionName) -> F + Send + Sync + 'static,
+    F: Future<Output = Item> + Send + 'static,
+{
+    type Item = Item;
+
+    fn poll_next(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Item>> {
+        use std::task::Poll;
+        if self.step.is_none() {
+            match self.state.take() {
+                Some(state) => self.step = Some(Box::pin(state.step())),
+                None => return Poll::Ready(None),
+            }
+        }
+        let step = self.step.as_mut().expect("a step was just set");
+        match step.as_mut().poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(out) => {
+                self.step = None;
+                match out {
+                    Some((item, next)) => {
+                        self.state = next;
+                        Poll::Ready(Some(item))
+                    }
+                    None => Poll::Ready(None),
+                }
+            }
+        }
+    }
 }
 
 /// What a change notification says about its election.
@@ -347,10 +410,11 @@ impl ChangeHub {
     }
 }
 
-/// A [`WatchStream`] for `election` fed by a store's [`ChangeHub`]: a change that carries
-/// the record is reported without a read (so a follower costs the store nothing while the
-/// leader renews); one that does not makes it re-read through `store`. Reports only
-/// changes of holder, token, revision or eviction.
+/// A [`WatchStream`] for `election` fed by a store's [`ChangeHub`]: it starts with the
+/// record as it stands (one read), then a change that carries the record is reported
+/// without a read (so a follower costs the store nothing while the leader renews); one
+/// that does not makes it re-read through `store`. Reports only changes of holder, token,
+/// revision or eviction.
 pub fn watch_changes(store: Arc<dyn crate::LeaseStore>, hub: &ChangeHub, election: &ElectionName) -> WatchStream {
     let events = tokio_stream::wrappers::WatchStream::from_changes(hub.subscribe(election));
     let read = move |e: ElectionName| {
@@ -386,6 +450,30 @@ mod tests {
         Change::record(record(election, revision))
     }
 
+    /// The first report of a watch: the record as it stands.
+    async fn first(w: &mut WatchStream) -> Option<LeaseRecord> {
+        tokio::time::timeout(Duration::from_secs(1), w.next()).await.unwrap().unwrap().unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_release_between_the_watcher_s_read_and_the_first_poll_is_reported() {
+        // A follower subscribes and finds the lease held (its acquire answered Held); its
+        // watch is first polled only after the holder has released. The stream must
+        // still say "no lease", or the follower sleeps until the old term would expire.
+        let store = Arc::new(MemoryStore::new());
+        let hub = ChangeHub::new();
+        let a = ElectionName::new("a").unwrap();
+        let mut wa = watch_changes(store.clone(), &hub, &a);
+        let req = crate::store::AcquireRequest::new(a.clone(), HolderId::new("x").unwrap(), Duration::from_secs(5));
+        let crate::store::Acquire::Acquired(held) = crate::LeaseStore::try_acquire(store.as_ref(), &req).await.unwrap()
+        else {
+            panic!("not acquired")
+        };
+        crate::LeaseStore::release(store.as_ref(), &held).await.unwrap();
+        hub.publish(Change::now("a", None));
+        assert_eq!(first(&mut wa).await, None, "the first report is the record as it stands");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_change_reaches_only_the_watchers_of_its_election() {
         let store: Arc<dyn crate::LeaseStore> = Arc::new(MemoryStore::new());
@@ -395,8 +483,9 @@ mod tests {
         let mut wa = watch_changes(store.clone(), &hub, &a);
         let mut wb = watch_changes(store.clone(), &hub, &b);
         assert_eq!(hub.watched(), 2);
-        // Let both read the (empty) election first.
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        // Both start with the (empty) election as it stands.
+        assert_eq!(first(&mut wa).await, None);
+        assert_eq!(first(&mut wb).await, None);
         hub.publish(change("a", 1));
         let got = tokio::time::timeout(Duration::from_secs(1), wa.next()).await.unwrap().unwrap().unwrap();
         assert_eq!(got.unwrap().revision, Revision(1));
@@ -447,7 +536,7 @@ mod tests {
         let hub = ChangeHub::new();
         let a = ElectionName::new("a").unwrap();
         let mut wa = watch_changes(store, &hub, &a);
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(first(&mut wa).await, None);
         hub.publish(change("a", 10));
         let got = tokio::time::timeout(Duration::from_secs(1), wa.next()).await.unwrap().unwrap().unwrap();
         assert_eq!(got.unwrap().revision, Revision(10));
@@ -464,7 +553,7 @@ mod tests {
         let hub = ChangeHub::new();
         let a = ElectionName::new("a").unwrap();
         let mut wa = watch_changes(store.clone(), &hub, &a);
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(first(&mut wa).await, None);
         // The store changes without a notification; a reconnect says "anything may have".
         let req = crate::store::AcquireRequest::new(a.clone(), HolderId::new("x").unwrap(), Duration::from_secs(5));
         crate::LeaseStore::try_acquire(store.as_ref(), &req).await.unwrap();
