@@ -52,6 +52,7 @@ struct Sql {
     renew: String,
     renew_many: String,
     release: String,
+    release_many: String,
     get: String,
     list: String,
     evict_now: String,
@@ -99,6 +100,11 @@ impl Sql {
             release: format!(
                 "UPDATE {t} SET holder = NULL, evicted = false, revision = revision + 1
                  WHERE election = $1 AND holder = $2 AND token = $3 AND revision = $4"
+            ),
+            release_many: format!(
+                "UPDATE {t} AS l SET holder = NULL, evicted = false, revision = l.revision + 1
+                 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS x(e, h, k, r)
+                 WHERE l.election = x.e AND l.holder = x.h AND l.token = x.k AND l.revision = x.r"
             ),
             get: format!("SELECT {COLUMNS} FROM {t} WHERE election = $1 AND {live}"),
             list: format!(
@@ -447,6 +453,27 @@ impl LeaseStore for PostgresStore {
             Binds::Release(held).apply(sqlx::query(audited(&self.inner.sql.release))).execute(&self.inner.pool).await;
         self.check("release", r).await?;
         Ok(())
+    }
+
+    /// One statement releases them all, each on its own compare.
+    async fn release_many(&self, held: &[LeaseRecord]) -> Vec<Result<(), StoreError>> {
+        if held.is_empty() {
+            return Vec::new();
+        }
+        let released = async {
+            self.ensure_schema().await?;
+            let q = sqlx::query(audited(&self.inner.sql.release_many))
+                .bind(held.iter().map(|l| l.election.to_string()).collect::<Vec<_>>())
+                .bind(held.iter().map(|l| l.holder.to_string()).collect::<Vec<_>>())
+                .bind(held.iter().map(|l| l.token.0 as i64).collect::<Vec<_>>())
+                .bind(held.iter().map(|l| l.revision.0 as i64).collect::<Vec<_>>());
+            let r = q.execute(&self.inner.pool).await;
+            self.check("release", r).await.map(drop)
+        };
+        match released.await {
+            Ok(()) => held.iter().map(|_| Ok(())).collect(),
+            Err(e) => held.iter().map(|_| Err(e.duplicate())).collect(),
+        }
     }
 
     async fn get(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {

@@ -88,6 +88,7 @@ cases!(
     release_clears_and_is_idempotent,
     release_by_non_holder_is_harmless,
     delayed_release_of_an_earlier_term_is_harmless,
+    release_many_releases_each_lease_on_its_own,
     evict_after_term_blocks_until_release,
     evict_after_term_blocks_until_term_ends,
     evict_now_frees_at_once,
@@ -366,6 +367,46 @@ async fn release_by_non_holder_is_harmless(h: Arc<dyn Harness>) {
     let got = s2.get(&e).await.unwrap().expect("the record must survive");
     assert_eq!((got.holder, got.token), (a, la.token));
     held(&*s2, &req(&e, &b, h.long_ttl())).await;
+}
+
+/// Checks duty 5 (each release of a batch is its own compare-and-set on holder, token
+/// and revision).
+async fn release_many_releases_each_lease_on_its_own(h: Arc<dyn Harness>) {
+    let (s1, s2) = (h.open().await, h.open().await);
+    let root = unique("release-many");
+    let (a, b) = (holder("a"), holder("b"));
+    let mut leases = Vec::new();
+    for i in 0..5 {
+        let e = ElectionName::new(format!("conformance/{root}/{i}")).unwrap();
+        leases.push(acquired(&*s1, &req(&e, &a, h.long_ttl())).await);
+    }
+    // 1 was renewed since (its copy has an older revision); 2 was taken over by b.
+    let Renew::Renewed(renewed) = s1.renew(&leases[1], h.long_ttl()).await.unwrap() else {
+        panic!("lease 1 must renew")
+    };
+    s2.evict(&leases[2].election, Evict::Now).await.unwrap();
+    let lb = acquired(&*s2, &req(&leases[2].election, &b, h.long_ttl())).await;
+    let answers = s1.release_many(&leases).await;
+    assert_eq!(answers.len(), leases.len(), "one answer per lease");
+    for (i, (l, ans)) in leases.iter().zip(answers).enumerate() {
+        ans.unwrap_or_else(|e| panic!("release {i} failed: {e}"));
+        let now = s2.get(&l.election).await.unwrap().map(|r| (r.holder, r.token, r.revision));
+        match i {
+            1 => assert_eq!(
+                now,
+                Some((a.clone(), l.token, renewed.revision)),
+                "a release of an older revision keeps the term"
+            ),
+            2 => {
+                assert_eq!(now, Some((b.clone(), lb.token, lb.revision)), "a release of another's term changes nothing")
+            }
+            _ => assert_eq!(now, None, "lease {i} must be released"),
+        }
+    }
+    assert!(s1.release_many(&[]).await.is_empty());
+    // Released elections are free again, with larger tokens.
+    let again = acquired(&*s2, &req(&leases[0].election, &b, h.long_ttl())).await;
+    assert!(again.token > leases[0].token);
 }
 
 /// A holder that re-acquires its own live record keeps the token; a release sent in

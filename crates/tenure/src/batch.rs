@@ -16,15 +16,18 @@ pub const DEFAULT_WINDOW: Duration = Duration::from_millis(10);
 pub const DEFAULT_MAX_BATCH: usize = 4096;
 
 /// A store wrapper that gathers the renewals of every elector using it into
-/// [`LeaseStore::renew_many`] calls: a process that leads thousands of elections on one
-/// store renews them in a few round trips per renew interval instead of one each.
+/// [`LeaseStore::renew_many`] calls, and their releases into
+/// [`LeaseStore::release_many`] calls: a process that leads thousands of elections on one
+/// store renews them in a few round trips per renew interval instead of one each, and
+/// hands them all over in a few round trips when it stops.
 ///
 /// A renewal waits at most the window (10 ms by default) for others to join it. That is
 /// safe: the runtime dates a term from before it called `renew`, so waiting only makes it
 /// believe it leads for less time than the store grants. Electors also renew early on a
 /// grid shared by every elector using the handle ([`LeaseStore::renewal_grid`]): those
 /// with the same TTL renew at the same instants, so 10,000 elections take a few calls per
-/// renew interval. Every other call goes straight to the wrapped store.
+/// renew interval. A release waits the same window; every other call goes straight to
+/// the wrapped store.
 ///
 /// ```no_run
 /// # async fn t(store: std::sync::Arc<dyn tenure::LeaseStore>) -> Result<(), Box<dyn std::error::Error>> {
@@ -44,10 +47,20 @@ pub struct Batched {
     origin: crate::Instant,
 }
 
-struct Job {
-    held: LeaseRecord,
-    ttl: Duration,
-    reply: oneshot::Sender<Result<Renew, StoreError>>,
+/// A renewal or a release waiting for its batch.
+enum Job {
+    Renew { held: LeaseRecord, ttl: Duration, reply: oneshot::Sender<Result<Renew, StoreError>> },
+    Release { held: LeaseRecord, reply: oneshot::Sender<Result<(), StoreError>> },
+}
+
+impl Job {
+    /// Whether the caller gave up waiting (its request timed out): then no store work.
+    fn abandoned(&self) -> bool {
+        match self {
+            Job::Renew { reply, .. } => reply.is_closed(),
+            Job::Release { reply, .. } => reply.is_closed(),
+        }
+    }
 }
 
 impl Batched {
@@ -68,6 +81,16 @@ impl Batched {
         }
     }
 
+    /// Queues a job for the gathering task.
+    fn enqueue(&self, job: Job) -> Result<(), StoreError> {
+        self.queue().send(job).map_err(|_| {
+            StoreError::unavailable(
+                "the batcher has stopped: the async runtime that first renewed or released through \
+                 this Batched store has shut down; create the Batched store in the runtime that uses it",
+            )
+        })
+    }
+
     /// The queue, with its gathering task started on first use (inside the runtime).
     fn queue(&self) -> &mpsc::UnboundedSender<Job> {
         self.queue.get_or_init(|| {
@@ -79,8 +102,9 @@ impl Batched {
 }
 
 /// Gathers jobs for `window` after the first one arrives (or until `max` are waiting),
-/// then sends each TTL's jobs in one `renew_many`, without waiting for the answer
-/// before gathering the next batch. Ends when every [`Batched`] handle is gone.
+/// then sends each TTL's renewals in one `renew_many` and the releases in one
+/// `release_many`, without waiting for the answers before gathering the next batch. Ends
+/// when every [`Batched`] handle is gone.
 async fn gather(store: Arc<dyn LeaseStore>, mut rx: mpsc::UnboundedReceiver<Job>, window: Duration, max: usize) {
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
@@ -96,31 +120,41 @@ async fn gather(store: Arc<dyn LeaseStore>, mut rx: mpsc::UnboundedReceiver<Job>
                 _ = &mut until => break,
             }
         }
-        // A caller that gave up waiting (its renewal timed out) needs no store work.
-        batch.retain(|j| !j.reply.is_closed());
-        let mut by_ttl: BTreeMap<Duration, Vec<Job>> = BTreeMap::new();
+        batch.retain(|j| !j.abandoned());
+        let mut by_ttl: BTreeMap<Duration, Vec<_>> = BTreeMap::new();
+        let mut releases = Vec::new();
         for j in batch {
-            by_ttl.entry(j.ttl).or_default().push(j);
+            match j {
+                Job::Renew { held, ttl, reply } => by_ttl.entry(ttl).or_default().push((held, reply)),
+                Job::Release { held, reply } => releases.push((held, reply)),
+            }
         }
         for (ttl, jobs) in by_ttl {
             let store = store.clone();
-            tokio::spawn(async move {
-                let held: Vec<LeaseRecord> = jobs.iter().map(|j| j.held.clone()).collect();
-                let mut answers = store.renew_many(&held, ttl).await;
-                if answers.len() != jobs.len() {
-                    let e = StoreError::ambiguous(format!(
-                        "{} answered {} renewals for {}",
-                        store.describe(),
-                        answers.len(),
-                        jobs.len()
-                    ));
-                    answers = jobs.iter().map(|_| Err(e.duplicate())).collect();
-                }
-                for (job, answer) in jobs.into_iter().zip(answers) {
-                    let _ = job.reply.send(answer);
-                }
-            });
+            tokio::spawn(answer(jobs, "renewals", async move |held| store.renew_many(held, ttl).await));
         }
+        if !releases.is_empty() {
+            let store = store.clone();
+            tokio::spawn(answer(releases, "releases", async move |held| store.release_many(held).await));
+        }
+    }
+}
+
+/// Sends one batch through `call` and answers each caller with its own result; a store
+/// that answers the wrong number of results leaves every caller with an ambiguous error.
+async fn answer<T>(
+    jobs: Vec<(LeaseRecord, oneshot::Sender<Result<T, StoreError>>)>,
+    what: &str,
+    call: impl AsyncFnOnce(&[LeaseRecord]) -> Vec<Result<T, StoreError>>,
+) {
+    let (held, replies): (Vec<LeaseRecord>, Vec<_>) = jobs.into_iter().unzip();
+    let mut answers = call(&held).await;
+    if answers.len() != replies.len() {
+        let e = StoreError::ambiguous(format!("the store answered {} {what} for {}", answers.len(), replies.len()));
+        answers = replies.iter().map(|_| Err(e.duplicate())).collect();
+    }
+    for (reply, answer) in replies.into_iter().zip(answers) {
+        let _ = reply.send(answer);
     }
 }
 
@@ -132,13 +166,7 @@ impl LeaseStore for Batched {
 
     async fn renew(&self, held: &LeaseRecord, ttl: Duration) -> Result<Renew, StoreError> {
         let (reply, answer) = oneshot::channel();
-        let job = Job { held: held.clone(), ttl, reply };
-        if self.queue().send(job).is_err() {
-            return Err(StoreError::unavailable(
-                "the renewal batcher has stopped: the async runtime that first renewed through this \
-                 Batched store has shut down; create the Batched store in the runtime that uses it",
-            ));
-        }
+        self.enqueue(Job::Renew { held: held.clone(), ttl, reply })?;
         answer.await.unwrap_or_else(|_| Err(StoreError::ambiguous("the renewal batch was dropped")))
     }
 
@@ -147,7 +175,13 @@ impl LeaseStore for Batched {
     }
 
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
-        self.inner.release(held).await
+        let (reply, answer) = oneshot::channel();
+        self.enqueue(Job::Release { held: held.clone(), reply })?;
+        answer.await.unwrap_or_else(|_| Err(StoreError::ambiguous("the release batch was dropped")))
+    }
+
+    async fn release_many(&self, held: &[LeaseRecord]) -> Vec<Result<(), StoreError>> {
+        self.inner.release_many(held).await
     }
 
     async fn get(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {

@@ -53,6 +53,8 @@ pub enum Op {
     RenewMany,
     /// [`LeaseStore::release`]
     Release,
+    /// [`LeaseStore::release_many`]
+    ReleaseMany,
     /// [`LeaseStore::get`]
     Get,
     /// [`LeaseStore::list`]
@@ -69,6 +71,7 @@ impl Op {
             Op::Renew => "renew",
             Op::RenewMany => "renew_many",
             Op::Release => "release",
+            Op::ReleaseMany => "release_many",
             Op::Get => "get",
             Op::List => "list",
             Op::Evict => "evict",
@@ -77,7 +80,8 @@ impl Op {
 }
 
 /// Wraps a store and injects the [`Fault`] currently set. Counts the calls it sees (a
-/// [`renew_many`](LeaseStore::renew_many) is one) and the watch events it passes on.
+/// [`renew_many`](LeaseStore::renew_many) or a [`release_many`](LeaseStore::release_many)
+/// is one) and the watch events it passes on.
 /// Clones share the fault and the counts.
 #[derive(Clone)]
 pub struct FaultyStore {
@@ -85,7 +89,7 @@ pub struct FaultyStore {
     fault: Arc<Mutex<Fault>>,
     calls: Arc<AtomicU64>,
     /// Calls by operation, indexed by `Op as usize`.
-    by_op: Arc<[AtomicU64; 7]>,
+    by_op: Arc<[AtomicU64; 8]>,
     watch_events: Arc<AtomicU64>,
     watchable: bool,
     renewal_times: Option<RenewalTimes>,
@@ -199,6 +203,12 @@ impl LeaseStore for FaultyStore {
     }
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
         self.run(Op::Release, self.inner.release(held)).await
+    }
+    async fn release_many(&self, held: &[LeaseRecord]) -> Vec<Result<(), StoreError>> {
+        match self.run(Op::ReleaseMany, async { Ok(self.inner.release_many(held).await) }).await {
+            Ok(answers) => answers,
+            Err(e) => held.iter().map(|_| Err(e.duplicate())).collect(),
+        }
     }
     async fn get(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {
         self.run(Op::Get, self.inner.get(election)).await

@@ -166,9 +166,10 @@ impl StdError for StoreError {
 ///    `reacquire_publishes_new_metadata`, `renew_keeps_token_and_moves_revision`.
 /// 5. **Renew is a compare-and-set on (holder, token)** and never succeeds once the
 ///    record belongs to another grant or has expired, or the holder was evicted.
-///    **Release is a compare-and-set on (holder, token, revision).** *Checked by*
-///    `renew_after_takeover_fails`, `renew_many_answers_each_lease_in_order`,
-///    `release_clears_and_is_idempotent`, `delayed_release_of_an_earlier_term_is_harmless`.
+///    **Release is a compare-and-set on (holder, token, revision).** The `_many` forms
+///    decide each lease on its own. *Checked by* `renew_after_takeover_fails`,
+///    `renew_many_answers_each_lease_in_order`, `release_clears_and_is_idempotent`,
+///    `delayed_release_of_an_earlier_term_is_harmless`, `release_many_releases_each_lease_on_its_own`.
 /// 6. **Eviction never makes two leaders.** [`Evict::AfterTerm`] stops renewal and
 ///    blocks every other candidate until the holder releases or its term runs out;
 ///    only [`Evict::Now`] clears the record at once. *Checked by*
@@ -219,6 +220,16 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// [`crate::Batched`] gathers the renewals of many electors into such calls.
     async fn renew_many(&self, held: &[LeaseRecord], ttl: Duration) -> Vec<Result<Renew, StoreError>> {
         join_all(held.iter().map(|h| self.renew(h, ttl)).collect()).await
+    }
+
+    /// Releases each of `held` exactly as [`LeaseStore::release`] would, answering one
+    /// result per lease, in order. Stores that can release many leases in one round trip
+    /// (one transaction, one statement) override it; the default runs the releases
+    /// concurrently. [`crate::Batched`] gathers the releases of many electors into such
+    /// calls, so that a process that leads thousands of elections hands them all over at
+    /// once when it stops.
+    async fn release_many(&self, held: &[LeaseRecord]) -> Vec<Result<(), StoreError>> {
+        join_all(held.iter().map(|h| self.release(h)).collect()).await
     }
 
     /// The current record of `election`, or `None` if nobody holds it (never an

@@ -92,3 +92,28 @@ async fn each_caller_gets_its_own_answer() {
     assert!(matches!(b, Ok(Renew::Lost(Some(r))) if r.holder.as_str() == "other"));
     assert!(matches!(c, Ok(Renew::Renewed(r)) if r.holder == leases[2].holder));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_thousand_leaders_that_stop_together_release_in_a_few_calls() {
+    let counting = FaultyStore::new(Arc::new(MemoryStore::new()));
+    let store: Arc<dyn LeaseStore> = Arc::new(Batched::new(Arc::new(counting.clone())));
+    let ttl = Duration::from_secs(3);
+    let mut electors = Vec::new();
+    for i in 0..1000 {
+        let e = Elector::builder(store.clone(), format!("shard/{i}")).holder("p1").ttl(ttl).build().unwrap();
+        e.start();
+        electors.push(e);
+    }
+    tokio::time::sleep(ttl).await;
+    assert!(electors.iter().all(|e| e.current().is_some()), "every election is led");
+    // The process stops: every elector shuts down at once.
+    let mut stops = tokio::task::JoinSet::new();
+    for e in electors {
+        stops.spawn(async move { e.shutdown().await });
+    }
+    stops.join_all().await;
+    assert_eq!(counting.calls_of(Op::Release), 0, "no release went around the batcher");
+    let batches = counting.calls_of(Op::ReleaseMany);
+    assert!((1..=10).contains(&batches), "{batches} release_many calls for 1,000 releases");
+    assert!(counting.list("shard/").await.unwrap().is_empty(), "every lease was released, none left to expire");
+}

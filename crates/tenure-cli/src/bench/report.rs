@@ -86,6 +86,8 @@ pub(super) fn print_table(v: &Value) {
         row("terms lost", &|x| x["terms_lost"].to_string());
         row("CPU µs/s per election", &|x| format!("{:.2}", secs(x, "cpu_s_per_election_per_s") * 1e6));
         row("RSS bytes per election", &|x| format!("{:.0}", secs(x, "rss_bytes_per_election")));
+        row("all released in", &|x| fmt_d(secs(x, "all_released_in_s")));
+        row("left unreleased", &|x| x["left_unreleased"].to_string());
     }
 }
 

@@ -24,7 +24,10 @@ pub(super) async fn scale(open: &Opener<'_>, s: &Settings, run: &str, batched: b
     let latencies = RenewalTimes::default();
     let (cpu0, rss0) = (cpu_time(), rss_bytes());
     let mut electors = Vec::with_capacity(s.scale);
-    let mut rx = Vec::with_capacity(s.scale);
+    // The token each election was first won with: a term lost shows as no leadership, or
+    // another token. (No event subscriptions: their buffers would be measured too.)
+    let mut first: Vec<Option<tenure::FencingToken>> = Vec::with_capacity(s.scale);
+    let token = |e: &Elector| e.current().map(|l| l.token());
     // Started in waves of 250, as a service would bring its shards up, so that the first
     // acquires do not all queue for the store at once.
     let t0 = Instant::now();
@@ -36,11 +39,19 @@ pub(super) async fn scale(open: &Opener<'_>, s: &Settings, run: &str, batched: b
             .holder(format!("bench-scale-{}", fastrand::u32(..)))
             .ttl(s.ttl)
             .build()?;
-        rx.push(el.events());
         el.start();
         electors.push(el);
+        first.push(None);
         if electors.len() % WAVE == 0 || electors.len() == s.scale {
-            while electors.iter().filter(|e| e.current().is_some()).count() < electors.len() {
+            loop {
+                for (e, f) in electors.iter().zip(first.iter_mut()) {
+                    if f.is_none() {
+                        *f = token(e);
+                    }
+                }
+                if first.iter().all(Option::is_some) {
+                    break;
+                }
                 if t0.elapsed() > give_up {
                     gave_up = true;
                     break;
@@ -59,35 +70,23 @@ pub(super) async fn scale(open: &Opener<'_>, s: &Settings, run: &str, batched: b
     latencies.lock().unwrap().clear();
     counter.take_counts();
     // Terms lost while the process was still starting elections are counted apart.
-    let mut lost_starting = 0;
-    for r in &mut rx {
-        while let Ok(ev) = r.try_recv() {
-            lost_starting += usize::from(matches!(ev, Event::SteppedDown { .. }));
-        }
-    }
+    let measured: Vec<Option<tenure::FencingToken>> = electors.iter().map(token).collect();
+    let lost_starting = first.iter().zip(&measured).filter(|(f, m)| f.is_some() && f != m).count();
     let (cpu1, rss1) = (cpu_time(), rss_bytes());
     tokio::time::sleep(s.duration).await;
     let cpu2 = cpu_time();
     let (store_calls, _) = counter.take_counts();
-    // A renewal that missed its deadline ends the term: any SteppedDown is a miss. By reason.
-    let mut missed = 0;
-    let mut reasons: std::collections::BTreeMap<String, usize> = Default::default();
-    for r in &mut rx {
-        while let Ok(ev) = r.try_recv() {
-            if let Event::SteppedDown { reason } = ev {
-                missed += 1;
-                let name = format!("{reason:?}");
-                let name = name.split([' ', '{', '(']).next().unwrap_or("").to_string();
-                *reasons.entry(name).or_default() += 1;
-            }
-        }
-    }
+    // A renewal that missed its deadline ends the term: a term lost while measuring shows
+    // as no leadership, or another token (the runtime logs each step-down with its reason).
+    let missed = electors.iter().zip(&measured).filter(|(e, m)| m.is_some() && token(e) != **m).count();
     let still = electors.iter().filter(|e| e.current().is_some()).count();
     let lat = std::mem::take(&mut *latencies.lock().unwrap());
     let renewals = lat.len();
     let t_stop = Instant::now();
     shutdown_all(electors).await;
     let stop_s = t_stop.elapsed().as_secs_f64();
+    // A release that failed leaves its lease to expire: standbys would wait a TTL.
+    let unreleased = raw.list(&format!("bench/{run}/scale-{mode}/")).await.map(|l| l.len()).ok();
     // Per election started: after a give-up, fewer than asked for.
     let n = started.max(1) as f64;
     Ok(json!({
@@ -97,12 +96,12 @@ pub(super) async fn scale(open: &Opener<'_>, s: &Settings, run: &str, batched: b
         "all_won": !gave_up,
         "all_won_in_s": won_in.as_secs_f64(),
         "all_released_in_s": stop_s,
+        "left_unreleased": unreleased,
         "seconds": s.duration.as_secs_f64(),
         "renewals": renewals,
         "store_calls_per_s": store_calls as f64 / s.duration.as_secs_f64(),
         "renewal_latency": stats(lat),
         "terms_lost": missed,
-        "terms_lost_by_reason": reasons,
         "terms_lost_while_starting": lost_starting,
         "still_leading": still,
         "cpu_s_per_election_per_s": (cpu2 - cpu1) / n / s.duration.as_secs_f64(),
