@@ -220,6 +220,16 @@ fn renew_in(
     }
 }
 
+/// Clears `held` inside `tx` if it is still exactly that grant (holder, token, revision).
+fn release_in(tx: &rusqlite::Transaction<'_>, held: &LeaseRecord) -> rusqlite::Result<()> {
+    tx.execute(
+        "UPDATE tenure_leases SET holder = NULL, evicted = 0, revision = revision + 1
+         WHERE election = ?1 AND holder = ?2 AND token = ?3 AND revision = ?4",
+        params![held.election.as_str(), held.holder.as_str(), held.token.0 as i64, held.revision.0 as i64],
+    )?;
+    Ok(())
+}
+
 /// The store clock as read inside a transaction.
 #[derive(Clone, Copy)]
 struct Now<'a> {
@@ -374,15 +384,19 @@ impl LeaseStore for SqliteStore {
 
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
         let held = held.clone();
-        self.transact("release", move |tx, _now| {
-            tx.execute(
-                "UPDATE tenure_leases SET holder = NULL, evicted = 0, revision = revision + 1
-                 WHERE election = ?1 AND holder = ?2 AND token = ?3 AND revision = ?4",
-                params![held.election.as_str(), held.holder.as_str(), held.token.0 as i64, held.revision.0 as i64],
-            )?;
-            Ok(())
-        })
-        .await
+        self.transact("release", move |tx, _now| release_in(tx, &held)).await
+    }
+
+    /// Every release in one transaction: one write to the disk for all of them.
+    async fn release_many(&self, held: &[LeaseRecord]) -> Vec<Result<(), StoreError>> {
+        if held.is_empty() {
+            return Vec::new();
+        }
+        let (all, n) = (held.to_vec(), held.len());
+        match self.transact("release", move |tx, _now| all.iter().try_for_each(|h| release_in(tx, h))).await {
+            Ok(()) => (0..n).map(|_| Ok(())).collect(),
+            Err(e) => (0..n).map(|_| Err(e.duplicate())).collect(),
+        }
     }
 
     async fn get(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {
@@ -455,6 +469,9 @@ fn poll_changes(inner: &Arc<Inner>) {
     };
     let mut version: Option<i64> = None;
     let mut cursor: Option<i64> = None;
+    let wakeup = Wakeup::new(&inner.path);
+    // When a write to the files last announced a commit, which may not be visible yet.
+    let mut announced: Option<std::time::Instant> = None;
     loop {
         if inner.changes.prune() == 0 {
             inner.poller.store(false, Ordering::SeqCst);
@@ -496,7 +513,80 @@ fn poll_changes(inner: &Arc<Inner>) {
             Ok(_) => {}
             Err(e) => tracing::debug!(error = %e, "the SQLite watch could not read data_version"),
         }
-        std::thread::sleep(inner.options.watch_interval);
+        let interval = inner.options.watch_interval;
+        let since = announced.map(|t| t.elapsed());
+        match &wakeup {
+            // A commit is visible once its write has been synced: look again soon, less
+            // often as the sync takes longer. A change seen meanwhile does not end the
+            // search: it may have been an earlier commit than the one last announced.
+            Some(w) if since.is_some_and(|s| s < COMMIT_VISIBLE_WITHIN) => {
+                let step = if since < Some(Duration::from_millis(20)) { 1 } else { 10 };
+                if w.wait(Duration::from_millis(step).min(interval)) {
+                    announced = Some(std::time::Instant::now());
+                }
+            }
+            Some(w) => {
+                if w.wait(interval) {
+                    announced = Some(std::time::Instant::now());
+                }
+            }
+            None => std::thread::sleep(interval),
+        }
+    }
+}
+
+/// How long after a write to the database's files the watch thread keeps looking for the
+/// commit it announced (a sync on a slow disk).
+const COMMIT_VISIBLE_WITHIN: Duration = Duration::from_secs(5);
+
+/// Wakes the watch thread when a process writes the database's files (an inotify watch on
+/// its directory), so that a follower hears of a release within about a millisecond
+/// instead of at its next look. A commit becomes visible once the write that woke the
+/// thread has been synced, so after each such write the thread looks every millisecond,
+/// then every 10 ms, until [`COMMIT_VISIBLE_WITHIN`] has passed (a write cannot be told
+/// apart from the next commit's, so seeing a change does not end it). Without inotify the
+/// thread looks every watch interval.
+struct Wakeup {
+    fd: rustix::fd::OwnedFd,
+    /// The database's file name: its `-wal`, `-shm` and `-journal` files start with it.
+    name: Vec<u8>,
+}
+
+impl Wakeup {
+    fn new(path: &Path) -> Option<Self> {
+        use rustix::fs::inotify;
+        let dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let name = path.file_name()?.as_encoded_bytes().to_vec();
+        let fd = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK).ok()?;
+        let flags = inotify::WatchFlags::MODIFY | inotify::WatchFlags::CREATE | inotify::WatchFlags::MOVED_TO;
+        match inotify::add_watch(&fd, dir, flags) {
+            Ok(_) => Some(Self { fd, name }),
+            Err(e) => {
+                tracing::debug!(error = %e, dir = %dir.display(), "no inotify watch on the database's directory; the SQLite watch polls");
+                None
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for a write to the database's files; true if one came.
+    fn wait(&self, timeout: Duration) -> bool {
+        use rustix::event::{PollFd, PollFlags, Timespec};
+        let mut fds = [PollFd::new(&self.fd, PollFlags::IN)];
+        let limit = Timespec { tv_sec: timeout.as_secs() as i64, tv_nsec: timeout.subsec_nanos() as i64 };
+        if !matches!(rustix::event::poll(&mut fds, Some(&limit)), Ok(n) if n > 0) {
+            return false;
+        }
+        // Read every queued event; any that names one of the database's files counts.
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+        let mut events = rustix::fs::inotify::Reader::new(&self.fd, &mut buf);
+        let mut ours = false;
+        while let Ok(ev) = events.next() {
+            ours |= ev.file_name().is_none_or(|n| n.to_bytes().starts_with(&self.name));
+        }
+        ours
     }
 }
 
@@ -721,6 +811,30 @@ mod tests {
         let (changes, _) = changed_since(&conn, cursor, &boot).unwrap();
         assert_eq!(changes.len(), 1, "{:?}", changes.iter().map(|c| parts(c).0).collect::<Vec<_>>());
         assert_eq!(parts(&changes[0]).1.unwrap().unwrap().token, a2.token);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_watch_hears_another_connection_s_write_without_waiting_for_its_next_look() {
+        use tokio_stream::StreamExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("leases.db");
+        // This handle looks for changes once an hour: only a wake-up can tell it sooner.
+        let slow = SqliteOptions { watch_interval: Duration::from_secs(3600), ..SqliteOptions::default() };
+        let watcher = SqliteStore::open_with(&path, slow).await.unwrap();
+        let writer = SqliteStore::open(&path).await.unwrap();
+        let e = ElectionName::new("woken").unwrap();
+        let mut watch = watcher.watch(&e).unwrap();
+        let within = Duration::from_secs(20);
+        let first = tokio::time::timeout(within, watch.next()).await.expect("the first report").unwrap().unwrap();
+        assert_eq!(first, None);
+        let Acquire::Acquired(held) = writer.try_acquire(&req("woken", "x")).await.unwrap() else { panic!("not won") };
+        let told =
+            tokio::time::timeout(within, watch.next()).await.expect("the acquire was not told").unwrap().unwrap();
+        assert_eq!(told.map(|r| r.token), Some(held.token));
+        writer.release(&held).await.unwrap();
+        let told =
+            tokio::time::timeout(within, watch.next()).await.expect("the release was not told").unwrap().unwrap();
+        assert_eq!(told, None);
     }
 
     #[tokio::test]
