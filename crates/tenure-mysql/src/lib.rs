@@ -172,7 +172,7 @@ impl MysqlStore {
                         evicted     TINYINT NOT NULL DEFAULT 0,
                         metadata    VARBINARY(4096) NOT NULL,
                         seq         BIGINT NOT NULL DEFAULT 0,
-                        INDEX {t}_by_seq (seq)
+                        INDEX by_seq (seq)
                     ) ENGINE=InnoDB"
                 );
                 let pool = &self.inner.pool;
@@ -188,7 +188,7 @@ impl MysqlStore {
                 .map_err(|e| my_error("reading the lease table's columns", e))?;
                 if has_seq == 0 {
                     let alter =
-                        format!("ALTER TABLE {t} ADD COLUMN seq BIGINT NOT NULL DEFAULT 0, ADD INDEX {t}_by_seq (seq)");
+                        format!("ALTER TABLE {t} ADD COLUMN seq BIGINT NOT NULL DEFAULT 0, ADD INDEX by_seq (seq)");
                     match run(alter).await {
                         // Added by another process meanwhile (duplicate column or key name).
                         Err(e) if matches!(error_number(&e), Some(1060 | 1061)) => {}
@@ -309,15 +309,26 @@ impl MysqlStore {
     /// reader that has seen number N has seen every change numbered below it.
     async fn count_change(&self, tx: &mut Transaction<'_, MySql>) -> Result<(), sqlx::Error> {
         let t = &self.inner.table;
-        let bump = format!("UPDATE {t}_seq SET n = LAST_INSERT_ID(n + 1) WHERE id = 1");
+        // An upsert, so that a counter row deleted by hand is made again rather than
+        // leaving LAST_INSERT_ID() at an older value.
+        let bump = format!(
+            "INSERT INTO {t}_seq (id, n) VALUES (1, LAST_INSERT_ID(1)) ON DUPLICATE KEY UPDATE n = LAST_INSERT_ID(n + 1)"
+        );
         sqlx::query(audited(bump)).execute(&mut **tx).await.map(drop)
     }
 
     /// Releases each of `held` that is still exactly that grant, in one statement (the
-    /// election list first, so that the server looks rows up by key).
+    /// election list first, so that the server looks rows up by key). The rows are locked
+    /// first, in the order every other transaction locks them, and the change counter
+    /// after them, as everywhere else: a lock order reversed here could deadlock.
     async fn release_all(&self, held: &[LeaseRecord]) -> Result<(), sqlx::Error> {
         let t = &self.inner.table;
         let names = vec!["?"; held.len()].join(", ");
+        let lock = format!("SELECT election FROM {t} WHERE election IN ({names}) ORDER BY election FOR UPDATE");
+        let mut lock = sqlx::query(audited(lock));
+        for h in held {
+            lock = lock.bind(h.election.as_str());
+        }
         let tuples = vec!["(?, ?, ?, ?)"; held.len()].join(", ");
         let update = format!(
             "UPDATE {t} SET holder = NULL, evicted = 0, revision = revision + 1, seq = LAST_INSERT_ID()
@@ -331,6 +342,7 @@ impl MysqlStore {
             q = q.bind(h.election.as_str()).bind(h.holder.as_str()).bind(h.token.0 as i64).bind(h.revision.0 as i64);
         }
         let mut tx = self.inner.pool.begin().await?;
+        lock.fetch_all(&mut *tx).await?;
         self.count_change(&mut tx).await?;
         q.execute(&mut *tx).await?;
         tx.commit().await
@@ -737,6 +749,13 @@ impl Changes {
     async fn look(&mut self) -> Result<(), sqlx::Error> {
         let n = counter(&self.pool, &self.table).await?;
         if n == self.cursor {
+            return Ok(());
+        }
+        if n < self.cursor {
+            // The counter went back (its row was deleted and made again): numbers below
+            // the cursor mean nothing now. Every watcher reads once; count from here.
+            self.cursor = n;
+            self.queue.push_back(Change::Everything);
             return Ok(());
         }
         let t = &self.table;

@@ -454,7 +454,16 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
         let w2 = world.clone();
         let h2 = name.clone();
         tokio::spawn(async move {
-            while let Ok(ev) = events.recv().await {
+            loop {
+                let ev = match events.recv().await {
+                    Ok(ev) => ev,
+                    // Behind by more than the buffer: say so, and go on recording.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                        w2.note(format!("{h2} missed {n} events"));
+                        continue;
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                };
                 w2.note(format!("{h2} {ev:?}"));
                 if let Event::Elected { token } = ev {
                     w2.record(Record::Elected {

@@ -16,7 +16,7 @@ use crate::record::{Acquire, AcquireRequest, Leader, LeaseRecord, Renew};
 use crate::store::{ErrorKind, LeaseStore, StoreError, WatchStream};
 
 /// How many events an [`Elector`] keeps for a subscriber that has not read them yet.
-pub const EVENTS_BUFFERED: usize = 64;
+pub const EVENTS_BUFFERED: usize = 256;
 
 /// Logs a term's news at INFO, or at DEBUG for tenure's own presence leases (whose lines
 /// would otherwise double every announcing candidate's).

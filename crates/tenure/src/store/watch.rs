@@ -64,11 +64,20 @@ where
     /// Reads the election, retrying what can be retried. Owns what it uses: a `Loop` is
     /// not `Sync` (its event stream need not be), so no reference to it is held across an
     /// await.
+    ///
+    /// Each read runs in a task of its own: the stream only moves while its watcher polls
+    /// it, and a watcher busy elsewhere (a leader waiting for its renewal) would otherwise
+    /// leave a read paused halfway, holding one of the store's few pooled connections,
+    /// which that very renewal may need.
     fn reread(&self) -> impl Future<Output = Item> + Send + 'static {
         let (read, election, retry) = (self.read.clone(), self.election.clone(), self.retry);
         async move {
             loop {
-                match read(election.clone()).await {
+                let once = tokio::spawn(read(election.clone()));
+                let r = once.await.unwrap_or_else(|e| {
+                    Err(StoreError::unavailable("the watch's read failed (its task panicked)").with_source(e))
+                });
+                match r {
                     Err(e) if e.is_retryable() => tokio::time::sleep(retry).await,
                     other => return other,
                 }
@@ -453,6 +462,30 @@ mod tests {
     /// The first report of a watch: the record as it stands.
     async fn first(w: &mut WatchStream) -> Option<LeaseRecord> {
         tokio::time::timeout(Duration::from_secs(1), w.next()).await.unwrap().unwrap().unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_read_under_way_goes_on_while_the_watcher_is_busy_elsewhere() {
+        // The store has one connection: a read holds it while it runs.
+        let conn = Arc::new(tokio::sync::Semaphore::new(1));
+        let c = conn.clone();
+        let read = move |_e: ElectionName| {
+            let c = c.clone();
+            async move {
+                let _held = c.acquire_owned().await.unwrap();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                Ok(None)
+            }
+        };
+        let events = tokio_stream::pending::<Option<WatchEvent>>();
+        let mut w = watch_loop(ElectionName::new("a").unwrap(), events, read, Duration::from_millis(100));
+        // The watcher starts the first read, then turns to something else (its renewal),
+        // which needs the connection.
+        assert!(tokio::time::timeout(Duration::from_millis(1), w.next()).await.is_err());
+        let renewal = tokio::time::timeout(Duration::from_secs(1), conn.acquire()).await;
+        assert!(renewal.is_ok(), "the paused read kept the connection from the watcher's own renewal");
+        drop(renewal);
+        assert_eq!(first(&mut w).await, None);
     }
 
     #[tokio::test(start_paused = true)]
