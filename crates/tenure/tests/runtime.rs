@@ -995,3 +995,54 @@ async fn a_leader_of_higher_priority_that_is_dropped_or_resigns_unhealthy_is_not
         assert!(!events(&log_b).iter().any(|e| matches!(e, Event::SteppedDown { .. })), "{how}");
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn what_announcing_costs_in_store_calls_per_candidate() {
+    // Three candidates, each through a counting store of its own; the same again with
+    // announcing switched on. Steady state, ten TTLs, on a store that notifies.
+    async fn calls_per_interval(announce: bool) -> Vec<(String, f64)> {
+        let inner: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+        let mut counted = Vec::new();
+        for (holder, priority) in [("a", 2), ("b", 1), ("c", 0)] {
+            let store = FaultyStore::new(inner.clone());
+            let e = Elector::builder(Arc::new(store.clone()), "jobs/sweeper")
+                .holder(holder)
+                .ttl(TTL)
+                .jitter(0.0)
+                .announce(announce)
+                .priority(priority)
+                .build()
+                .unwrap();
+            e.start();
+            counted.push((holder, store, e));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(TTL * 2).await;
+        let before: Vec<u64> = counted.iter().map(|(_, s, _)| s.calls()).collect();
+        tokio::time::sleep(TTL * 10).await;
+        // Renew intervals (TTL/3) in ten TTLs: 30.
+        let out = counted
+            .iter()
+            .zip(before)
+            .map(|((h, s, e), b)| {
+                let role = if e.current().is_some() { "leader" } else { "follower" };
+                (format!("{h} ({role})"), (s.calls() - b) as f64 / 30.0)
+            })
+            .collect();
+        for (_, _, e) in &counted {
+            e.shutdown().await;
+        }
+        out
+    }
+    let plain = calls_per_interval(false).await;
+    let announcing = calls_per_interval(true).await;
+    eprintln!("store calls per renew interval, plain: {plain:?}; announcing: {announcing:?}");
+    // Plain: the leader renews once an interval; followers that watch make no calls.
+    assert_eq!(plain.iter().map(|(_, c)| *c).sum::<f64>(), 1.0, "{plain:?}");
+    // Announcing: each candidate renews its presence once an interval, and the leader
+    // also lists the candidates once an interval: 1 + 1 + 1 for the leader, 1 per follower.
+    assert!(announcing.iter().any(|(h, c)| h.starts_with("a (leader") && *c <= 3.0), "{announcing:?}");
+    for (h, c) in announcing.iter().filter(|(h, _)| h.contains("follower")) {
+        assert!(*c <= 1.0, "{h}: {c} calls per renew interval");
+    }
+}

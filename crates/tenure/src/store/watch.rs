@@ -73,9 +73,11 @@ where
         let (read, election, retry) = (self.read.clone(), self.election.clone(), self.retry);
         async move {
             loop {
-                let once = tokio::spawn(read(election.clone()));
-                let r = once.await.unwrap_or_else(|e| {
-                    Err(StoreError::unavailable("the watch's read failed (its task panicked)").with_source(e))
+                // Ended with the stream: a dropped watch leaves no read queued for a
+                // connection ahead of the store's renewals.
+                let mut once = AbortOnDrop(tokio::spawn(read(election.clone())));
+                let r = (&mut once.0).await.unwrap_or_else(|e| {
+                    Err(StoreError::unavailable("the watch's read failed (its task ended)").with_source(e))
                 });
                 match r {
                     Err(e) if e.is_retryable() => tokio::time::sleep(retry).await,
@@ -115,6 +117,15 @@ where
                 Err(e) => return Some((Err(e), None)),
             }
         }
+    }
+}
+
+/// A task that is ended when its handle is dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
