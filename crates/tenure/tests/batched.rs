@@ -8,16 +8,29 @@ use tenure::faults::{FaultyStore, Op};
 use tenure::store::{Acquire, AcquireRequest, Renew};
 use tenure::{Batched, ElectionName, Elector, Event, Evict, HolderId, LeaseStore, MemoryStore};
 
-#[tokio::test(start_paused = true)]
-async fn a_thousand_elections_renew_in_a_few_calls_and_none_is_lost() {
-    // Counts the `renew` and `renew_many` calls reaching the memory store.
+const TTL: Duration = Duration::from_secs(3);
+
+/// A `Batched` store over a memory store, and the counting store between them (a
+/// `renew_many` or a `release_many` is one call).
+fn batched() -> (FaultyStore, Arc<dyn LeaseStore>) {
     let counting = FaultyStore::new(Arc::new(MemoryStore::new()));
     let store: Arc<dyn LeaseStore> = Arc::new(Batched::new(Arc::new(counting.clone())));
-    let ttl = Duration::from_secs(3);
+    (counting, store)
+}
+
+/// Builds the candidate of election `shard/i` on `store`.
+fn shard(store: &Arc<dyn LeaseStore>, i: usize) -> Elector {
+    Elector::builder(store.clone(), format!("shard/{i}")).holder("p1").ttl(TTL).build().unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_thousand_elections_renew_in_a_few_calls_and_none_is_lost() {
+    let (counting, store) = batched();
+    let ttl = TTL;
     let mut electors = Vec::new();
     let mut events = Vec::new();
     for i in 0..1000 {
-        let e = Elector::builder(store.clone(), format!("shard/{i}")).holder("p1").ttl(ttl).build().unwrap();
+        let e = shard(&store, i);
         events.push(e.events());
         e.start();
         electors.push(e);
@@ -40,14 +53,13 @@ async fn a_thousand_elections_renew_in_a_few_calls_and_none_is_lost() {
 
 #[tokio::test(start_paused = true)]
 async fn electors_started_at_different_times_renew_together_on_the_grid() {
-    let counting = FaultyStore::new(Arc::new(MemoryStore::new()));
-    let store: Arc<dyn LeaseStore> = Arc::new(Batched::new(Arc::new(counting.clone())));
-    let ttl = Duration::from_secs(3);
+    let (counting, store) = batched();
+    let ttl = TTL;
     let mut electors = Vec::new();
     // Started over a whole renew interval, 10 ms apart: without the grid their renewals
     // would fall in a hundred different windows.
     for i in 0..100 {
-        let e = Elector::builder(store.clone(), format!("shard/{i}")).holder("p1").ttl(ttl).build().unwrap();
+        let e = shard(&store, i);
         e.start();
         electors.push(e);
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -95,16 +107,10 @@ async fn each_caller_gets_its_own_answer() {
 
 #[tokio::test(start_paused = true)]
 async fn a_thousand_leaders_that_stop_together_release_in_a_few_calls() {
-    let counting = FaultyStore::new(Arc::new(MemoryStore::new()));
-    let store: Arc<dyn LeaseStore> = Arc::new(Batched::new(Arc::new(counting.clone())));
-    let ttl = Duration::from_secs(3);
-    let mut electors = Vec::new();
-    for i in 0..1000 {
-        let e = Elector::builder(store.clone(), format!("shard/{i}")).holder("p1").ttl(ttl).build().unwrap();
-        e.start();
-        electors.push(e);
-    }
-    tokio::time::sleep(ttl).await;
+    let (counting, store) = batched();
+    let electors: Vec<Elector> = (0..1000).map(|i| shard(&store, i)).collect();
+    electors.iter().for_each(Elector::start);
+    tokio::time::sleep(TTL).await;
     assert!(electors.iter().all(|e| e.current().is_some()), "every election is led");
     // The process stops: every elector shuts down at once.
     let mut stops = tokio::task::JoinSet::new();
