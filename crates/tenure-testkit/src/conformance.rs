@@ -98,6 +98,7 @@ cases!(
     racing_candidates_one_winner,
     list_by_prefix,
     watch_tells_of_changes,
+    watch_goes_on_after_a_restart,
     metadata_round_trips,
     invalid_requests_are_refused,
     announced_candidates_are_listed,
@@ -611,6 +612,77 @@ async fn watch_tells_of_changes(h: Arc<dyn Harness>) {
     wait_for(&mut w, "the next acquire", |ev| ev.as_ref().is_some_and(|r| r.holder == b && r.token == lb.token)).await;
     s1.evict(&e, Evict::AfterTerm).await.unwrap();
     wait_for(&mut w, "the eviction", |ev| ev.as_ref().is_some_and(|r| r.evicted)).await;
+}
+
+/// Checks that a watch opened before the store restarts (its server stopped and started
+/// again, every connection dropped and made anew) goes on telling of changes after it,
+/// so that followers are still woken at once instead of finding out by polling.
+async fn watch_goes_on_after_a_restart(h: Arc<dyn Harness>) {
+    let (s1, s2) = (h.open().await, h.open().await);
+    let e = election("watch-restart");
+    let Some(mut w) = s2.watch(&e) else {
+        eprintln!("conformance: the store cannot watch; skipping the watch-after-restart case");
+        return;
+    };
+    let a = holder("a");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let la = acquired(&*s1, &req(&e, &a, h.long_ttl())).await;
+    wait_for(&mut w, "the acquire", |ev| ev.as_ref().is_some_and(|r| r.holder == a && r.token == la.token)).await;
+    if !h.restart().await {
+        eprintln!("conformance: the store cannot be restarted; skipping the watch-after-restart case");
+        return;
+    }
+    // Both handles reconnect on their own; until they have, calls fail as retryable. A
+    // store that keeps nothing across a restart has lost the lease: releasing is harmless.
+    let b = holder("b");
+    until_served(|| s1.release(&la)).await;
+    let rb = req(&e, &b, h.long_ttl());
+    let lb = match until_served(|| s1.try_acquire(&rb)).await {
+        Acquire::Acquired(l) => l,
+        Acquire::Held(cur) => panic!("after the restart and a release, {} still holds {e}", cur.holder),
+    };
+    wait_for_through_errors(&mut w, "an acquire after the restart", |ev| {
+        ev.as_ref().is_some_and(|r| r.holder == b && r.token == lb.token)
+    })
+    .await;
+    s1.release(&lb).await.unwrap();
+    wait_for_through_errors(&mut w, "a release after the restart", |ev| ev.is_none()).await;
+}
+
+/// Calls `op` until it does not fail as retryable (for 30 s at most).
+async fn until_served<T, F, Fut>(op: F) -> T
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T, tenure::StoreError>>,
+{
+    let t0 = std::time::Instant::now();
+    loop {
+        match op().await {
+            Ok(v) => return v,
+            Err(err) if err.is_retryable() && t0.elapsed() < Duration::from_secs(30) => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(err) => panic!("the store did not serve again after its restart: {err}"),
+        }
+    }
+}
+
+/// Like [`wait_for`], passing over errors the watch reports while its store reconnects.
+async fn wait_for_through_errors(
+    w: &mut tenure::store::WatchStream,
+    what: &str,
+    pred: impl Fn(&Option<LeaseRecord>) -> bool,
+) {
+    let found = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(ev) = w.next().await {
+            if ev.as_ref().is_ok_and(&pred) {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(found, Ok(true), "the watch did not tell of {what}");
 }
 
 async fn wait_for(w: &mut tenure::store::WatchStream, what: &str, pred: impl Fn(&Option<LeaseRecord>) -> bool) {

@@ -27,7 +27,8 @@
 //! checks the revision. Eviction after term marks the node; the holder can no longer
 //! renew, and the node lives until the holder releases it or its session or TTL runs out.
 //!
-//! Followers wait on one persistent recursive watch per store, not on polling.
+//! Followers wait on one persistent recursive watch per store, not on polling; the store
+//! adds it again after every reconnection.
 //!
 //! ```no_run
 //! # async fn t() -> Result<(), Box<dyn std::error::Error>> {
@@ -657,8 +658,22 @@ impl tenure::store::ChangeFeed for NodeEvents {
             }
             let ev = self.watcher.changed().await;
             let created = match ev.event_type {
-                // Events are lost across a reconnection: everyone re-reads.
                 zk::EventType::Session if ev.session_state.is_terminated() => return None,
+                // Connected again (to this server or another), in the same session. The
+                // client does not register persistent watches again on a new connection
+                // (zookeeper-client 0.11 re-sends only one-shot watches), so this watch
+                // would stay silent from now on: end the feed; the listener opens a new
+                // one, which adds the watch on this connection and makes every follower
+                // re-read what it missed meanwhile.
+                zk::EventType::Session
+                    if matches!(
+                        ev.session_state,
+                        zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly
+                    ) && !mutant("zk-watch-lost-on-reconnect") =>
+                {
+                    return None;
+                }
+                // Events are lost across a reconnection: everyone re-reads.
                 zk::EventType::Session => return Some(tenure::store::Change::Everything),
                 zk::EventType::NodeCreated | zk::EventType::NodeDataChanged => true,
                 zk::EventType::NodeDeleted => false,
