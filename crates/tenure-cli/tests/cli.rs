@@ -458,7 +458,7 @@ fn bench_runs_every_scenario_and_reports_json() {
         .args([
             "bench",
             "--scenario",
-            "rtt,acquire,handover,crash,load,scale,contest",
+            "rtt,acquire,handover,crash,load,scale,contest,run",
             "--samples",
             "5",
             "--elections",
@@ -506,6 +506,11 @@ fn bench_runs_every_scenario_and_reports_json() {
     let leading: u64 = per.iter().map(|p| p["leading_when_measured"].as_u64().unwrap()).sum();
     assert!(leading > 0, "{text}");
     assert!(per.iter().all(|p| p["renewal_latency"]["n"].as_u64().is_some()), "{text}");
+    // Five `tenure run` processes in turn took over from the one whose command exited
+    // (the scenario fails if a standby's command started while the leader's ran).
+    let r = &v["run"]["tenure_run"];
+    assert_eq!(r["n"], 5, "{text}");
+    assert!(r["p50"].as_f64().unwrap() > 0.0, "{text}");
 }
 
 /// Shell completions and man pages come from the same definitions as `--help`.

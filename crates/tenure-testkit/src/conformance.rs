@@ -632,21 +632,23 @@ async fn watch_goes_on_after_a_restart(h: Arc<dyn Harness>) {
         eprintln!("conformance: the store cannot be restarted; skipping the watch-after-restart case");
         return;
     }
-    // Both handles reconnect on their own; until they have, calls fail as retryable. A
-    // store that keeps nothing across a restart has lost the lease: releasing is harmless.
-    let b = holder("b");
+    // Both handles reconnect on their own; until they have, calls fail as retryable. The
+    // watcher's handle serves again before the next acquire, so that a lease with a short
+    // TTL cannot run out before the watcher could have seen it. A store that keeps nothing
+    // across a restart has lost the lease: releasing it is harmless.
+    until_served(|| s2.get(&e)).await;
     until_served(|| s1.release(&la)).await;
+    let b = holder("b");
     let rb = req(&e, &b, h.long_ttl());
     let lb = match until_served(|| s1.try_acquire(&rb)).await {
         Acquire::Acquired(l) => l,
         Acquire::Held(cur) => panic!("after the restart and a release, {} still holds {e}", cur.holder),
     };
-    wait_for_through_errors(&mut w, "an acquire after the restart", |ev| {
-        ev.as_ref().is_some_and(|r| r.holder == b && r.token == lb.token)
-    })
-    .await;
+    let mut reopened = 0;
+    let pred = |ev: &Option<LeaseRecord>| ev.as_ref().is_some_and(|r| r.holder == b && r.token == lb.token);
+    wait_rewatching(&*s2, &e, &mut w, &mut reopened, "an acquire after the restart", pred).await;
     s1.release(&lb).await.unwrap();
-    wait_for_through_errors(&mut w, "a release after the restart", |ev| ev.is_none()).await;
+    wait_rewatching(&*s2, &e, &mut w, &mut reopened, "a release after the restart", |ev| ev.is_none()).await;
 }
 
 /// Calls `op` until it does not fail as retryable (for 30 s at most).
@@ -667,19 +669,29 @@ where
     }
 }
 
-/// Like [`wait_for`], passing over errors the watch reports while its store reconnects.
-async fn wait_for_through_errors(
+/// Like [`wait_for`], but a watch that fails or ends is opened again, as the runtime does
+/// (a watch ends at its first error); at most twice over the case, each counted in
+/// `reopened`. A new watch starts with the record as it stands.
+async fn wait_rewatching(
+    store: &dyn LeaseStore,
+    e: &ElectionName,
     w: &mut tenure::store::WatchStream,
+    reopened: &mut usize,
     what: &str,
     pred: impl Fn(&Option<LeaseRecord>) -> bool,
 ) {
     let found = tokio::time::timeout(Duration::from_secs(10), async {
-        while let Some(ev) = w.next().await {
-            if ev.as_ref().is_ok_and(&pred) {
-                return true;
+        loop {
+            match w.next().await {
+                Some(Ok(ev)) if pred(&ev) => return true,
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => {
+                    *reopened += 1;
+                    assert!(*reopened <= 2, "the watch failed or ended {reopened} times after the restart");
+                    *w = store.watch(e).expect("the store watched before");
+                }
             }
         }
-        false
     })
     .await;
     assert_eq!(found, Ok(true), "the watch did not tell of {what}");

@@ -120,6 +120,54 @@ async fn a_holder_cut_off_for_longer_than_its_ttl_loses_the_lease_to_the_server_
     eprintln!("taken over {after:?} after the grant, TTL {ttl:?}");
 }
 
+/// A follower's connection is cut and made again, in the same session: its watch must go
+/// on telling of changes (the client does not carry persistent watches over to the new
+/// connection, so the store adds it again), or followers find out only by polling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_s_watch_goes_on_after_its_connection_is_cut_and_made_again() {
+    use tokio_stream::StreamExt;
+    async fn next(
+        w: &mut tenure::store::WatchStream,
+    ) -> Option<Result<Option<tenure::LeaseRecord>, tenure::StoreError>> {
+        tokio::time::timeout(Duration::from_secs(10), w.next()).await.ok().flatten()
+    }
+    let Some(zk) = Zk::launch() else { return };
+    let leader = ZkStore::connect(&zk.direct_url()).await.unwrap();
+    let follower = ZkStore::connect(&zk.url()).await.unwrap();
+    let e = ElectionName::new("watch/cut").unwrap();
+    let mut w = follower.watch(&e).expect("the store watches");
+    assert_eq!(w.next().await.unwrap().unwrap(), None, "nobody leads yet");
+    let ttl = Duration::from_secs(30);
+    let Acquire::Acquired(a) = leader.try_acquire(&req("watch/cut", "a", ttl)).await.unwrap() else { panic!() };
+    assert_eq!(next(&mut w).await.unwrap().unwrap().map(|r| r.holder), Some(a.holder.clone()));
+    // Cut the follower's connection for well under its session timeout (10 s), then wait
+    // until it is served again: the session is the same one.
+    zk.proxy.set(Mode::Cut);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    zk.proxy.set(Mode::Pass);
+    let t0 = Instant::now();
+    while follower.get(&e).await.is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the follower did not reconnect");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The reconnection asked every watcher to re-read; this one, not polled meanwhile,
+    // may do it only at its next poll and so tell of the release without any event. The
+    // acquire after it can only be told by the watch itself.
+    leader.release(&a).await.unwrap();
+    loop {
+        match next(&mut w).await {
+            Some(Ok(None)) => break,
+            Some(Ok(Some(r))) => assert_eq!(r.holder, a.holder, "only a led"),
+            other => panic!("the watch did not tell of the release after the reconnection: {other:?}"),
+        }
+    }
+    let Acquire::Acquired(b) = leader.try_acquire(&req("watch/cut", "b", ttl)).await.unwrap() else { panic!() };
+    match next(&mut w).await {
+        Some(Ok(Some(r))) => assert_eq!((r.holder, r.token), (b.holder, b.token)),
+        other => panic!("the watch did not tell of the next acquire: {other:?}"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ttl_the_server_would_not_grant_is_refused_naming_both() {
     let Some(zk) = Zk::launch() else { return };

@@ -6,6 +6,7 @@
 //! - [`load`]: store calls in steady state, watching and polling;
 //! - [`scale`]: many elections in one process, and contested by several;
 //! - [`etcdctl`]: `etcdctl elect` as a baseline on the same etcd;
+//! - [`process`]: `tenure run` handing a command over, and `etcdctl lock` on etcd;
 //! - [`report`]: the table printed without `--json`.
 //!
 //! Every candidate's store calls go through [`tenure::faults::FaultyStore`], which counts
@@ -14,6 +15,7 @@
 mod etcdctl;
 mod latency;
 mod load;
+mod process;
 mod report;
 mod scale;
 
@@ -47,6 +49,9 @@ pub enum Scenario {
     Contest,
     /// etcd only: handover and crash takeover of the Debian `etcdctl elect`, as a baseline
     Etcdctl,
+    /// `tenure run` processes: one's command exits, time until the next one's starts
+    /// (--samples, at most 20); on etcd, `etcdctl lock` with the same commands
+    Run,
 }
 
 /// Settings of a run: the arguments of `tenure bench`.
@@ -141,6 +146,7 @@ pub async fn bench(open: Opener<'_>, s: &Settings) -> Result<i32> {
                 json!({"watching": watching, "polling_baseline": polling})
             }
             Scenario::Etcdctl => etcdctl::etcdctl(&first.describe(), &run).await?,
+            Scenario::Run => process::run(&first.describe(), s, &run).await?,
             Scenario::Contest => scale::contest(&open, s, &run).await?,
             Scenario::Scale => {
                 let batched = scale::scale(&open, s, &run, true).await?;

@@ -13,13 +13,7 @@ pub(super) fn print_table(v: &Value) {
             let ratio = x.get(extra).and_then(Value::as_f64).map_or(String::new(), |r| {
                 format!("   p50 = {r:.1} × {}", if extra == "p50_in_ttl" { "TTL" } else { "round trip" })
             });
-            println!(
-                "{label:<22} p50 {:>10}  p99 {:>10}  max {:>10}  (n={}){ratio}",
-                fmt_d(secs(x, "p50")),
-                fmt_d(secs(x, "p99")),
-                fmt_d(secs(x, "max")),
-                x["n"]
-            );
+            lat_of(label, x, &ratio);
         }
     };
     lat("round trip (get)", "rtt", "");
@@ -43,6 +37,12 @@ pub(super) fn print_table(v: &Value) {
             ("watch events/s per follower", "watch_reads_per_s_per_follower"),
         ] {
             println!("  {label:<28} {:>12.2} {:>12.2}", secs(w, k), secs(p, k));
+        }
+    }
+    if let Some(r) = v.get("run") {
+        lat_of("tenure run handover", &r["tenure_run"], "");
+        if let Some(x) = r.get("etcdctl_lock") {
+            lat_of("etcdctl lock handover", x, "");
         }
     }
     if let Some(x) = v.get("etcdctl") {
@@ -89,6 +89,17 @@ pub(super) fn print_table(v: &Value) {
         row("all released in", &|x| fmt_d(secs(x, "all_released_in_s")));
         row("left unreleased", &|x| x["left_unreleased"].to_string());
     }
+}
+
+/// One row of latency figures, with `extra` after them.
+fn lat_of(label: &str, x: &Value, extra: &str) {
+    println!(
+        "{label:<22} p50 {:>10}  p99 {:>10}  max {:>10}  (n={}){extra}",
+        fmt_d(secs(x, "p50")),
+        fmt_d(secs(x, "p99")),
+        fmt_d(secs(x, "max")),
+        x["n"]
+    );
 }
 
 fn fmt_d(s: f64) -> String {
