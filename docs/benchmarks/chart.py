@@ -65,6 +65,16 @@ for s, r in runs.items():
     print(f"| {s} | {w['calls_per_s']:.1f} / {p['calls_per_s']:.1f} | {w['calls_per_s_per_leader']:.2f} / {p['calls_per_s_per_leader']:.2f} "
           f"| {w['calls_per_s_per_follower']:.2f} / {p['calls_per_s_per_follower']:.2f} | {w['watch_reads_per_s_per_follower']:.2f} |")
 print()
+print("| store | `tenure run` handover p50 / p99 (n) | `etcdctl lock` handover, same commands, p50 / p99 (n) | `etcdctl elect` handover |")
+print("|---|---|---|---|")
+for s, r in runs.items():
+    if "run" not in r:
+        continue
+    t, lock, elect = r["run"]["tenure_run"], r["run"].get("etcdctl_lock"), r.get("etcdctl")
+    lock = f"{ms(lock['p50'])} / {ms(lock['p99'])} ({lock['n']})" if lock else "–"
+    elect = ms(elect["handover_s"]) if elect else "–"
+    print(f"| {s} | {ms(t['p50'])} / {ms(t['p99'])} ({t['n']}) | {lock} | {elect} |")
+print()
 print("| store | mode | elections won (time) | store calls/s | renewal p99 | terms lost while measuring (why) | CPU µs/s per election | RSS per election |")
 print("|---|---|---|---|---|---|---|---|")
 for s, r in runs.items():

@@ -12,7 +12,7 @@ out=docs/benchmarks
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-scenarios=rtt,acquire,handover,crash,load
+scenarios=rtt,acquire,handover,crash,load,run
 latency=(--ttl 2s --samples 200 --elections 10 --candidates 3 --duration 10s)
 scale=(--ttl 10s --scenario scale,contest --scale 10000 --processes 3 --duration 20s)
 
