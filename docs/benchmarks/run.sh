@@ -25,7 +25,7 @@ bench() { # STORE-URL NAME [extra scenario]
   fi
   "$bin/tenure" --store "$url" bench --json "${latency[@]}" --scenario "$scenarios${extra:+,$extra}" > "$tmp/latency.json"
   "$bin/tenure" --store "$url" bench --json "${scale[@]}" > "$tmp/scale.json" || echo '{"scale": null}' > "$tmp/scale.json"
-  python3 -c 'import json,sys; a=json.load(open(sys.argv[1])); a.update(scale=json.load(open(sys.argv[2]))["scale"]); json.dump(a, open(sys.argv[3],"w"), indent=1)' \
+  python3 -c 'import json,sys; a=json.load(open(sys.argv[1])); b=json.load(open(sys.argv[2])); a.update(scale=b["scale"], contest=b.get("contest")); json.dump(a, open(sys.argv[3],"w"), indent=1)' \
     "$tmp/latency.json" "$tmp/scale.json" "$out/$name.json"
 }
 
