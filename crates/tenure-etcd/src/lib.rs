@@ -49,6 +49,10 @@ pub const DEFAULT_PREFIX: &str = "tenure";
 /// How long one request may take before it counts as lost.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// How many nested transactions one transaction carries: etcd refuses more than 128
+/// operations in one transaction by default.
+const TXN_CHUNK: usize = 100;
+
 /// A lease store on an etcd cluster.
 #[derive(Clone)]
 pub struct EtcdStore {
@@ -64,10 +68,15 @@ struct Inner {
     /// One etcd lease per TTL in whole seconds.
     leases: Mutex<HashMap<i64, Arc<tokio::sync::Mutex<LeaseSlot>>>>,
     changes: tenure::store::ChangeHub,
-    /// Keys of ours whose release failed: (key, create revision). They are bound to a
-    /// shared etcd lease that the process's other elections keep alive, so they are
-    /// deleted before the next keep-alive instead of living as long as the process.
-    abandoned: Mutex<Vec<(String, i64)>>,
+    /// Keys of ours whose release failed: key → create revision (the term's token).
+    /// They are bound to a shared etcd lease that the process's other elections keep
+    /// alive, so they are swept before keep-alives instead of living as long as the
+    /// process. A key listed here is deleted before this handle acquires or renews it:
+    /// otherwise a same-holder acquire could take the released term back with its old
+    /// token, and a later sweep would delete a term this process leads.
+    abandoned: Mutex<HashMap<String, i64>>,
+    /// Held by the one caller that sweeps [`Inner::abandoned`]; others do not wait.
+    sweeping: tokio::sync::Mutex<()>,
     /// Whether the server's version has been asked (and warned about).
     version_checked: AtomicBool,
 }
@@ -263,7 +272,8 @@ impl EtcdStore {
                 described,
                 leases: Mutex::new(HashMap::new()),
                 changes: tenure::store::ChangeHub::new(),
-                abandoned: Mutex::new(Vec::new()),
+                abandoned: Mutex::new(HashMap::new()),
+                sweeping: tokio::sync::Mutex::new(()),
                 version_checked: AtomicBool::new(false),
             }),
         })
@@ -378,7 +388,7 @@ impl EtcdStore {
     /// sent no earlier than `since`.
     async fn lease(&self, ttl: Duration, since: Instant) -> Result<i64, StoreError> {
         let secs = lease_secs(ttl);
-        self.delete_abandoned().await?;
+        self.sweep_abandoned().await;
         let slot = self.inner.leases.lock().unwrap().entry(secs).or_default().clone();
         let mut slot = slot.lock().await;
         if let (Some(id), Some(at)) = (slot.id, slot.refreshed)
@@ -469,21 +479,95 @@ impl EtcdStore {
         Ok(granted.id)
     }
 
-    /// Deletes the keys whose release failed (each only if it is still that grant), so
-    /// that no keep-alive of the shared lease extends them.
-    async fn delete_abandoned(&self) -> Result<(), StoreError> {
-        let pending = self.inner.abandoned.lock().unwrap().clone();
-        for (key, token) in pending {
-            let k = key.as_bytes();
-            let t = pb::TxnRequest {
-                compare: vec![txn::create_revision_is(k, token)],
-                success: vec![txn::delete(k)],
-                failure: Vec::new(),
-            };
-            self.txn("deleting a lease whose release failed", t).await?;
-            self.inner.abandoned.lock().unwrap().retain(|(k2, t2)| !(*k2 == key && *t2 == token));
+    /// Sweeps keys whose release failed, a few chunks per call, so that the keep-alive
+    /// that follows does not extend them. Only one caller sweeps at a time and none
+    /// waits for it; a failed sweep fails no caller (the keys are swept on a later call,
+    /// and die with the shared lease at the latest).
+    async fn sweep_abandoned(&self) {
+        const CHUNKS_PER_CALL: usize = 10;
+        if self.inner.abandoned.lock().unwrap().is_empty() {
+            return;
+        }
+        let Ok(_sweeping) = self.inner.sweeping.try_lock() else { return };
+        let pending: Vec<(String, i64)> = {
+            let abandoned = self.inner.abandoned.lock().unwrap();
+            abandoned.iter().take(CHUNKS_PER_CALL * TXN_CHUNK).map(|(k, t)| (k.clone(), *t)).collect()
+        };
+        if let Err(e) = self.delete_abandoned(&pending).await {
+            tracing::warn!(error = %e, keys = pending.len(), "etcd: deleting leases whose release failed did not work; trying again later");
+        }
+    }
+
+    /// Deletes each of `keys` (key, create revision) whose key is still that grant, in
+    /// chunks of nested transactions, and forgets the ones deleted. Stops at the first
+    /// chunk that fails.
+    async fn delete_abandoned(&self, keys: &[(String, i64)]) -> Result<(), StoreError> {
+        for chunk in keys.chunks(TXN_CHUNK) {
+            let ops = chunk
+                .iter()
+                .map(|(key, token)| {
+                    let k = key.as_bytes();
+                    txn::nested(pb::TxnRequest {
+                        compare: vec![txn::create_revision_is(k, *token)],
+                        success: vec![txn::delete(k)],
+                        failure: Vec::new(),
+                    })
+                })
+                .collect();
+            let t = pb::TxnRequest { compare: Vec::new(), success: ops, failure: Vec::new() };
+            self.txn("deleting leases whose release failed", t).await?;
+            // No key of that grant exists now, nor can again: create revisions never repeat.
+            let mut abandoned = self.inner.abandoned.lock().unwrap();
+            for (key, token) in chunk {
+                if abandoned.get(key) == Some(token) {
+                    abandoned.remove(key);
+                }
+            }
         }
         Ok(())
+    }
+
+    /// Before this handle acquires or renews `elections`: deletes those among them whose
+    /// release failed and that are not swept yet (see [`Inner::abandoned`]).
+    async fn clear_abandoned(&self, elections: &[&str]) -> Result<(), StoreError> {
+        let listed: Vec<(String, i64)> = {
+            let abandoned = self.inner.abandoned.lock().unwrap();
+            if abandoned.is_empty() {
+                return Ok(());
+            }
+            elections
+                .iter()
+                .filter_map(|e| {
+                    let key = self.key(e);
+                    abandoned.get(&key).map(|t| (key, *t))
+                })
+                .collect()
+        };
+        if listed.is_empty() {
+            return Ok(());
+        }
+        self.delete_abandoned(&listed).await
+    }
+
+    /// Remembers that the release of `held` failed (see [`Inner::abandoned`]).
+    fn abandon(&self, held: &LeaseRecord) {
+        self.inner.abandoned.lock().unwrap().insert(self.key(held.election.as_str()), held.token.0 as i64);
+    }
+
+    /// The release of `held` as one transaction: deletes the key only if it is still that
+    /// term at that revision with that value.
+    fn release_txn(&self, held: &LeaseRecord) -> pb::TxnRequest {
+        let key = self.key(held.election.as_str());
+        let k = key.as_bytes();
+        pb::TxnRequest {
+            compare: vec![
+                txn::create_revision_is(k, held.token.0 as i64),
+                txn::mod_revision_is(k, held.revision.0 as i64),
+                txn::value_is(k, Value::of(held).encode()),
+            ],
+            success: vec![txn::delete(k)],
+            failure: Vec::new(),
+        }
     }
 
     /// The change listener's feed: a watch on the store's key prefix.
@@ -576,6 +660,9 @@ impl LeaseStore for EtcdStore {
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
         req.validate()?;
+        if !mutant("etcd-abandoned-key-retaken") {
+            self.clear_abandoned(&[req.election.as_str()]).await?;
+        }
         let since = Instant::now();
         let lease = self.lease(req.ttl, since).await?;
         for _ in 0..5 {
@@ -591,6 +678,7 @@ impl LeaseStore for EtcdStore {
         if held.evicted {
             return Ok(Renew::Lost(self.get_key(held.election.as_str()).await?));
         }
+        self.clear_abandoned(&[held.election.as_str()]).await?;
         let since = Instant::now();
         let lease = self.lease(ttl, since).await?;
         let resp = self.txn("renew", self.renew_txn(held, ttl, lease)).await?;
@@ -616,9 +704,21 @@ impl LeaseStore for EtcdStore {
         };
         // Evicted copies and repeated elections take the one-by-one path.
         let mut seen = std::collections::HashSet::new();
-        let batchable: Vec<usize> =
+        let mut batchable: Vec<usize> =
             (0..held.len()).filter(|&i| !held[i].evicted && seen.insert(held[i].election.clone())).collect();
-        for chunk in batchable.chunks(100) {
+        let names: Vec<&str> = batchable.iter().map(|&i| held[i].election.as_str()).collect();
+        if let Err(e) = self.clear_abandoned(&names).await {
+            // Only the renewals of keys still listed as abandoned wait for their deletion.
+            let abandoned = self.inner.abandoned.lock().unwrap();
+            batchable.retain(|&i| {
+                let listed = abandoned.contains_key(&self.key(held[i].election.as_str()));
+                if listed {
+                    out[i] = Some(Err(e.duplicate()));
+                }
+                !listed
+            });
+        }
+        for chunk in batchable.chunks(TXN_CHUNK) {
             let ops: Vec<pb::RequestOp> =
                 chunk.iter().map(|&i| txn::nested(self.renew_txn(&held[i], ttl, lease))).collect();
             match self.txn("renew", pb::TxnRequest { compare: Vec::new(), success: ops, failure: Vec::new() }).await {
@@ -647,24 +747,44 @@ impl LeaseStore for EtcdStore {
     }
 
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
-        let key = self.key(held.election.as_str());
-        let k = key.as_bytes();
-        let t = pb::TxnRequest {
-            compare: vec![
-                txn::create_revision_is(k, held.token.0 as i64),
-                txn::mod_revision_is(k, held.revision.0 as i64),
-                txn::value_is(k, Value::of(held).encode()),
-            ],
-            success: vec![txn::delete(k)],
-            failure: Vec::new(),
-        };
-        if let Err(e) = self.txn("release", t).await {
-            // The key may still be bound to the shared lease: delete it before the next
+        if let Err(e) = self.txn("release", self.release_txn(held)).await {
+            // The key may still be bound to the shared lease: delete it before a later
             // keep-alive (our work has stopped, so deleting it can only free it sooner).
-            self.inner.abandoned.lock().unwrap().push((key, held.token.0 as i64));
+            self.abandon(held);
             return Err(e);
         }
         Ok(())
+    }
+
+    /// One transaction holding each release as a nested transaction (in chunks under
+    /// etcd's limit of operations), so that a process that leads thousands of elections
+    /// hands them over in a few round trips when it stops.
+    async fn release_many(&self, held: &[LeaseRecord]) -> Vec<Result<(), StoreError>> {
+        let mut out: Vec<Option<Result<(), StoreError>>> = (0..held.len()).map(|_| None).collect();
+        // etcd refuses a transaction that writes one key twice: repeated elections take
+        // the one-by-one path.
+        let mut seen = std::collections::HashSet::new();
+        let batchable: Vec<usize> = (0..held.len()).filter(|&i| seen.insert(held[i].election.clone())).collect();
+        for chunk in batchable.chunks(TXN_CHUNK) {
+            let ops = chunk.iter().map(|&i| txn::nested(self.release_txn(&held[i]))).collect();
+            match self.txn("release", pb::TxnRequest { compare: Vec::new(), success: ops, failure: Vec::new() }).await {
+                // Whether each compare held or not, the release is done: a release that
+                // does not match the current term changes nothing and is no error.
+                Ok(_) => chunk.iter().for_each(|&i| out[i] = Some(Ok(()))),
+                Err(e) => chunk.iter().for_each(|&i| {
+                    self.abandon(&held[i]);
+                    out[i] = Some(Err(e.duplicate()));
+                }),
+            }
+        }
+        let mut answers = Vec::with_capacity(held.len());
+        for (i, slot) in out.into_iter().enumerate() {
+            answers.push(match slot {
+                Some(a) => a,
+                None => self.release(&held[i]).await,
+            });
+        }
+        answers
     }
 
     async fn get(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {
@@ -758,6 +878,12 @@ impl tenure::store::ChangeFeed for KeyEvents {
     }
 }
 
+/// Whether the planted bug `name` is switched on (`TENURE_MUTANT=name`), in a build with
+/// the `mutants` feature, for CI to prove its checks catch it.
+fn mutant(name: &str) -> bool {
+    cfg!(feature = "mutants") && std::env::var("TENURE_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -800,5 +926,44 @@ mod tests {
         assert_eq!(lease_secs(Duration::from_millis(300)), 1);
         assert_eq!(lease_secs(Duration::from_millis(2000)), 2);
         assert_eq!(lease_secs(Duration::from_millis(2001)), 3);
+    }
+
+    /// A term whose release failed, taken again by the same holder while another call
+    /// sweeps the failed releases: it must be a new term (a new token), and no sweep may
+    /// delete it afterwards. Taking the released term back with its old token would let a
+    /// sweep delete a key this process leads, and another candidate take it at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_term_taken_again_after_a_failed_release_is_new_and_survives_the_sweep() {
+        use tenure::HolderId;
+        use tenure_testkit::proxy::{Mode, Proxy};
+        use tenure_testkit::servers::{self, Kind};
+        let Some(server) = servers::launch(Kind::Etcd) else { return };
+        let proxy = Proxy::start(("127.0.0.1", server.port())).unwrap();
+        let store = EtcdStore::connect(&format!("etcd://127.0.0.1:{}", proxy.port())).await.unwrap();
+        let ttl = Duration::from_secs(5);
+        let p = HolderId::new("p").unwrap();
+        let req = AcquireRequest::new(ElectionName::new("retaken").unwrap(), p.clone(), ttl);
+        let Acquire::Acquired(first) = store.try_acquire(&req).await.unwrap() else { panic!("free at first") };
+        proxy.set(Mode::Cut);
+        assert!(store.release(&first).await.is_err(), "the release went through a cut connection");
+        proxy.set(Mode::Pass);
+        // Another call is sweeping (holds the sweep) while the holder campaigns again.
+        let sweeping = store.inner.sweeping.lock().await;
+        let again = loop {
+            // The connection is made again after the cut: retry what is retryable.
+            match store.try_acquire(&req).await {
+                Ok(Acquire::Acquired(l)) => break l,
+                Ok(Acquire::Held(r)) => panic!("held by {}", r.holder),
+                Err(e) if e.is_retryable() => tokio::time::sleep(Duration::from_millis(100)).await,
+                Err(e) => panic!("{e}"),
+            }
+        };
+        assert!(again.token > first.token, "the released term was taken back with its token {}", first.token);
+        drop(sweeping);
+        // A call that sweeps whatever is left of the failed releases.
+        let other = AcquireRequest::new(ElectionName::new("other").unwrap(), p.clone(), ttl);
+        store.try_acquire(&other).await.unwrap();
+        let now = store.get(&req.election).await.unwrap().map(|r| (r.holder, r.token));
+        assert_eq!(now, Some((p, again.token)), "the new term must outlive the sweep of the old one");
     }
 }

@@ -200,6 +200,60 @@ async fn a_key_whose_release_failed_is_not_kept_alive_by_other_renewals() {
     }
 }
 
+/// How many transactions the server has handled, from its metrics.
+fn transactions(etcd: &Etcd) -> u64 {
+    use std::io::{Read, Write};
+    let port = etcd.server.lock().unwrap().port();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    body.lines()
+        .filter(|l| l.starts_with("grpc_server_handled_total{") && l.contains("grpc_method=\"Txn\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_go_in_batches_and_failed_ones_cost_other_calls_little() {
+    let Some(etcd) = Etcd::launch() else { return };
+    let store = EtcdStore::connect(&etcd.url()).await.unwrap();
+    let ttl = Duration::from_secs(10);
+    let p = HolderId::new("p").unwrap();
+    let mut held = Vec::new();
+    for i in 0..400 {
+        let req = AcquireRequest::new(ElectionName::new(format!("batch/{i}")).unwrap(), p.clone(), ttl);
+        let Acquire::Acquired(l) = store.try_acquire(&req).await.unwrap() else { panic!("batch/{i} is free") };
+        held.push(l);
+    }
+    let (now, later) = held.split_at(200);
+    // 200 releases in one call: a few transactions, and every election is free again.
+    let before = transactions(&etcd);
+    assert!(store.release_many(now).await.iter().all(Result::is_ok));
+    let spent = transactions(&etcd) - before;
+    assert!(spent <= 3, "200 releases took {spent} transactions");
+    assert!(store.get(&now[0].election).await.unwrap().is_none());
+    assert!(store.get(&now[199].election).await.unwrap().is_none());
+    // 200 releases fail (the connection is cut). The next call of another election
+    // sweeps them in a few transactions, and nothing fails because of them.
+    etcd.proxy.set(Mode::Cut);
+    assert!(store.release_many(later).await.iter().all(Result::is_err), "releases through a cut connection");
+    etcd.proxy.set(Mode::Pass);
+    let fresh = AcquireRequest::new(ElectionName::new("fresh").unwrap(), p.clone(), ttl);
+    let before = transactions(&etcd);
+    loop {
+        // The connection is made again after the cut: retry what is retryable.
+        match store.try_acquire(&fresh).await {
+            Ok(a) => break assert!(matches!(a, Acquire::Acquired(_))),
+            Err(e) if e.is_retryable() => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let spent = transactions(&etcd) - before;
+    assert!(spent <= 6, "an acquire after 200 failed releases took {spent} transactions");
+    assert_eq!(store.list("batch/").await.unwrap().len(), 0, "the failed releases were swept");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_database_is_retried_and_served_again_once_cleared() {
     // A 64 KiB quota: a few puts fill it and etcd raises its NOSPACE alarm, refusing
