@@ -68,13 +68,14 @@ struct Inner {
     /// One etcd lease per TTL in whole seconds.
     leases: Mutex<HashMap<i64, Arc<tokio::sync::Mutex<LeaseSlot>>>>,
     changes: tenure::store::ChangeHub,
-    /// Keys of ours whose release failed: key → create revision (the term's token).
-    /// They are bound to a shared etcd lease that the process's other elections keep
-    /// alive, so they are swept before keep-alives instead of living as long as the
-    /// process. A key listed here is deleted before this handle acquires or renews it:
-    /// otherwise a same-holder acquire could take the released term back with its old
-    /// token, and a later sweep would delete a term this process leads.
-    abandoned: Mutex<HashMap<String, i64>>,
+    /// Keys of ours whose release was sent and has not been answered as done: key →
+    /// (create revision, mod revision), the term and the record the release names. They
+    /// are bound to a shared etcd lease that the process's other elections keep alive, so
+    /// they are swept before keep-alives instead of living as long as the process. The
+    /// sweep deletes a key only if it is still that record, as the release would: a
+    /// holder that takes its own key back (same token) moves its mod revision, so no
+    /// sweep, however late, deletes a term this process leads again.
+    abandoned: Mutex<HashMap<String, (i64, i64)>>,
     /// Held by the one caller that sweeps [`Inner::abandoned`]; others do not wait.
     sweeping: tokio::sync::Mutex<()>,
     /// Whether the server's version has been asked (and warned about).
@@ -479,79 +480,58 @@ impl EtcdStore {
         Ok(granted.id)
     }
 
-    /// Sweeps keys whose release failed, a few chunks per call, so that the keep-alive
-    /// that follows does not extend them. Only one caller sweeps at a time and none
-    /// waits for it; a failed sweep fails no caller (the keys are swept on a later call,
-    /// and die with the shared lease at the latest).
+    /// Sweeps one chunk of the keys whose release failed, so that the keep-alive that
+    /// follows does not extend them. Only one caller sweeps at a time and none waits for
+    /// it; a failed sweep fails no caller (the keys are swept on a later call, and die
+    /// with the shared lease at the latest).
     async fn sweep_abandoned(&self) {
-        const CHUNKS_PER_CALL: usize = 10;
         if self.inner.abandoned.lock().unwrap().is_empty() {
             return;
         }
         let Ok(_sweeping) = self.inner.sweeping.try_lock() else { return };
-        let pending: Vec<(String, i64)> = {
+        let chunk: Vec<(String, (i64, i64))> = {
             let abandoned = self.inner.abandoned.lock().unwrap();
-            abandoned.iter().take(CHUNKS_PER_CALL * TXN_CHUNK).map(|(k, t)| (k.clone(), *t)).collect()
+            abandoned.iter().take(TXN_CHUNK).map(|(k, t)| (k.clone(), *t)).collect()
         };
-        if let Err(e) = self.delete_abandoned(&pending).await {
-            tracing::warn!(error = %e, keys = pending.len(), "etcd: deleting leases whose release failed did not work; trying again later");
+        if chunk.is_empty() {
+            return;
         }
-    }
-
-    /// Deletes each of `keys` (key, create revision) whose key is still that grant, in
-    /// chunks of nested transactions, and forgets the ones deleted. Stops at the first
-    /// chunk that fails.
-    async fn delete_abandoned(&self, keys: &[(String, i64)]) -> Result<(), StoreError> {
-        for chunk in keys.chunks(TXN_CHUNK) {
-            let ops = chunk
-                .iter()
-                .map(|(key, token)| {
-                    let k = key.as_bytes();
-                    txn::nested(pb::TxnRequest {
-                        compare: vec![txn::create_revision_is(k, *token)],
-                        success: vec![txn::delete(k)],
-                        failure: Vec::new(),
-                    })
-                })
-                .collect();
-            let t = pb::TxnRequest { compare: Vec::new(), success: ops, failure: Vec::new() };
-            self.txn("deleting leases whose release failed", t).await?;
-            // No key of that grant exists now, nor can again: create revisions never repeat.
-            let mut abandoned = self.inner.abandoned.lock().unwrap();
-            for (key, token) in chunk {
-                if abandoned.get(key) == Some(token) {
-                    abandoned.remove(key);
+        let ops = chunk
+            .iter()
+            .map(|(key, (token, revision))| {
+                let k = key.as_bytes();
+                let mut compare = vec![txn::create_revision_is(k, *token)];
+                if !mutant("etcd-sweep-ignores-revision") {
+                    compare.push(txn::mod_revision_is(k, *revision));
                 }
+                txn::nested(pb::TxnRequest { compare, success: vec![txn::delete(k)], failure: Vec::new() })
+            })
+            .collect();
+        let t = pb::TxnRequest { compare: Vec::new(), success: ops, failure: Vec::new() };
+        match self.txn("deleting leases whose release failed", t).await {
+            // No key of those records exists now, nor can again: revisions never repeat.
+            Ok(_) => chunk.iter().for_each(|(key, term)| self.forget(key, *term)),
+            Err(e) => {
+                tracing::warn!(error = %e, keys = chunk.len(), "etcd: deleting leases whose release failed did not work; trying again later");
             }
         }
-        Ok(())
     }
 
-    /// Before this handle acquires or renews `elections`: deletes those among them whose
-    /// release failed and that are not swept yet (see [`Inner::abandoned`]).
-    async fn clear_abandoned(&self, elections: &[&str]) -> Result<(), StoreError> {
-        let listed: Vec<(String, i64)> = {
-            let abandoned = self.inner.abandoned.lock().unwrap();
-            if abandoned.is_empty() {
-                return Ok(());
-            }
-            elections
-                .iter()
-                .filter_map(|e| {
-                    let key = self.key(e);
-                    abandoned.get(&key).map(|t| (key, *t))
-                })
-                .collect()
-        };
-        if listed.is_empty() {
-            return Ok(());
-        }
-        self.delete_abandoned(&listed).await
-    }
-
-    /// Remembers that the release of `held` failed (see [`Inner::abandoned`]).
+    /// Lists `held` as released but not yet known to be (see [`Inner::abandoned`]); of
+    /// two releases of one key, the later record stays listed.
     fn abandon(&self, held: &LeaseRecord) {
-        self.inner.abandoned.lock().unwrap().insert(self.key(held.election.as_str()), held.token.0 as i64);
+        let term = (held.token.0 as i64, held.revision.0 as i64);
+        let mut abandoned = self.inner.abandoned.lock().unwrap();
+        let entry = abandoned.entry(self.key(held.election.as_str())).or_insert(term);
+        *entry = (*entry).max(term);
+    }
+
+    /// Unlists `key` if it is still listed for `term` (create and mod revision).
+    fn forget(&self, key: &str, term: (i64, i64)) {
+        let mut abandoned = self.inner.abandoned.lock().unwrap();
+        if abandoned.get(key) == Some(&term) {
+            abandoned.remove(key);
+        }
     }
 
     /// The release of `held` as one transaction: deletes the key only if it is still that
@@ -660,9 +640,6 @@ impl LeaseStore for EtcdStore {
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
         req.validate()?;
-        if !mutant("etcd-abandoned-key-retaken") {
-            self.clear_abandoned(&[req.election.as_str()]).await?;
-        }
         let since = Instant::now();
         let lease = self.lease(req.ttl, since).await?;
         for _ in 0..5 {
@@ -678,7 +655,6 @@ impl LeaseStore for EtcdStore {
         if held.evicted {
             return Ok(Renew::Lost(self.get_key(held.election.as_str()).await?));
         }
-        self.clear_abandoned(&[held.election.as_str()]).await?;
         let since = Instant::now();
         let lease = self.lease(ttl, since).await?;
         let resp = self.txn("renew", self.renew_txn(held, ttl, lease)).await?;
@@ -704,20 +680,8 @@ impl LeaseStore for EtcdStore {
         };
         // Evicted copies and repeated elections take the one-by-one path.
         let mut seen = std::collections::HashSet::new();
-        let mut batchable: Vec<usize> =
+        let batchable: Vec<usize> =
             (0..held.len()).filter(|&i| !held[i].evicted && seen.insert(held[i].election.clone())).collect();
-        let names: Vec<&str> = batchable.iter().map(|&i| held[i].election.as_str()).collect();
-        if let Err(e) = self.clear_abandoned(&names).await {
-            // Only the renewals of keys still listed as abandoned wait for their deletion.
-            let abandoned = self.inner.abandoned.lock().unwrap();
-            batchable.retain(|&i| {
-                let listed = abandoned.contains_key(&self.key(held[i].election.as_str()));
-                if listed {
-                    out[i] = Some(Err(e.duplicate()));
-                }
-                !listed
-            });
-        }
         for chunk in batchable.chunks(TXN_CHUNK) {
             let ops: Vec<pb::RequestOp> =
                 chunk.iter().map(|&i| txn::nested(self.renew_txn(&held[i], ttl, lease))).collect();
@@ -747,12 +711,12 @@ impl LeaseStore for EtcdStore {
     }
 
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
-        if let Err(e) = self.txn("release", self.release_txn(held)).await {
-            // The key may still be bound to the shared lease: delete it before a later
-            // keep-alive (our work has stopped, so deleting it can only free it sooner).
-            self.abandon(held);
-            return Err(e);
-        }
+        // Listed before it is sent: should the caller stop waiting (its future dropped) or
+        // the request fail, the key may still be bound to the shared lease, and a later
+        // call deletes it (our work has stopped, so deleting it can only free it sooner).
+        self.abandon(held);
+        self.txn("release", self.release_txn(held)).await?;
+        self.forget(&self.key(held.election.as_str()), (held.token.0 as i64, held.revision.0 as i64));
         Ok(())
     }
 
@@ -760,6 +724,7 @@ impl LeaseStore for EtcdStore {
     /// etcd's limit of operations), so that a process that leads thousands of elections
     /// hands them over in a few round trips when it stops.
     async fn release_many(&self, held: &[LeaseRecord]) -> Vec<Result<(), StoreError>> {
+        held.iter().for_each(|h| self.abandon(h));
         let mut out: Vec<Option<Result<(), StoreError>>> = (0..held.len()).map(|_| None).collect();
         // etcd refuses a transaction that writes one key twice: repeated elections take
         // the one-by-one path.
@@ -770,11 +735,12 @@ impl LeaseStore for EtcdStore {
             match self.txn("release", pb::TxnRequest { compare: Vec::new(), success: ops, failure: Vec::new() }).await {
                 // Whether each compare held or not, the release is done: a release that
                 // does not match the current term changes nothing and is no error.
-                Ok(_) => chunk.iter().for_each(|&i| out[i] = Some(Ok(()))),
-                Err(e) => chunk.iter().for_each(|&i| {
-                    self.abandon(&held[i]);
-                    out[i] = Some(Err(e.duplicate()));
+                Ok(_) => chunk.iter().for_each(|&i| {
+                    let h = &held[i];
+                    self.forget(&self.key(h.election.as_str()), (h.token.0 as i64, h.revision.0 as i64));
+                    out[i] = Some(Ok(()));
                 }),
+                Err(e) => chunk.iter().for_each(|&i| out[i] = Some(Err(e.duplicate()))),
             }
         }
         let mut answers = Vec::with_capacity(held.len());
@@ -928,12 +894,13 @@ mod tests {
         assert_eq!(lease_secs(Duration::from_millis(2001)), 3);
     }
 
-    /// A term whose release failed, taken again by the same holder while another call
-    /// sweeps the failed releases: it must be a new term (a new token), and no sweep may
-    /// delete it afterwards. Taking the released term back with its old token would let a
-    /// sweep delete a key this process leads, and another candidate take it at once.
+    /// A holder takes its own key back (same token) around a release of it that failed,
+    /// in either order: a release listed before the re-take, and one listed after it (a
+    /// release through `Batched` that timed out for the runtime, which campaigned again,
+    /// and failed later). No sweep may delete the term it leads again: another candidate
+    /// could take it at once.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_term_taken_again_after_a_failed_release_is_new_and_survives_the_sweep() {
+    async fn a_key_taken_back_after_a_failed_release_survives_the_sweep() {
         use tenure::HolderId;
         use tenure_testkit::proxy::{Mode, Proxy};
         use tenure_testkit::servers::{self, Kind};
@@ -942,28 +909,43 @@ mod tests {
         let store = EtcdStore::connect(&format!("etcd://127.0.0.1:{}", proxy.port())).await.unwrap();
         let ttl = Duration::from_secs(5);
         let p = HolderId::new("p").unwrap();
-        let req = AcquireRequest::new(ElectionName::new("retaken").unwrap(), p.clone(), ttl);
-        let Acquire::Acquired(first) = store.try_acquire(&req).await.unwrap() else { panic!("free at first") };
-        proxy.set(Mode::Cut);
-        assert!(store.release(&first).await.is_err(), "the release went through a cut connection");
-        proxy.set(Mode::Pass);
-        // Another call is sweeping (holds the sweep) while the holder campaigns again.
-        let sweeping = store.inner.sweeping.lock().await;
-        let again = loop {
-            // The connection is made again after the cut: retry what is retryable.
-            match store.try_acquire(&req).await {
+        let acquire = async |req: &AcquireRequest| loop {
+            // The connection is made again after a cut: retry what is retryable.
+            match store.try_acquire(req).await {
                 Ok(Acquire::Acquired(l)) => break l,
                 Ok(Acquire::Held(r)) => panic!("held by {}", r.holder),
                 Err(e) if e.is_retryable() => tokio::time::sleep(Duration::from_millis(100)).await,
                 Err(e) => panic!("{e}"),
             }
         };
-        assert!(again.token > first.token, "the released term was taken back with its token {}", first.token);
-        drop(sweeping);
-        // A call that sweeps whatever is left of the failed releases.
-        let other = AcquireRequest::new(ElectionName::new("other").unwrap(), p.clone(), ttl);
-        store.try_acquire(&other).await.unwrap();
-        let now = store.get(&req.election).await.unwrap().map(|r| (r.holder, r.token));
-        assert_eq!(now, Some((p, again.token)), "the new term must outlive the sweep of the old one");
+        let before = AcquireRequest::new(ElectionName::new("retaken/before").unwrap(), p.clone(), ttl);
+        let after = AcquireRequest::new(ElectionName::new("retaken/after").unwrap(), p.clone(), ttl);
+        let first_before = acquire(&before).await;
+        let first_after = acquire(&after).await;
+        // The release of one fails before its holder takes it back.
+        proxy.set(Mode::Cut);
+        assert!(store.release(&first_before).await.is_err(), "the release went through a cut connection");
+        proxy.set(Mode::Pass);
+        let again_before = acquire(&before).await;
+        // The other is taken back first, and its old release fails afterwards.
+        let again_after = acquire(&after).await;
+        proxy.set(Mode::Cut);
+        assert!(store.release(&first_after).await.is_err(), "the release went through a cut connection");
+        proxy.set(Mode::Pass);
+        // Calls that sweep whatever is listed, one chunk each.
+        for i in 0..3 {
+            let other = AcquireRequest::new(ElectionName::new(format!("other/{i}")).unwrap(), p.clone(), ttl);
+            acquire(&other).await;
+        }
+        assert!(store.inner.abandoned.lock().unwrap().is_empty(), "the failed releases were swept");
+        for again in [again_before, again_after] {
+            let now = store.get(&again.election).await.unwrap().map(|r| (r.holder, r.token));
+            assert_eq!(
+                now,
+                Some((p.clone(), again.token)),
+                "{}: the term taken back must outlive the sweep",
+                again.election
+            );
+        }
     }
 }

@@ -26,7 +26,8 @@ pub const DEFAULT_MAX_BATCH: usize = 4096;
 /// believe it leads for less time than the store grants. Electors also renew early on a
 /// grid shared by every elector using the handle ([`LeaseStore::renewal_grid`]): those
 /// with the same TTL renew at the same instants, so 10,000 elections take a few calls per
-/// renew interval. A release waits the same window; every other call goes straight to
+/// renew interval. A release waits the same window, and is sent even if its caller
+/// stops waiting (it only frees the election sooner); every other call goes straight to
 /// the wrapped store.
 ///
 /// ```no_run
@@ -54,11 +55,13 @@ enum Job {
 }
 
 impl Job {
-    /// Whether the caller gave up waiting (its request timed out): then no store work.
+    /// Whether the caller gave up waiting on a renewal (its request timed out): then no
+    /// store work. A release is sent even then: its compare makes it harmless if the
+    /// holder took the lease back since, and otherwise it frees the election a TTL sooner.
     fn abandoned(&self) -> bool {
         match self {
             Job::Renew { reply, .. } => reply.is_closed(),
-            Job::Release { reply, .. } => reply.is_closed(),
+            Job::Release { .. } => false,
         }
     }
 }

@@ -123,3 +123,26 @@ async fn a_thousand_leaders_that_stop_together_release_in_a_few_calls() {
     assert!((1..=10).contains(&batches), "{batches} release_many calls for 1,000 releases");
     assert!(counting.list("shard/").await.unwrap().is_empty(), "every lease was released, none left to expire");
 }
+
+/// A release whose caller stopped waiting before its batch went out (its request timed
+/// out) is still sent: the election is free at once instead of a TTL later. A renewal
+/// whose caller stopped waiting is not.
+#[tokio::test(start_paused = true)]
+async fn a_release_is_sent_even_when_its_caller_stopped_waiting() {
+    let (counting, store) = batched();
+    let holder = HolderId::new("p").unwrap();
+    let mut leases = Vec::new();
+    for name in ["given-up/release", "given-up/renewal"] {
+        let req = AcquireRequest::new(ElectionName::new(name).unwrap(), holder.clone(), TTL);
+        let Acquire::Acquired(l) = store.try_acquire(&req).await.unwrap() else { panic!("{name} is free") };
+        leases.push(l);
+    }
+    // Each caller gives up before the batch's window has passed.
+    let quick = Duration::from_millis(1);
+    assert!(tokio::time::timeout(quick, store.release(&leases[0])).await.is_err());
+    assert!(tokio::time::timeout(quick, store.renew(&leases[1], TTL)).await.is_err());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(counting.calls_of(Op::ReleaseMany), 1, "the release went out");
+    assert!(counting.get(&leases[0].election).await.unwrap().is_none(), "the election is free");
+    assert_eq!(counting.calls_of(Op::RenewMany), 0, "a renewal nobody waits for is not sent");
+}
