@@ -53,6 +53,11 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 /// operations in one transaction by default.
 const TXN_CHUNK: usize = 100;
 
+/// How many of a batch's transactions are in flight at once: etcd commits concurrent
+/// transactions together, so 10,000 renewals take about the time of a dozen, not of a
+/// hundred in a row.
+const TXNS_IN_FLIGHT: usize = 8;
+
 /// A lease store on an etcd cluster.
 #[derive(Clone)]
 pub struct EtcdStore {
@@ -385,6 +390,31 @@ impl EtcdStore {
         r
     }
 
+    /// Sends `txns`, up to [`TXNS_IN_FLIGHT`] at a time, and answers each in order.
+    async fn txns(&self, what: &'static str, txns: Vec<pb::TxnRequest>) -> Vec<Result<pb::TxnResponse, StoreError>> {
+        let mut out: Vec<Option<Result<pb::TxnResponse, StoreError>>> = (0..txns.len()).map(|_| None).collect();
+        let mut running = tokio::task::JoinSet::new();
+        for (i, t) in txns.into_iter().enumerate() {
+            if running.len() >= TXNS_IN_FLIGHT
+                && let Some(Ok((j, r))) = running.join_next().await
+            {
+                out[j] = Some(r);
+            }
+            let store = self.clone();
+            running.spawn(async move { (i, store.txn(what, t).await) });
+        }
+        while let Some(done) = running.join_next().await {
+            if let Ok((j, r)) = done {
+                out[j] = Some(r);
+            }
+        }
+        out.into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| Err(StoreError::ambiguous(format!("etcd: {what}: the request's task ended early"))))
+            })
+            .collect()
+    }
+
     /// The shared etcd lease for `ttl`, refreshed by a keep-alive (or granted) that was
     /// sent no earlier than `since`.
     async fn lease(&self, ttl: Duration, since: Instant) -> Result<i64, StoreError> {
@@ -682,10 +712,16 @@ impl LeaseStore for EtcdStore {
         let mut seen = std::collections::HashSet::new();
         let batchable: Vec<usize> =
             (0..held.len()).filter(|&i| !held[i].evicted && seen.insert(held[i].election.clone())).collect();
-        for chunk in batchable.chunks(TXN_CHUNK) {
-            let ops: Vec<pb::RequestOp> =
-                chunk.iter().map(|&i| txn::nested(self.renew_txn(&held[i], ttl, lease))).collect();
-            match self.txn("renew", pb::TxnRequest { compare: Vec::new(), success: ops, failure: Vec::new() }).await {
+        let chunks: Vec<&[usize]> = batchable.chunks(TXN_CHUNK).collect();
+        let txns = chunks
+            .iter()
+            .map(|chunk| {
+                let ops = chunk.iter().map(|&i| txn::nested(self.renew_txn(&held[i], ttl, lease))).collect();
+                pb::TxnRequest { compare: Vec::new(), success: ops, failure: Vec::new() }
+            })
+            .collect();
+        for (chunk, answer) in chunks.into_iter().zip(self.txns("renew", txns).await) {
+            match answer {
                 Ok(resp) => {
                     for (&i, r) in chunk.iter().zip(resp.responses) {
                         out[i] = Some(match r.response {
@@ -730,9 +766,16 @@ impl LeaseStore for EtcdStore {
         // the one-by-one path.
         let mut seen = std::collections::HashSet::new();
         let batchable: Vec<usize> = (0..held.len()).filter(|&i| seen.insert(held[i].election.clone())).collect();
-        for chunk in batchable.chunks(TXN_CHUNK) {
-            let ops = chunk.iter().map(|&i| txn::nested(self.release_txn(&held[i]))).collect();
-            match self.txn("release", pb::TxnRequest { compare: Vec::new(), success: ops, failure: Vec::new() }).await {
+        let chunks: Vec<&[usize]> = batchable.chunks(TXN_CHUNK).collect();
+        let txns = chunks
+            .iter()
+            .map(|chunk| {
+                let ops = chunk.iter().map(|&i| txn::nested(self.release_txn(&held[i]))).collect();
+                pb::TxnRequest { compare: Vec::new(), success: ops, failure: Vec::new() }
+            })
+            .collect();
+        for (chunk, answer) in chunks.into_iter().zip(self.txns("release", txns).await) {
+            match answer {
                 // Whether each compare held or not, the release is done: a release that
                 // does not match the current term changes nothing and is no error.
                 Ok(_) => chunk.iter().for_each(|&i| {
