@@ -46,6 +46,11 @@ mod target;
 use target::Target;
 
 /// How long a grant or renewal waits for replicas to acknowledge it (`WAIT`), in ms.
+/// How many scripts one pipeline carries. The client gives each request 500 ms: a
+/// pipeline of thousands of scripts, queued behind others on the one connection, ran
+/// past it and failed whole (the renewals of 10,000 elections through `Batched`).
+const PIPELINE_CHUNK: usize = 500;
+
 const WAIT_MS: u64 = 250;
 
 /// The default key prefix.
@@ -400,6 +405,43 @@ impl RedisStore {
         }
     }
 
+    /// The releases of `held` in one pipeline; each script is its own compare on holder,
+    /// token and revision, and one that does not match changes nothing.
+    async fn release_pipeline(&self, held: &[LeaseRecord]) -> Result<(), StoreError> {
+        if held.is_empty() {
+            return Ok(());
+        }
+        let mut conn = self.conn().await?;
+        let chan = self.channel();
+        let script = &self.inner.scripts.release;
+        let mut pipe = redis::pipe();
+        for l in held {
+            let (lease, meta) = self.keys(l.election.as_str());
+            let mut inv = script.key(lease);
+            inv.key(meta)
+                .key(self.epoch_key())
+                .arg(l.holder.as_str())
+                .arg(l.token.0.to_string())
+                .arg(l.revision.0.to_string())
+                .arg(&chan)
+                .arg(l.election.as_str());
+            pipe.invoke_script(&inv);
+        }
+        let values: Vec<Value> = match pipe.query_async(&mut conn).await {
+            Ok(v) => v,
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                // The server forgot the script (a restart, SCRIPT FLUSH): load it, once.
+                script.prepare_invoke().load_async(&mut conn).await.map_err(|e| self.failed("release", e))?;
+                pipe.query_async(&mut conn).await.map_err(|e| self.failed("release", e))?
+            }
+            Err(e) => return Err(self.failed("release", e)),
+        };
+        if values.len() != held.len() {
+            return Err(StoreError::ambiguous("Redis answered a release pipeline with the wrong number of replies"));
+        }
+        Ok(())
+    }
+
     async fn renew_pipeline(
         &self,
         held: &[LeaseRecord],
@@ -657,12 +699,30 @@ impl LeaseStore for RedisStore {
         })
     }
 
-    /// One pipeline of renewal scripts: one round trip for them all.
+    /// Pipelines of renewal scripts, [`PIPELINE_CHUNK`] in each, one after another: one
+    /// round trip per pipeline.
     async fn renew_many(&self, held: &[LeaseRecord], ttl: Duration) -> Vec<Result<Renew, StoreError>> {
-        match self.renew_pipeline(held, ttl).await {
-            Ok(v) => v,
-            Err(e) => held.iter().map(|_| Err(e.duplicate())).collect(),
+        let mut out = Vec::with_capacity(held.len());
+        for chunk in held.chunks(PIPELINE_CHUNK) {
+            match self.renew_pipeline(chunk, ttl).await {
+                Ok(v) => out.extend(v),
+                Err(e) => out.extend(chunk.iter().map(|_| Err(e.duplicate()))),
+            }
         }
+        out
+    }
+
+    /// Pipelines of release scripts, [`PIPELINE_CHUNK`] in each, one after another: a
+    /// process that leads thousands of elections hands them over in a few round trips.
+    async fn release_many(&self, held: &[LeaseRecord]) -> Vec<Result<(), StoreError>> {
+        let mut out = Vec::with_capacity(held.len());
+        for chunk in held.chunks(PIPELINE_CHUNK) {
+            match self.release_pipeline(chunk).await {
+                Ok(()) => out.extend(chunk.iter().map(|_| Ok(()))),
+                Err(e) => out.extend(chunk.iter().map(|_| Err(e.duplicate()))),
+            }
+        }
+        out
     }
 
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {

@@ -370,3 +370,31 @@ async fn a_promoted_replica_that_lacks_the_newest_grant_grants_nothing_for_the_l
     // From then on b leads as on any primary.
     assert!(matches!(b.renew(&mine, short).await, Ok(tenure::store::Renew::Renewed(_))));
 }
+
+/// What `Batched` asks of a process that leads 10,000 elections: their renewals in one
+/// call, then their releases in one. Each must get its own answer; as one pipeline of
+/// 10,000 scripts, the call ran past the client's 500 ms per request and failed whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_renewals_and_releases_in_one_call_each_succeed() {
+    let Some(r) = R::launch() else { return };
+    let store = RedisStore::connect(&format!("{}?restart_guard=off", r.url)).await.unwrap();
+    let ttl = Duration::from_secs(30);
+    let holder = HolderId::new("many").unwrap();
+    let mut held = Vec::new();
+    for i in 0..10_000 {
+        let req = AcquireRequest::new(ElectionName::new(format!("many/{i}")).unwrap(), holder.clone(), ttl);
+        held.push(acquire(&store, &req).await);
+    }
+    let renewed = store.renew_many(&held, ttl).await;
+    assert_eq!(renewed.len(), held.len());
+    for (i, r) in renewed.into_iter().enumerate() {
+        match r {
+            Ok(tenure::store::Renew::Renewed(rec)) => held[i] = rec,
+            other => panic!("renewal {i}: {other:?}"),
+        }
+    }
+    let released = store.release_many(&held).await;
+    assert_eq!(released.len(), held.len());
+    assert!(released.iter().all(Result::is_ok), "{:?}", released.iter().find(|r| r.is_err()));
+    assert!(store.list("many/").await.unwrap().is_empty(), "every election is free again");
+}
