@@ -405,6 +405,25 @@ impl RedisStore {
         }
     }
 
+    /// Sends a pipeline of `script`'s invocations, loading the script once if the server
+    /// forgot it (a restart, SCRIPT FLUSH).
+    async fn query_pipeline(
+        &self,
+        what: &str,
+        conn: &mut ConnectionManager,
+        pipe: &redis::Pipeline,
+        script: &Script,
+    ) -> Result<Vec<Value>, StoreError> {
+        match pipe.query_async(conn).await {
+            Ok(v) => Ok(v),
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                script.prepare_invoke().load_async(conn).await.map_err(|e| self.failed(what, e))?;
+                pipe.query_async(conn).await.map_err(|e| self.failed(what, e))
+            }
+            Err(e) => Err(self.failed(what, e)),
+        }
+    }
+
     /// The releases of `held` in one pipeline; each script is its own compare on holder,
     /// token and revision, and one that does not match changes nothing.
     async fn release_pipeline(&self, held: &[LeaseRecord]) -> Result<(), StoreError> {
@@ -427,15 +446,7 @@ impl RedisStore {
                 .arg(l.election.as_str());
             pipe.invoke_script(&inv);
         }
-        let values: Vec<Value> = match pipe.query_async(&mut conn).await {
-            Ok(v) => v,
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                // The server forgot the script (a restart, SCRIPT FLUSH): load it, once.
-                script.prepare_invoke().load_async(&mut conn).await.map_err(|e| self.failed("release", e))?;
-                pipe.query_async(&mut conn).await.map_err(|e| self.failed("release", e))?
-            }
-            Err(e) => return Err(self.failed("release", e)),
-        };
+        let values = self.query_pipeline("release", &mut conn, &pipe, script).await?;
         if values.len() != held.len() {
             return Err(StoreError::ambiguous("Redis answered a release pipeline with the wrong number of replies"));
         }
@@ -476,15 +487,7 @@ impl RedisStore {
         if self.inner.min_replicas > 0 {
             pipe.cmd("WAIT").arg(self.inner.min_replicas).arg(WAIT_MS);
         }
-        let values: Vec<Value> = match pipe.query_async(&mut conn).await {
-            Ok(v) => v,
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                // The server forgot the script (a restart, SCRIPT FLUSH): load it, once.
-                script.prepare_invoke().load_async(&mut conn).await.map_err(|e| self.failed("renew", e))?;
-                pipe.query_async(&mut conn).await.map_err(|e| self.failed("renew", e))?
-            }
-            Err(e) => return Err(self.failed("renew", e)),
-        };
+        let values = self.query_pipeline("renew", &mut conn, &pipe, script).await?;
         let mut values = values;
         if self.inner.min_replicas > 0 {
             let acks = match values.pop() {
