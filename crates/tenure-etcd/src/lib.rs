@@ -82,7 +82,7 @@ struct Inner {
     /// sweep, however late, deletes a term this process leads again.
     abandoned: Mutex<HashMap<String, (i64, i64)>>,
     /// Held by the one caller that sweeps [`Inner::abandoned`]; others do not wait.
-    sweeping: tokio::sync::Mutex<()>,
+    sweeping: Arc<tokio::sync::Mutex<()>>,
     /// Whether the server's version has been asked (and warned about).
     version_checked: AtomicBool,
 }
@@ -279,7 +279,7 @@ impl EtcdStore {
                 leases: Mutex::new(HashMap::new()),
                 changes: tenure::store::ChangeHub::new(),
                 abandoned: Mutex::new(HashMap::new()),
-                sweeping: tokio::sync::Mutex::new(()),
+                sweeping: Arc::new(tokio::sync::Mutex::new(())),
                 version_checked: AtomicBool::new(false),
             }),
         })
@@ -419,7 +419,7 @@ impl EtcdStore {
     /// sent no earlier than `since`.
     async fn lease(&self, ttl: Duration, since: Instant) -> Result<i64, StoreError> {
         let secs = lease_secs(ttl);
-        self.sweep_abandoned().await;
+        self.sweep_abandoned();
         let slot = self.inner.leases.lock().unwrap().entry(secs).or_default().clone();
         let mut slot = slot.lock().await;
         if let (Some(id), Some(at)) = (slot.id, slot.refreshed)
@@ -510,21 +510,40 @@ impl EtcdStore {
         Ok(granted.id)
     }
 
-    /// Sweeps one chunk of the keys whose release failed, so that the keep-alive that
-    /// follows does not extend them. Only one caller sweeps at a time and none waits for
-    /// it; a failed sweep fails no caller (the keys are swept on a later call, and die
-    /// with the shared lease at the latest).
-    async fn sweep_abandoned(&self) {
+    /// Sweeps the keys whose release failed, in a task of its own, so that no keep-alive
+    /// goes on extending them. At most one sweep runs at a time and no caller waits for
+    /// it; a failed sweep stops and is tried again on a later call (the keys die with the
+    /// shared lease at the latest).
+    fn sweep_abandoned(&self) {
         if self.inner.abandoned.lock().unwrap().is_empty() {
             return;
         }
-        let Ok(_sweeping) = self.inner.sweeping.try_lock() else { return };
+        let Ok(sweeping) = self.inner.sweeping.clone().try_lock_owned() else { return };
+        let store = self.clone();
+        tokio::spawn(async move {
+            let _sweeping = sweeping;
+            loop {
+                match store.sweep_chunk().await {
+                    Ok(()) => {}
+                    Err(None) => return,
+                    Err(Some(e)) => {
+                        tracing::warn!(error = %e, "etcd: deleting leases whose release failed did not work; trying again later");
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
+    /// Deletes up to [`TXN_CHUNK`] listed keys that are still the records their releases
+    /// named, and unlists them. `Err(None)` when nothing is listed.
+    async fn sweep_chunk(&self) -> Result<(), Option<StoreError>> {
         let chunk: Vec<(String, (i64, i64))> = {
             let abandoned = self.inner.abandoned.lock().unwrap();
             abandoned.iter().take(TXN_CHUNK).map(|(k, t)| (k.clone(), *t)).collect()
         };
         if chunk.is_empty() {
-            return;
+            return Err(None);
         }
         let ops = chunk
             .iter()
@@ -538,13 +557,10 @@ impl EtcdStore {
             })
             .collect();
         let t = pb::TxnRequest { compare: Vec::new(), success: ops, failure: Vec::new() };
-        match self.txn("deleting leases whose release failed", t).await {
-            // No key of those records exists now, nor can again: revisions never repeat.
-            Ok(_) => chunk.iter().for_each(|(key, term)| self.forget(key, *term)),
-            Err(e) => {
-                tracing::warn!(error = %e, keys = chunk.len(), "etcd: deleting leases whose release failed did not work; trying again later");
-            }
-        }
+        self.txn("deleting leases whose release failed", t).await.map_err(Some)?;
+        // No key of those records exists now, nor can again: revisions never repeat.
+        chunk.iter().for_each(|(key, term)| self.forget(key, *term));
+        Ok(())
     }
 
     /// Lists `held` as released but not yet known to be (see [`Inner::abandoned`]); of
@@ -975,12 +991,14 @@ mod tests {
         proxy.set(Mode::Cut);
         assert!(store.release(&first_after).await.is_err(), "the release went through a cut connection");
         proxy.set(Mode::Pass);
-        // Calls that sweep whatever is listed, one chunk each.
-        for i in 0..3 {
-            let other = AcquireRequest::new(ElectionName::new(format!("other/{i}")).unwrap(), p.clone(), ttl);
-            acquire(&other).await;
+        // A call that starts a sweep of whatever is listed; wait for it to be done.
+        let other = AcquireRequest::new(ElectionName::new("other").unwrap(), p.clone(), ttl);
+        acquire(&other).await;
+        let t0 = std::time::Instant::now();
+        while !store.inner.abandoned.lock().unwrap().is_empty() {
+            assert!(t0.elapsed() < Duration::from_secs(10), "the failed releases were not swept");
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert!(store.inner.abandoned.lock().unwrap().is_empty(), "the failed releases were swept");
         for again in [again_before, again_after] {
             let now = store.get(&again.election).await.unwrap().map(|r| (r.holder, r.token));
             assert_eq!(

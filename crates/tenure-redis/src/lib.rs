@@ -703,7 +703,9 @@ impl LeaseStore for RedisStore {
     }
 
     /// Pipelines of renewal scripts, [`PIPELINE_CHUNK`] in each, one after another: one
-    /// round trip per pipeline.
+    /// round trip per pipeline. With `min_replicas`, each pipeline ends with its own
+    /// `WAIT`: one `WAIT` after them all would cover nothing if the connection had been
+    /// made again in between (it counts only the writes of its own connection).
     async fn renew_many(&self, held: &[LeaseRecord], ttl: Duration) -> Vec<Result<Renew, StoreError>> {
         let mut out = Vec::with_capacity(held.len());
         for chunk in held.chunks(PIPELINE_CHUNK) {

@@ -1134,12 +1134,19 @@ fn lost(lease: &mut LeaseRecord, cur: Option<LeaseRecord>) -> StepDownReason {
 
 /// Releases `lease` and checks: a renewal that timed out may still have been applied and
 /// moved the revision, which makes the release match nothing; then the record as it
-/// stands is released. True if the lease is gone.
+/// stands is released. The check is made even when the release failed (it may have timed
+/// out, or gone in a batch that failed), so that the lease does not live on, which on a
+/// store whose elections share one lease per process lasts as long as the process. True
+/// if the lease is gone.
 async fn release(shared: &Shared, lease: &LeaseRecord) -> Result<bool, StoreError> {
     let until = shared.clock.now() + shared.cfg.request_timeout;
-    call(shared, "release", until, shared.store.release(lease)).await?;
+    let first = call(shared, "release", until, shared.store.release(lease)).await;
     let until = shared.clock.now() + shared.cfg.request_timeout;
-    match call(shared, "get", until, shared.store.get(&lease.election)).await? {
+    let now = match call(shared, "get", until, shared.store.get(&lease.election)).await {
+        Ok(now) => now,
+        Err(e) => return Err(first.err().unwrap_or(e)),
+    };
+    match now {
         Some(cur) if cur.holder == lease.holder && cur.token == lease.token => {
             let until = shared.clock.now() + shared.cfg.request_timeout;
             call(shared, "release", until, shared.store.release(&cur)).await?;

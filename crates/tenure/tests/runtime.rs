@@ -701,12 +701,13 @@ async fn a_proclamation_sent_as_the_term_ends_is_answered_and_does_not_hold_up_t
 }
 
 /// A memory store without a watch that notes, at each release, whether the term it was
-/// told of had already ended.
+/// told of had already ended, and refuses the first `refuse_releases` releases.
 #[derive(Default)]
 struct ReleaseOrder {
     inner: MemoryStore,
     term: Mutex<Option<tenure::CancellationToken>>,
     released_while_valid: Mutex<Vec<bool>>,
+    refuse_releases: Mutex<u32>,
 }
 
 #[async_trait::async_trait]
@@ -727,6 +728,15 @@ impl LeaseStore for ReleaseOrder {
     async fn release(&self, held: &tenure::LeaseRecord) -> Result<(), tenure::StoreError> {
         let valid = self.term.lock().unwrap().as_ref().is_some_and(|t| !t.is_cancelled());
         self.released_while_valid.lock().unwrap().push(valid);
+        let refused = {
+            let mut refuse = self.refuse_releases.lock().unwrap();
+            let r = *refuse > 0;
+            *refuse = refuse.saturating_sub(1);
+            r
+        };
+        if refused {
+            return Err(tenure::StoreError::unavailable("refused by the test"));
+        }
         self.inner.release(held).await
     }
     async fn get(&self, election: &tenure::ElectionName) -> Result<Option<tenure::LeaseRecord>, tenure::StoreError> {
@@ -745,6 +755,22 @@ impl LeaseStore for ReleaseOrder {
     fn describe(&self) -> String {
         "release order".into()
     }
+}
+
+/// A release that fails (a store that timed out, a batch that failed) is not the end of
+/// it: the record is read, and released if it is still this term, so standbys need not
+/// wait a TTL (nor, on a store whose processes share one lease, as long as it lives).
+#[tokio::test(start_paused = true)]
+async fn a_failed_release_is_followed_by_a_read_and_a_release_of_the_record_as_it_stands() {
+    let store = Arc::new(ReleaseOrder::default());
+    let a = elector(store.clone(), "a");
+    let l = a.leadership().await.unwrap();
+    let election = l.election().clone();
+    drop(l);
+    *store.refuse_releases.lock().unwrap() = 1;
+    a.shutdown().await;
+    assert_eq!(store.released_while_valid.lock().unwrap().len(), 2, "released, refused, then released again");
+    assert_eq!(store.get(&election).await.unwrap(), None, "the election is free at once");
 }
 
 #[tokio::test(start_paused = true)]
