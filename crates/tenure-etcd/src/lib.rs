@@ -178,6 +178,12 @@ fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+/// The record a release of `held` names: its create revision (the term's token) and its
+/// mod revision.
+fn record_of(held: &LeaseRecord) -> (i64, i64) {
+    (held.token.0 as i64, held.revision.0 as i64)
+}
+
 /// TTL in the whole seconds etcd leases count in, rounded up.
 fn lease_secs(ttl: Duration) -> i64 {
     (ttl.as_millis().div_ceil(1000) as i64).max(1)
@@ -390,6 +396,27 @@ impl EtcdStore {
         r
     }
 
+    /// One transaction per [`TXN_CHUNK`] of `indices`, holding `one(i)` for each as a
+    /// nested transaction; sent up to [`TXNS_IN_FLIGHT`] at a time. Answers each chunk
+    /// with its transaction's result, in order.
+    async fn nested_in_chunks<'i>(
+        &self,
+        what: &'static str,
+        indices: &'i [usize],
+        one: impl Fn(usize) -> pb::TxnRequest,
+    ) -> Vec<(&'i [usize], Result<pb::TxnResponse, StoreError>)> {
+        let chunks: Vec<&[usize]> = indices.chunks(TXN_CHUNK).collect();
+        let txns = chunks
+            .iter()
+            .map(|chunk| pb::TxnRequest {
+                compare: Vec::new(),
+                success: chunk.iter().map(|&i| txn::nested(one(i))).collect(),
+                failure: Vec::new(),
+            })
+            .collect();
+        chunks.into_iter().zip(self.txns(what, txns).await).collect()
+    }
+
     /// Sends `txns`, up to [`TXNS_IN_FLIGHT`] at a time, and answers each in order.
     async fn txns(&self, what: &'static str, txns: Vec<pb::TxnRequest>) -> Vec<Result<pb::TxnResponse, StoreError>> {
         let mut out: Vec<Option<Result<pb::TxnResponse, StoreError>>> = (0..txns.len()).map(|_| None).collect();
@@ -524,9 +551,9 @@ impl EtcdStore {
             let _sweeping = sweeping;
             loop {
                 match store.sweep_chunk().await {
-                    Ok(()) => {}
-                    Err(None) => return,
-                    Err(Some(e)) => {
+                    Ok(true) => {}
+                    Ok(false) => return,
+                    Err(e) => {
                         tracing::warn!(error = %e, "etcd: deleting leases whose release failed did not work; trying again later");
                         return;
                     }
@@ -536,14 +563,14 @@ impl EtcdStore {
     }
 
     /// Deletes up to [`TXN_CHUNK`] listed keys that are still the records their releases
-    /// named, and unlists them. `Err(None)` when nothing is listed.
-    async fn sweep_chunk(&self) -> Result<(), Option<StoreError>> {
+    /// named, and unlists them. False when nothing is listed.
+    async fn sweep_chunk(&self) -> Result<bool, StoreError> {
         let chunk: Vec<(String, (i64, i64))> = {
             let abandoned = self.inner.abandoned.lock().unwrap();
             abandoned.iter().take(TXN_CHUNK).map(|(k, t)| (k.clone(), *t)).collect()
         };
         if chunk.is_empty() {
-            return Err(None);
+            return Ok(false);
         }
         let ops = chunk
             .iter()
@@ -557,19 +584,24 @@ impl EtcdStore {
             })
             .collect();
         let t = pb::TxnRequest { compare: Vec::new(), success: ops, failure: Vec::new() };
-        self.txn("deleting leases whose release failed", t).await.map_err(Some)?;
+        self.txn("deleting leases whose release failed", t).await?;
         // No key of those records exists now, nor can again: revisions never repeat.
         chunk.iter().for_each(|(key, term)| self.forget(key, *term));
-        Ok(())
+        Ok(true)
     }
 
     /// Lists `held` as released but not yet known to be (see [`Inner::abandoned`]); of
     /// two releases of one key, the later record stays listed.
     fn abandon(&self, held: &LeaseRecord) {
-        let term = (held.token.0 as i64, held.revision.0 as i64);
+        let term = record_of(held);
         let mut abandoned = self.inner.abandoned.lock().unwrap();
         let entry = abandoned.entry(self.key(held.election.as_str())).or_insert(term);
         *entry = (*entry).max(term);
+    }
+
+    /// Unlists `held` once its release was answered.
+    fn forget_release(&self, held: &LeaseRecord) {
+        self.forget(&self.key(held.election.as_str()), record_of(held));
     }
 
     /// Unlists `key` if it is still listed for `term` (create and mod revision).
@@ -728,15 +760,9 @@ impl LeaseStore for EtcdStore {
         let mut seen = std::collections::HashSet::new();
         let batchable: Vec<usize> =
             (0..held.len()).filter(|&i| !held[i].evicted && seen.insert(held[i].election.clone())).collect();
-        let chunks: Vec<&[usize]> = batchable.chunks(TXN_CHUNK).collect();
-        let txns = chunks
-            .iter()
-            .map(|chunk| {
-                let ops = chunk.iter().map(|&i| txn::nested(self.renew_txn(&held[i], ttl, lease))).collect();
-                pb::TxnRequest { compare: Vec::new(), success: ops, failure: Vec::new() }
-            })
-            .collect();
-        for (chunk, answer) in chunks.into_iter().zip(self.txns("renew", txns).await) {
+        for (chunk, answer) in
+            self.nested_in_chunks("renew", &batchable, |i| self.renew_txn(&held[i], ttl, lease)).await
+        {
             match answer {
                 Ok(resp) => {
                     for (&i, r) in chunk.iter().zip(resp.responses) {
@@ -768,7 +794,7 @@ impl LeaseStore for EtcdStore {
         // call deletes it (our work has stopped, so deleting it can only free it sooner).
         self.abandon(held);
         self.txn("release", self.release_txn(held)).await?;
-        self.forget(&self.key(held.election.as_str()), (held.token.0 as i64, held.revision.0 as i64));
+        self.forget_release(held);
         Ok(())
     }
 
@@ -782,21 +808,12 @@ impl LeaseStore for EtcdStore {
         // the one-by-one path.
         let mut seen = std::collections::HashSet::new();
         let batchable: Vec<usize> = (0..held.len()).filter(|&i| seen.insert(held[i].election.clone())).collect();
-        let chunks: Vec<&[usize]> = batchable.chunks(TXN_CHUNK).collect();
-        let txns = chunks
-            .iter()
-            .map(|chunk| {
-                let ops = chunk.iter().map(|&i| txn::nested(self.release_txn(&held[i]))).collect();
-                pb::TxnRequest { compare: Vec::new(), success: ops, failure: Vec::new() }
-            })
-            .collect();
-        for (chunk, answer) in chunks.into_iter().zip(self.txns("release", txns).await) {
+        for (chunk, answer) in self.nested_in_chunks("release", &batchable, |i| self.release_txn(&held[i])).await {
             match answer {
                 // Whether each compare held or not, the release is done: a release that
                 // does not match the current term changes nothing and is no error.
                 Ok(_) => chunk.iter().for_each(|&i| {
-                    let h = &held[i];
-                    self.forget(&self.key(h.election.as_str()), (h.token.0 as i64, h.revision.0 as i64));
+                    self.forget_release(&held[i]);
                     out[i] = Some(Ok(()));
                 }),
                 Err(e) => chunk.iter().for_each(|&i| out[i] = Some(Err(e.duplicate()))),

@@ -45,12 +45,12 @@ use tenure::{ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord
 mod target;
 use target::Target;
 
-/// How long a grant or renewal waits for replicas to acknowledge it (`WAIT`), in ms.
 /// How many scripts one pipeline carries. The client gives each request 500 ms: a
 /// pipeline of thousands of scripts, queued behind others on the one connection, ran
 /// past it and failed whole (the renewals of 10,000 elections through `Batched`).
 const PIPELINE_CHUNK: usize = 500;
 
+/// How long a grant or renewal waits for replicas to acknowledge it (`WAIT`), in ms.
 const WAIT_MS: u64 = 250;
 
 /// The default key prefix.
@@ -349,11 +349,18 @@ impl RedisStore {
         redis_error(what, e)
     }
 
-    async fn run(&self, what: &str, script: &Script, election: &str, args: &[&[u8]]) -> Result<Reply, StoreError> {
-        let mut conn = self.conn().await?;
+    /// An invocation of `script` on `election`'s keys (lease, meta, epoch), to add the
+    /// arguments to.
+    fn invocation<'a>(&self, script: &'a Script, election: &str) -> redis::ScriptInvocation<'a> {
         let (lease, meta) = self.keys(election);
         let mut inv = script.key(lease);
         inv.key(meta).key(self.epoch_key());
+        inv
+    }
+
+    async fn run(&self, what: &str, script: &Script, election: &str, args: &[&[u8]]) -> Result<Reply, StoreError> {
+        let mut conn = self.conn().await?;
+        let mut inv = self.invocation(script, election);
         for a in args {
             inv.arg(*a);
         }
@@ -435,11 +442,8 @@ impl RedisStore {
         let script = &self.inner.scripts.release;
         let mut pipe = redis::pipe();
         for l in held {
-            let (lease, meta) = self.keys(l.election.as_str());
-            let mut inv = script.key(lease);
-            inv.key(meta)
-                .key(self.epoch_key())
-                .arg(l.holder.as_str())
+            let mut inv = self.invocation(script, l.election.as_str());
+            inv.arg(l.holder.as_str())
                 .arg(l.token.0.to_string())
                 .arg(l.revision.0.to_string())
                 .arg(&chan)
@@ -468,11 +472,8 @@ impl RedisStore {
         let script = &self.inner.scripts.renew;
         let mut invocations = Vec::with_capacity(held.len());
         for l in held {
-            let (lease, meta) = self.keys(l.election.as_str());
-            let mut inv = script.key(lease);
-            inv.key(meta)
-                .key(self.epoch_key())
-                .arg(l.holder.as_str())
+            let mut inv = self.invocation(script, l.election.as_str());
+            inv.arg(l.holder.as_str())
                 .arg(l.token.0.to_string())
                 .arg(&ttl)
                 .arg(&chan)
@@ -487,8 +488,7 @@ impl RedisStore {
         if self.inner.min_replicas > 0 {
             pipe.cmd("WAIT").arg(self.inner.min_replicas).arg(WAIT_MS);
         }
-        let values = self.query_pipeline("renew", &mut conn, &pipe, script).await?;
-        let mut values = values;
+        let mut values = self.query_pipeline("renew", &mut conn, &pipe, script).await?;
         if self.inner.min_replicas > 0 {
             let acks = match values.pop() {
                 Some(Value::Int(n)) => n.max(0) as u64,
