@@ -4,7 +4,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use tokio::sync::{broadcast, oneshot, watch};
+use tokio::sync::{broadcast, oneshot};
 use tokio_stream::StreamExt;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
@@ -221,9 +221,9 @@ impl ElectorBuilder {
             cfg,
             clock: self.clock,
             events: OnceLock::new(),
-            leadership: watch::Sender::new(None),
+            leadership: Published::default(),
             shutdown: shutdown.clone(),
-            stopped: watch::Sender::new(false),
+            stopped: Default::default(),
             task: Mutex::new(None),
             failure: Mutex::new(None),
             presence,
@@ -252,9 +252,11 @@ struct Shared {
     /// Made by the first subscriber: with thousands of electors in a process, those that
     /// nobody listens to do not carry a buffer of events.
     events: OnceLock<broadcast::Sender<Event>>,
-    leadership: watch::Sender<Option<Leadership>>,
+    /// The leadership handed out, while this candidate leads.
+    leadership: Published,
     shutdown: CancellationToken,
-    stopped: watch::Sender<bool>,
+    /// Set when the campaign task has ended.
+    stopped: Flag,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Why the campaign stopped, if not by shutdown.
     failure: Mutex<Option<ElectError>>,
@@ -349,7 +351,7 @@ impl Elector {
         if self.failure().is_some() {
             return false;
         }
-        match &*self.shared.leadership.borrow() {
+        match &self.shared.leadership.get() {
             Some(l) => l.cancel.is_cancelled() || l.is_valid(),
             None => true,
         }
@@ -359,15 +361,18 @@ impl Elector {
     /// deadline has passed, even before the runtime has got round to stepping down
     /// (after the process was frozen, say), so no work starts on a term that is over.
     pub fn current(&self) -> Option<Leadership> {
-        self.shared.leadership.borrow().clone().filter(Leadership::is_valid)
+        self.shared.leadership.get().filter(Leadership::is_valid)
     }
 
     /// Starts campaigning if needed and waits until this candidate leads.
     pub async fn leadership(&self) -> Result<Leadership, ElectError> {
         self.start();
-        let mut rx = self.shared.leadership.subscribe();
         loop {
-            let published = rx.borrow_and_update().clone().filter(|l| !l.cancel.is_cancelled());
+            let changed = self.shared.leadership.changed.notified();
+            tokio::pin!(changed);
+            // Registered before looking, so a change after the look wakes it.
+            changed.as_mut().enable();
+            let published = self.shared.leadership.get().filter(|l| !l.cancel.is_cancelled());
             if let Some(l) = published.as_ref().filter(|l| l.is_valid()) {
                 return Ok(l.clone());
             }
@@ -393,7 +398,7 @@ impl Elector {
             };
             tokio::select! {
                 biased;
-                _ = rx.changed() => {}
+                _ = changed => {}
                 _ = stale => {}
                 _ = self.shared.shutdown.cancelled() => return Err(ElectError::ShutDown),
             }
@@ -468,8 +473,7 @@ impl Elector {
     async fn stopped(&self) {
         let started = self.shared.task.lock().unwrap_or_else(|p| p.into_inner()).is_some();
         if started {
-            let mut stopped = self.shared.stopped.subscribe();
-            let _ = stopped.wait_for(|s| *s).await;
+            self.shared.stopped.wait().await;
         }
     }
 }
@@ -764,6 +768,12 @@ struct Proclaim {
     done: oneshot::Sender<Result<(), ProclaimError>>,
 }
 
+/// What the holders of a term asked of its lead loop.
+enum Ask {
+    Resign(Resign),
+    Proclaim(Proclaim),
+}
+
 /// A request to resign: answered once the lease is released.
 struct Resign {
     done: oneshot::Sender<()>,
@@ -784,16 +794,65 @@ impl Stopped<'_> {
             let mut f = shared.failure.lock().unwrap_or_else(|p| p.into_inner());
             f.get_or_insert(ElectError::Crashed);
         }
-        if let Some(l) = shared.leadership.send_replace(None) {
+        if let Some(l) = shared.leadership.replace(None) {
             l.cancel.cancel();
         }
-        shared.stopped.send_replace(true);
+        shared.stopped.set();
     }
 }
 
 impl Drop for Stopped<'_> {
     fn drop(&mut self) {
         Stopped::finish(self.0, true);
+    }
+}
+
+/// The leadership handed out, and a wake-up for those waiting for it to change: a `watch`
+/// channel would do, at several times the size, in every elector of a process.
+#[derive(Default)]
+struct Published {
+    current: Mutex<Option<Leadership>>,
+    changed: tokio::sync::Notify,
+}
+
+impl Published {
+    fn get(&self) -> Option<Leadership> {
+        self.current.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Publishes `l`; returns what was published before.
+    fn replace(&self, l: Option<Leadership>) -> Option<Leadership> {
+        let old = std::mem::replace(&mut *self.current.lock().unwrap_or_else(|p| p.into_inner()), l);
+        self.changed.notify_waiters();
+        old
+    }
+}
+
+/// A flag that is set once, and waited for: a `watch` channel would do, at ten times the
+/// size, in every elector of a process that may hold thousands.
+#[derive(Default)]
+struct Flag {
+    set: std::sync::atomic::AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl Flag {
+    fn set(&self) {
+        self.set.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+
+    async fn wait(&self) {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            // Registered before looking, so a `set` after the look wakes it.
+            notified.as_mut().enable();
+            if self.set.load(std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
+            notified.await;
+        }
     }
 }
 
@@ -862,7 +921,8 @@ async fn campaign_loop(shared: &Shared) {
         let Some((lease, sent)) = follow(shared, &mut view, defer.take()).await else {
             return;
         };
-        let (reason, stand_aside) = lead(shared, &mut view, lease, sent, &mut unhealthy).await;
+        let mut lease = lease;
+        let (reason, stand_aside) = lead(shared, &mut view, &mut lease, sent, &mut unhealthy).await;
         match reason {
             StepDownReason::ShuttingDown => return,
             // Stand aside so that another candidate takes over.
@@ -922,6 +982,28 @@ async fn next_event(watch: &mut Option<WatchStream>) -> Option<Result<Option<Lea
     }
 }
 
+/// What a leader's watch reported.
+enum LeaderWatch {
+    /// This term's record.
+    Ours,
+    /// Someone else's record, an eviction, or no lease: the store must be asked.
+    Ask,
+    /// The watch failed or ended.
+    Ended,
+}
+
+/// The leader's next watch report, judged against its `lease`. Small on purpose: it is
+/// what a leader's select keeps between reports, for every election the process leads.
+async fn leader_watch(watch: &mut Option<WatchStream>, lease: &LeaseRecord) -> LeaderWatch {
+    match next_event(watch).await {
+        Some(Ok(Some(rec))) if rec.holder == lease.holder && rec.token == lease.token && !rec.evicted => {
+            LeaderWatch::Ours
+        }
+        Some(Ok(_)) => LeaderWatch::Ask,
+        Some(Err(_)) | None => LeaderWatch::Ended,
+    }
+}
+
 /// The follower phase: campaigns until this candidate holds the lease. `None` on shutdown.
 /// Until `defer`, it leaves a free lease to the successor it was reserved for, reading
 /// instead of acquiring, until it sees anyone hold the lease.
@@ -966,8 +1048,9 @@ async fn follow(shared: &Shared, view: &mut View<'_>, mut defer: Option<Instant>
                     }
                     Ok(None) => {
                         // Free: leave it only while it is still reserved for a live candidate.
+                        // Boxed: a rare path, and the largest future a follower awaits.
                         let reserved =
-                            call(shared, "list", until, Standing::read(&*shared.store, &shared.req.election))
+                            Box::pin(call(shared, "list", until, Standing::read(&*shared.store, &shared.req.election)))
                                 .await
                                 .map(|st| matches!(st.successor(me, cfg.priority), Some(Successor::Reserved { .. })));
                         if let Ok(false) = reserved {
@@ -1176,7 +1259,7 @@ fn follower_wake(shared: &Shared, rec: Option<&LeaseRecord>, watching: bool) -> 
 async fn lead(
     shared: &Shared,
     view: &mut View<'_>,
-    mut lease: LeaseRecord,
+    lease: &mut LeaseRecord,
     sent: Instant,
     unhealthy: &mut u32,
 ) -> (StepDownReason, Duration) {
@@ -1276,19 +1359,63 @@ async fn lead(
         tokio::select! {
             biased;
             _ = shared.shutdown.cancelled() => break StepDownReason::ShuttingDown,
-            tx = asks.next(|s| s.resign.pop()) => {
-                resigners.push(tx);
-                break StepDownReason::Resigned;
-            }
+            // One waiter for both kinds of ask (a resignation goes first), as it is kept
+            // by every leader between renewals.
+            ask = asks.next(|s| s.resign.pop().map(Ask::Resign).or_else(|| s.proclaim.pop_front().map(Ask::Proclaim))) => match ask {
+                Ask::Resign(tx) => {
+                    resigners.push(tx);
+                    break StepDownReason::Resigned;
+                }
+                Ask::Proclaim(p) => {
+                    let sent = shared.clock.now();
+                    if sent >= times.stop_at {
+                        let _ = p.done.send(Err(ProclaimError::TermEnded));
+                        continue;
+                    }
+                    let req = AcquireRequest::new(election.clone(), shared.req.holder.clone(), cfg.ttl)
+                        .with_metadata(p.metadata.clone());
+                    let until = times.stop_at.min(sent + cfg.request_timeout);
+                    match call(shared, "proclaim", until, shared.store.try_acquire(&req)).await {
+                        // A same-holder acquire is a renewal: the same term, dated from its send time.
+                        Ok(Acquire::Acquired(rec)) if rec.token == lease.token => {
+                            *lease = rec;
+                            renewed(&mut times, sent);
+                            if let Some(l) = shared.leadership.get() {
+                                *l.term.metadata.lock().unwrap_or_else(|p| p.into_inner()) = p.metadata;
+                            }
+                            let _ = p.done.send(Ok(()));
+                        }
+                        Ok(Acquire::Acquired(grant)) => {
+                            // A new grant: the store had ended this term. This process does not
+                            // lead in it: the work stops first (the step-down below), then the
+                            // grant, which keeps everyone else out meanwhile, is released.
+                            let _ = p.done.send(Err(ProclaimError::TermEnded));
+                            *lease = grant;
+                            release_new_grant = true;
+                            break StepDownReason::Lost { to: None };
+                        }
+                        Ok(Acquire::Held(cur)) => {
+                            let _ = p.done.send(Err(ProclaimError::TermEnded));
+                            break lost(lease, Some(cur));
+                        }
+                        Err(e) => {
+                            tracing::warn!(%election, error = %e, "publishing new metadata failed");
+                            let _ = p.done.send(Err(ProclaimError::Store(e)));
+                        }
+                    }
+                }
+            },
             _ = publish_wait => {
                 if let Some(l) = pending.take() {
                     shared.metrics.elected(view.takeover.take());
                     shared.metrics.remaining(times.deadline.saturating_duration_since(shared.clock.now()));
                     shared.send_event(Event::Elected { token: l.token() });
-                    shared.leadership.send_replace(Some(l));
+                    shared.leadership.replace(Some(l));
                 }
             }
-            _ = shared.clock.sleep_until(times.renew_at) => {
+            // One timer for both: the renewal is due no later than the step-down time, and
+            // a renewal woken at or past that time steps down instead.
+            _ = shared.clock.sleep_until(times.renew_at.min(times.stop_at)) => {
                 let sent = shared.clock.now();
                 // Woken late (a pause): no time is left to renew in.
                 if sent >= times.deadline {
@@ -1300,7 +1427,7 @@ async fn lead(
                 let until = times.stop_at.min(sent + cfg.request_timeout);
                 match call(shared, "renew", until, shared.store.renew(&lease, cfg.ttl)).await {
                     Ok(Renew::Renewed(rec)) => {
-                        lease = rec;
+                        *lease = rec;
                         renewed(&mut times, sent);
                         if cfg.announce {
                             let until = times.stop_at.min(shared.clock.now() + cfg.request_timeout);
@@ -1326,7 +1453,7 @@ async fn lead(
                             }
                         }
                     }
-                    Ok(Renew::Lost(cur)) => break lost(&mut lease, cur),
+                    Ok(Renew::Lost(cur)) => break lost(lease, cur),
                     Err(e) => {
                         tracing::warn!(%election, error = %e, "renewal failed; retrying");
                         let now = shared.clock.now();
@@ -1337,53 +1464,14 @@ async fn lead(
                     }
                 }
             }
-            p = asks.next(|s| s.proclaim.pop_front()) => {
-                let sent = shared.clock.now();
-                if sent >= times.stop_at {
-                    let _ = p.done.send(Err(ProclaimError::TermEnded));
-                    continue;
-                }
-                let req = AcquireRequest::new(election.clone(), shared.req.holder.clone(), cfg.ttl)
-                    .with_metadata(p.metadata.clone());
-                let until = times.stop_at.min(sent + cfg.request_timeout);
-                match call(shared, "proclaim", until, shared.store.try_acquire(&req)).await {
-                    // A same-holder acquire is a renewal: the same term, dated from its send time.
-                    Ok(Acquire::Acquired(rec)) if rec.token == lease.token => {
-                        lease = rec;
-                        renewed(&mut times, sent);
-                        if let Some(l) = shared.leadership.borrow().as_ref() {
-                            *l.term.metadata.lock().unwrap_or_else(|p| p.into_inner()) = p.metadata;
-                        }
-                        let _ = p.done.send(Ok(()));
-                    }
-                    Ok(Acquire::Acquired(grant)) => {
-                        // A new grant: the store had ended this term. This process does not
-                        // lead in it: the work stops first (the step-down below), then the
-                        // grant, which keeps everyone else out meanwhile, is released.
-                        let _ = p.done.send(Err(ProclaimError::TermEnded));
-                        lease = grant;
-                        release_new_grant = true;
-                        break StepDownReason::Lost { to: None };
-                    }
-                    Ok(Acquire::Held(cur)) => {
-                        let _ = p.done.send(Err(ProclaimError::TermEnded));
-                        break lost(&mut lease, Some(cur));
-                    }
-                    Err(e) => {
-                        tracing::warn!(%election, error = %e, "publishing new metadata failed");
-                        let _ = p.done.send(Err(ProclaimError::Store(e)));
-                    }
-                }
-            }
-            _ = shared.clock.sleep_until(times.stop_at) => break StepDownReason::RenewFailed,
-            ev = next_event(&mut watch) => match ev {
-                Some(Ok(Some(rec))) if rec.holder == lease.holder && rec.token == lease.token && !rec.evicted => {}
-                Some(Ok(_)) => {
+            seen = leader_watch(&mut watch, lease) => match seen {
+                LeaderWatch::Ours => {}
+                LeaderWatch::Ask => {
                     // Someone else's record, an eviction, or none at all: ask the store
                     // with a renewal, whose answer is authoritative.
                     times.renew_at = shared.clock.now();
                 }
-                Some(Err(_)) | None => watch = None,
+                LeaderWatch::Ended => watch = None,
             },
         }
     };
@@ -1394,7 +1482,7 @@ async fn lead(
     // that the release below waits for.
     asks.end_proclaims();
     drop(pending);
-    shared.leadership.send_replace(None);
+    shared.leadership.replace(None);
     note!(shared, %election, token = %lease.token, ?reason, "stepped down");
     shared.metrics.ended(&reason);
     shared.send_event(Event::SteppedDown { reason: reason.clone() });

@@ -22,6 +22,9 @@ pub(super) async fn scale(open: &Opener<'_>, s: &Settings, run: &str, batched: b
         if batched { Arc::new(tenure::Batched::new(Arc::new(counter.clone()))) } else { Arc::new(counter.clone()) };
     let mode = if batched { "batched" } else { "single" };
     let latencies = RenewalTimes::default();
+    // Times every elector's renewals as each sees them (above the batching): one probe for
+    // all, so that the process's memory per election is the runtime's, not the probe's.
+    let probe: Arc<dyn LeaseStore> = Arc::new(FaultyStore::new(handle.clone()).timing_renewals(latencies.clone()));
     let (cpu0, rss0) = (cpu_time(), rss_bytes());
     let mut electors = Vec::with_capacity(s.scale);
     // The token each election was first won with: a term lost shows as no leadership, or
@@ -34,8 +37,7 @@ pub(super) async fn scale(open: &Opener<'_>, s: &Settings, run: &str, batched: b
     let give_up = s.ttl * 6 + Duration::from_secs(30);
     let mut gave_up = false;
     for i in 0..s.scale {
-        let probe = FaultyStore::new(handle.clone()).timing_renewals(latencies.clone());
-        let el = Elector::builder(Arc::new(probe), format!("bench/{run}/scale-{mode}/{i}"))
+        let el = Elector::builder(probe.clone(), format!("bench/{run}/scale-{mode}/{i}"))
             .holder(format!("bench-scale-{}", fastrand::u32(..)))
             .ttl(s.ttl)
             .build()?;
@@ -196,14 +198,14 @@ async fn contest_member(open: &Opener<'_>, s: &Settings, run: &str) -> Result<(V
     let counter = FaultyStore::new(raw.clone());
     let handle: Arc<dyn LeaseStore> = Arc::new(tenure::Batched::new(Arc::new(counter.clone())));
     let latencies = RenewalTimes::default();
+    let probe: Arc<dyn LeaseStore> = Arc::new(FaultyStore::new(handle.clone()).timing_renewals(latencies.clone()));
     let holder = format!("bench-contest-{}-{}", std::process::id(), fastrand::u32(..));
     let rss0 = rss_bytes();
     let give_up = Instant::now() + s.ttl * 6 + Duration::from_secs(60);
     let mut electors = Vec::with_capacity(s.scale);
     let mut rx = Vec::with_capacity(s.scale);
     for i in 0..s.scale {
-        let probe = FaultyStore::new(handle.clone()).timing_renewals(latencies.clone());
-        let el = Elector::builder(Arc::new(probe), contest_name(run, i)).holder(&holder).ttl(s.ttl).build()?;
+        let el = Elector::builder(probe.clone(), contest_name(run, i)).holder(&holder).ttl(s.ttl).build()?;
         rx.push(el.events());
         el.start();
         electors.push(el);

@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio_stream::{Stream, StreamExt};
 
 use crate::name::ElectionName;
@@ -92,7 +91,7 @@ where
     async fn step(mut self) -> Option<(Item, Option<Self>)> {
         if !self.started {
             self.started = true;
-            return match self.reread().await {
+            return match Box::pin(self.reread()).await {
                 Ok(r) => {
                     self.last = key(&r);
                     Some((Ok(r), Some(self)))
@@ -106,7 +105,7 @@ where
                 // election only grow.
                 Some(Some(rec)) if self.last.as_ref().is_some_and(|k| rec.revision < k.2) => continue,
                 Some(carried) => Ok(carried),
-                None => self.reread().await,
+                None => Box::pin(self.reread()).await,
             };
             match now {
                 Ok(rec) if key(&rec) == self.last => {}
@@ -292,7 +291,65 @@ pub struct ChangeHub {
 }
 
 /// The watchers of each election, by name; each holds the newest notification.
-type Routes = HashMap<Arc<str>, Vec<watch::Sender<Option<WatchEvent>>>>;
+type Routes = HashMap<Arc<str>, Vec<std::sync::Weak<Slot>>>;
+
+/// One watcher's mailbox: the newest notification it has not taken yet (a newer one
+/// replaces it), and the waker of the watcher waiting for one. A lock and a waker rather
+/// than a channel: a process may watch thousands of elections, and a channel keeps far
+/// more per receiver than this.
+#[derive(Default)]
+struct Slot {
+    state: Mutex<SlotState>,
+}
+
+#[derive(Default)]
+struct SlotState {
+    /// `Some(None)`: read the election again; `Some(Some(event))`: the election as it now stands.
+    newest: Option<Option<WatchEvent>>,
+    waker: Option<std::task::Waker>,
+}
+
+impl Slot {
+    fn lock(&self) -> std::sync::MutexGuard<'_, SlotState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Leaves `what` for the watcher, in place of what it has not taken yet.
+    fn put(&self, what: Option<WatchEvent>) {
+        let waker = {
+            let mut s = self.lock();
+            s.newest = Some(what);
+            s.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+/// The watcher's end of a [`Slot`]: yields each notification it finds there, the newest
+/// first (older ones it missed are gone, as they are stale). It never ends on its own.
+struct SlotStream(Arc<Slot>);
+
+impl Stream for SlotStream {
+    type Item = Option<WatchEvent>;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        let mut s = self.0.lock();
+        match s.newest.take() {
+            Some(what) => std::task::Poll::Ready(Some(what)),
+            None => {
+                if !s.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    s.waker = Some(cx.waker().clone());
+                }
+                std::task::Poll::Pending
+            }
+        }
+    }
+}
 
 impl std::fmt::Debug for ChangeHub {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -314,11 +371,14 @@ impl ChangeHub {
     /// have gone are dropped on the way.
     pub fn publish(&self, change: Change) {
         let mut routes = self.lock();
-        let tell = |senders: &mut Vec<watch::Sender<Option<WatchEvent>>>, what: &Option<WatchEvent>| {
-            senders.retain(|s| !s.is_closed());
-            for s in senders.iter() {
-                s.send_replace(what.clone());
-            }
+        let tell = |senders: &mut Vec<std::sync::Weak<Slot>>, what: &Option<WatchEvent>| {
+            senders.retain(|s| match s.upgrade() {
+                Some(slot) => {
+                    slot.put(what.clone());
+                    true
+                }
+                None => false,
+            });
             !senders.is_empty()
         };
         match change {
@@ -414,19 +474,19 @@ impl ChangeHub {
     pub fn prune(&self) -> usize {
         let mut routes = self.lock();
         routes.retain(|_, senders| {
-            senders.retain(|s| !s.is_closed());
+            senders.retain(|s| s.strong_count() > 0);
             !senders.is_empty()
         });
         routes.len()
     }
 
-    fn subscribe(&self, election: &ElectionName) -> watch::Receiver<Option<WatchEvent>> {
-        let (tx, rx) = watch::channel(None);
+    fn subscribe(&self, election: &ElectionName) -> SlotStream {
+        let slot = Arc::new(Slot::default());
         let mut routes = self.lock();
         let senders = routes.entry(Arc::from(election.as_str())).or_default();
-        senders.retain(|s| !s.is_closed());
-        senders.push(tx);
-        rx
+        senders.retain(|s| s.strong_count() > 0);
+        senders.push(Arc::downgrade(&slot));
+        SlotStream(slot)
     }
 }
 
@@ -436,7 +496,7 @@ impl ChangeHub {
 /// that does not makes it re-read through `store`. Reports only changes of holder, token,
 /// revision or eviction.
 pub fn watch_changes(store: Arc<dyn crate::LeaseStore>, hub: &ChangeHub, election: &ElectionName) -> WatchStream {
-    let events = tokio_stream::wrappers::WatchStream::from_changes(hub.subscribe(election));
+    let events = hub.subscribe(election);
     let read = move |e: ElectionName| {
         let store = store.clone();
         async move { store.get(&e).await }
