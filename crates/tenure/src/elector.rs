@@ -1359,9 +1359,15 @@ async fn lead(
         tokio::select! {
             biased;
             _ = shared.shutdown.cancelled() => break StepDownReason::ShuttingDown,
-            // One waiter for both kinds of ask (a resignation goes first), as it is kept
-            // by every leader between renewals.
-            ask = asks.next(|s| s.resign.pop().map(Ask::Resign).or_else(|| s.proclaim.pop_front().map(Ask::Proclaim))) => match ask {
+            // One waiter for both kinds of ask, as it is kept by every leader between
+            // renewals. A resignation goes first; a proclamation waits while a renewal is
+            // due, so that proclamations that keep failing cannot starve the renewal.
+            ask = asks.next(|s| {
+                s.resign.pop().map(Ask::Resign).or_else(|| {
+                    let renewal_due = shared.clock.now() >= times.renew_at.min(times.stop_at);
+                    if renewal_due { None } else { s.proclaim.pop_front().map(Ask::Proclaim) }
+                })
+            }) => match ask {
                 Ask::Resign(tx) => {
                     resigners.push(tx);
                     break StepDownReason::Resigned;

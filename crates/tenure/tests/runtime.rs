@@ -612,6 +612,30 @@ async fn a_proclamation_the_store_refuses_leaves_the_term_as_it_was() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn proclamations_that_keep_hanging_do_not_keep_a_due_renewal_waiting() {
+    // Proclamations (same-holder acquires) hang until their request timeout, while
+    // renewals go through. Two holders of the term keep one always queued: the renewals
+    // must still be made when due, or the leader steps down for nothing.
+    let store = FaultyStore::new(Arc::new(MemoryStore::new())).only(&[Op::Acquire]);
+    let a = elector(Arc::new(store.clone()), "a");
+    let log = record(&a);
+    let l = a.leadership().await.unwrap();
+    store.set(Fault::Hang);
+    for _ in 0..2 {
+        let l = l.clone();
+        tokio::spawn(async move {
+            while l.is_valid() {
+                let _ = l.set_metadata(b"x".to_vec()).await;
+            }
+        });
+    }
+    tokio::time::sleep(TTL * 3).await;
+    assert!(l.is_valid(), "the leader stepped down: {:?}", events(&log));
+    assert!(!events(&log).iter().any(|e| matches!(e, Event::SteppedDown { .. })), "{:?}", events(&log));
+    drop(l);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_proclamation_that_finds_another_holder_ends_the_term() {
     let inner: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
     // Without a watch, the leader learns of the new holder only from the store's answer.
