@@ -222,6 +222,31 @@ fn a_command_that_exits_leaves_nothing_behind_and_its_code_is_kept() {
 }
 
 #[test]
+fn the_processes_of_a_killed_supervisor_are_stopped_before_tenure_run_lets_go() {
+    // The supervisor itself is killed (the OOM killer, an operator's `kill -9`): its
+    // command and every process under it are re-parented to `tenure run`, which must stop
+    // them all before it releases the lease, or they would work on beside the next leader.
+    let env = Env::new();
+    let (pids, log, sup) = (env.path("pids"), env.path("log"), env.path("supervisor"));
+    let _reap = Reap(pids.clone());
+    let w = sh_quote(&worker(&pids, &log, true));
+    let script = format!(
+        "echo $PPID > {sup}; echo $$ >> {p}; setsid sh -c {w} & sh -c {w} & wait",
+        sup = sup.display(),
+        p = pids.display()
+    );
+    let mut leader = env.run(&env.sqlite(), "a", &script);
+    let started = wait_pids(&pids, 3);
+    let supervisor: u32 = std::fs::read_to_string(&sup).unwrap().trim().parse().unwrap();
+    signal(supervisor, rustix::process::Signal::KILL);
+    let status = leader.wait().unwrap();
+    assert_eq!(status.code(), Some(137), "the supervisor's death is the command's end, as a shell reports it");
+    for p in &started {
+        assert!(!alive(*p), "process {p} outlived its killed supervisor and tenure run");
+    }
+}
+
+#[test]
 fn a_redis_failover_does_not_end_the_campaign() {
     let Some(server) = tenure_testkit::servers::launch(tenure_testkit::servers::Kind::Redis) else { return };
     let env = Env::new();

@@ -568,11 +568,19 @@ impl LeaseStore for NatsStore {
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
         let Some((kv, ttl)) = self.bucket(None).await? else { return Ok(Vec::new()) };
         let mut names = Vec::new();
+        // The keys are the stream's subjects that hold a message, which the stream's info
+        // lists (in pages) for one request each. The bucket's key listing would make a
+        // consumer instead, which waits for an idle heartbeat (seconds) whenever a message
+        // it counted is removed before delivery, as a release's does.
         let collect = async {
-            let mut keys = kv.keys().await.map_err(|e| nats_error("list", e, false))?;
-            while let Some(k) = keys.next().await {
-                let k = k.map_err(|e| nats_error("list", e, false))?;
-                if let Some(n) = election_of(&k)
+            let mut subjects = kv
+                .stream
+                .info_with_subjects(format!("{}>", kv.prefix))
+                .await
+                .map_err(|e| nats_error("list", e, false))?;
+            while let Some(subject) = subjects.next().await {
+                let (subject, _) = subject.map_err(|e| nats_error("list", e, false))?;
+                if let Some(n) = subject.strip_prefix(kv.prefix.as_str()).and_then(election_of)
                     && n.as_str().starts_with(prefix)
                 {
                     names.push(n);
