@@ -1301,13 +1301,13 @@ async fn lead(
         match Box::pin(successor(shared, until)).await {
             Some(Successor::Reserved { to, remaining }) => {
                 tracing::info!(%election, successor = %to, "won, but the election is reserved for another candidate; giving it back");
-                Box::pin(give_back(shared, &lease)).await;
+                Box::pin(give_back(shared, lease)).await;
                 return (StepDownReason::HandedOver { to }, remaining.min(cfg.ttl));
             }
             Some(Successor::Higher(to)) => {
                 tracing::info!(%election, successor = %to, "won, but a candidate of higher priority campaigns; handing over to it");
                 Box::pin(reserve(shared, &to)).await;
-                Box::pin(give_back(shared, &lease)).await;
+                Box::pin(give_back(shared, lease)).await;
                 return (StepDownReason::HandedOver { to }, cfg.ttl);
             }
             None => {}
@@ -1334,7 +1334,7 @@ async fn lead(
     let publish_at = sent + cfg.cool_down;
     let mut watch = shared.store.watch(election);
     note!(shared, %election, token = %lease.token, "elected");
-    view.saw_record(Some(&lease));
+    view.saw_record(Some(&*lease));
     let mut resigners: Vec<Resign> = Vec::new();
     // A proclamation answered by a grant of a new term, to release after the work stops.
     let mut release_new_grant = false;
@@ -1431,7 +1431,7 @@ async fn lead(
                     break StepDownReason::RenewFailed;
                 }
                 let until = times.stop_at.min(sent + cfg.request_timeout);
-                match call(shared, "renew", until, shared.store.renew(&lease, cfg.ttl)).await {
+                match call(shared, "renew", until, shared.store.renew(lease, cfg.ttl)).await {
                     Ok(Renew::Renewed(rec)) => {
                         *lease = rec;
                         renewed(&mut times, sent);
@@ -1449,7 +1449,7 @@ async fn lead(
                                     if cfg.mutation_hand_over_without_stepping_down {
                                         // The planted bug: give the lease away and lead on.
                                         Box::pin(reserve(shared, &to)).await;
-                                        Box::pin(give_back(shared, &lease)).await;
+                                        Box::pin(give_back(shared, lease)).await;
                                         continue;
                                     }
                                     reserve_for = Some(to.clone());
@@ -1541,7 +1541,7 @@ async fn lead(
         _ => {}
     }
     if !matches!(reason, StepDownReason::Lost { .. }) || release_new_grant {
-        match Box::pin(release(shared, &lease)).await {
+        match Box::pin(release(shared, lease)).await {
             Ok(true) => view.saw(None),
             Ok(false) => {}
             Err(e) => {
