@@ -227,7 +227,7 @@ fn the_processes_of_a_killed_supervisor_are_stopped_before_tenure_run_lets_go() 
     // command and every process under it are re-parented to `tenure run`, which must stop
     // them all before it releases the lease, or they would work on beside the next leader.
     let env = Env::new();
-    let (pids, log, sup) = (env.path("pids"), env.path("log"), env.path("supervisor"));
+    let (pids, log, sup, next) = (env.path("pids"), env.path("log"), env.path("supervisor"), env.path("next"));
     let _reap = Reap(pids.clone());
     let w = sh_quote(&worker(&pids, &log, true));
     let script = format!(
@@ -237,13 +237,36 @@ fn the_processes_of_a_killed_supervisor_are_stopped_before_tenure_run_lets_go() 
     );
     let mut leader = env.run(&env.sqlite(), "a", &script);
     let started = wait_pids(&pids, 3);
+    // A standby, whose command notes when it starts: the next term's work.
+    let _standby = env.run(&env.sqlite(), "b", &format!("date +%s%N > {}; sleep 600", next.display()));
+    std::thread::sleep(Duration::from_millis(300));
     let supervisor: u32 = std::fs::read_to_string(&sup).unwrap().trim().parse().unwrap();
     signal(supervisor, rustix::process::Signal::KILL);
-    let status = leader.wait().unwrap();
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(status) = leader.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(t0.elapsed() < TTL * 5, "tenure run did not end after its supervisor was killed");
+        std::thread::sleep(Duration::from_millis(10));
+    };
     assert_eq!(status.code(), Some(137), "the supervisor's death is the command's end, as a shell reports it");
     for p in &started {
         assert!(!alive(*p), "process {p} outlived its killed supervisor and tenure run");
     }
+    let next_started: u64 = loop {
+        if let Some(t) = std::fs::read_to_string(&next).ok().and_then(|t| t.trim().parse().ok()) {
+            break t;
+        }
+        assert!(t0.elapsed() < TTL * 5, "the standby did not take over");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let last_work: u64 =
+        std::fs::read_to_string(&log).unwrap().lines().filter_map(|l| l.trim().parse().ok()).max().unwrap();
+    assert!(
+        last_work < next_started,
+        "the killed supervisor's workers still worked after the next term's command started"
+    );
 }
 
 #[test]

@@ -569,7 +569,7 @@ impl LeaseStore for NatsStore {
         let Some((kv, ttl)) = self.bucket(None).await? else { return Ok(Vec::new()) };
         let mut names = Vec::new();
         // The keys are the stream's subjects that hold a message, which the stream's info
-        // lists (in pages) for one request each. The bucket's key listing would make a
+        // lists (a request per page, and one more that finds the end). The bucket's key listing would make a
         // consumer instead, which waits for an idle heartbeat (seconds) whenever a message
         // it counted is removed before delivery, as a release's does.
         let collect = async {

@@ -8,7 +8,7 @@
 //! resource (a file that accepts a token only if it is at least the highest accepted so
 //! far) and logs every attempt on the host's monotonic clock. Meanwhile the leader is
 //! killed (SIGKILL), frozen (SIGSTOP for longer than the TTL, then SIGCONT) or stopped
-//! (SIGTERM); with a server, its connection is cut, black-holed or slowed, the server
+//! (SIGTERM), or its command's supervisor is killed (SIGKILL); with a server, its connection is cut, black-holed or slowed, the server
 //! restarts, behind Sentinel (`--server redis --sentinel`) it fails over (forced, or a
 //! killed primary), and the server refuses writes for a while as after a failover (Redis
 //! `REPLICAOF` or `min-replicas-to-write`, PostgreSQL `default_transaction_read_only`,
@@ -206,6 +206,21 @@ struct Candidate {
     /// Its own way to the server (server stores only), and when a network fault on it ends.
     proxy: Option<Proxy>,
     network_fault_until: Option<Instant>,
+}
+
+/// The supervisor `tenure run` (process `parent`) runs its command under: its child
+/// `tenure __child …`.
+fn supervisor_of(parent: u32) -> Option<Pid> {
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if ppid == Some(parent) && cmdline.split(|b| *b == 0).any(|arg| arg == b"__child") {
+            return Pid::from_raw(pid);
+        }
+    }
+    None
 }
 
 fn signal(child: &Child, sig: Signal) {
@@ -586,8 +601,21 @@ fn torture(a: Args) -> Result<bool, String> {
             continue;
         };
         let at = now_ns();
-        let kinds = if server_port.is_some() { 6 } else { 3 };
+        let kinds = if server_port.is_some() { 7 } else { 4 };
         match rng.usize(0..kinds) {
+            k if k == kinds - 1 => {
+                // The leader's supervisor is killed (the OOM killer, an operator's
+                // `kill -9`): the command's processes come to `tenure run`, which must stop
+                // them all before it lets the lease go, and then ends with the command's
+                // code. Not before the command has started.
+                let Some(supervisor) = supervisor_of(cands[i].child.id()) else { continue };
+                let _ = rustix::process::kill_process(supervisor, Signal::KILL);
+                let mut c = cands.remove(i);
+                let _ = c.child.wait();
+                records.push(Record::Stop { election: ELECTION.into(), holder: c.id, at, graceful: false });
+                note(&mut faults, &dir, "supervisor SIGKILL");
+                add(&mut cands)?;
+            }
             3 | 4 => {
                 // The leader loses the store: a cut (connections closed, refused) or a
                 // black hole (nothing answers), for longer than the TTL.
