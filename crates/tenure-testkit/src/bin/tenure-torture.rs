@@ -608,13 +608,19 @@ fn torture(a: Args) -> Result<bool, String> {
                 // `kill -9`): the command's processes come to `tenure run`, which must stop
                 // them all before it lets the lease go, and then ends with the command's
                 // code. Not before the command has started.
+                // A term that was ending anyway campaigns on instead: then it stays.
                 let Some(supervisor) = supervisor_of(cands[i].child.id()) else { continue };
                 let _ = rustix::process::kill_process(supervisor, Signal::KILL);
-                let mut c = cands.remove(i);
-                let _ = c.child.wait();
-                records.push(Record::Stop { election: ELECTION.into(), holder: c.id, at, graceful: false });
                 note(&mut faults, &dir, "supervisor SIGKILL");
-                add(&mut cands)?;
+                let gone_by = Instant::now() + a.ttl * 3;
+                while Instant::now() < gone_by && matches!(cands[i].child.try_wait(), Ok(None)) {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                if matches!(cands[i].child.try_wait(), Ok(Some(_))) {
+                    let c = cands.remove(i);
+                    records.push(Record::Stop { election: ELECTION.into(), holder: c.id, at, graceful: false });
+                    add(&mut cands)?;
+                }
             }
             3 | 4 => {
                 // The leader loses the store: a cut (connections closed, refused) or a
