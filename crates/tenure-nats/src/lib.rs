@@ -569,9 +569,9 @@ impl LeaseStore for NatsStore {
         let Some((kv, ttl)) = self.bucket(None).await? else { return Ok(Vec::new()) };
         let mut names = Vec::new();
         // The keys are the stream's subjects that hold a message, which the stream's info
-        // lists (a request per page, and one more that finds the end). The bucket's key listing would make a
-        // consumer instead, which waits for an idle heartbeat (seconds) whenever a message
-        // it counted is removed before delivery, as a release's does.
+        // lists (a request per page, and one more that finds the end). The bucket's key
+        // listing would make a consumer instead, which waits for an idle heartbeat
+        // (seconds) whenever a message it counted is removed before delivery.
         let collect = async {
             let mut subjects = kv
                 .stream

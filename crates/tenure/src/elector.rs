@@ -562,16 +562,7 @@ impl Asks {
 
     /// Waits until `take` finds something.
     async fn next<T>(&self, take: impl Fn(&mut AsksState) -> Option<T>) -> T {
-        loop {
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            // Registered before looking, so a change made after the look wakes it.
-            changed.as_mut().enable();
-            if let Some(x) = take(&mut self.lock()) {
-                return x;
-            }
-            changed.await;
-        }
+        once_seen(&self.changed, || take(&mut self.lock())).await
     }
 
     /// Refuses proclamations from now on; answers those still queued.
@@ -843,16 +834,21 @@ impl Flag {
     }
 
     async fn wait(&self) {
-        loop {
-            let notified = self.notify.notified();
-            tokio::pin!(notified);
-            // Registered before looking, so a `set` after the look wakes it.
-            notified.as_mut().enable();
-            if self.set.load(std::sync::atomic::Ordering::SeqCst) {
-                return;
-            }
-            notified.await;
+        once_seen(&self.notify, || self.set.load(std::sync::atomic::Ordering::SeqCst).then_some(())).await
+    }
+}
+
+/// Waits until `look` finds something, looking again each time `notify` wakes it. The
+/// wake-up is registered before each look, so a change made after a look is not missed.
+async fn once_seen<T>(notify: &tokio::sync::Notify, mut look: impl FnMut() -> Option<T>) -> T {
+    loop {
+        let changed = notify.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        if let Some(x) = look() {
+            return x;
         }
+        changed.await;
     }
 }
 
@@ -918,10 +914,9 @@ async fn campaign_loop(shared: &Shared) {
     // After a handover: the election is reserved for the successor until then.
     let mut defer = None;
     loop {
-        let Some((lease, sent)) = follow(shared, &mut view, defer.take()).await else {
+        let Some((mut lease, sent)) = follow(shared, &mut view, defer.take()).await else {
             return;
         };
-        let mut lease = lease;
         let (reason, stand_aside) = lead(shared, &mut view, &mut lease, sent, &mut unhealthy).await;
         match reason {
             StepDownReason::ShuttingDown => return,
@@ -1356,6 +1351,9 @@ async fn lead(
                 None => std::future::pending().await,
             }
         };
+        // One timer for both: the renewal is due no later than the step-down time, and a
+        // renewal woken at or past that time steps down instead.
+        let renew_due_at = times.renew_at.min(times.stop_at);
         tokio::select! {
             biased;
             _ = shared.shutdown.cancelled() => break StepDownReason::ShuttingDown,
@@ -1364,7 +1362,7 @@ async fn lead(
             // due, so that proclamations that keep failing cannot starve the renewal.
             ask = asks.next(|s| {
                 s.resign.pop().map(Ask::Resign).or_else(|| {
-                    let renewal_due = shared.clock.now() >= times.renew_at.min(times.stop_at);
+                    let renewal_due = shared.clock.now() >= renew_due_at;
                     if renewal_due { None } else { s.proclaim.pop_front().map(Ask::Proclaim) }
                 })
             }) => match ask {
@@ -1419,9 +1417,7 @@ async fn lead(
                     shared.leadership.replace(Some(l));
                 }
             }
-            // One timer for both: the renewal is due no later than the step-down time, and
-            // a renewal woken at or past that time steps down instead.
-            _ = shared.clock.sleep_until(times.renew_at.min(times.stop_at)) => {
+            _ = shared.clock.sleep_until(renew_due_at) => {
                 let sent = shared.clock.now();
                 // Woken late (a pause): no time is left to renew in.
                 if sent >= times.deadline {
