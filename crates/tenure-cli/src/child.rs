@@ -28,6 +28,7 @@
 //! host). docs/safety.md says how to close that.
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::Duration;
@@ -55,7 +56,13 @@ pub fn boottime_ns() -> u64 {
 /// The instant written in the deadline file; `None` when it cannot be read, which the
 /// supervisor treats as a deadline already passed (it fails closed).
 fn read_stop_at(path: &Path) -> Option<u64> {
-    std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok())
+    match std::fs::read_to_string(path) {
+        Ok(s) => s.trim().parse().ok(),
+        // Planted (with the standby's wait skipped): a deadline file not yet written is
+        // taken for no deadline.
+        Err(_) if mutant("standby-starts-unbidden") => Some(u64::MAX),
+        Err(_) => None,
+    }
 }
 
 /// The instant stopping was due, if it has come by `now`: the deadline file's instant,
@@ -80,11 +87,49 @@ fn stopped_marker(deadline_file: &Path) -> PathBuf {
     deadline_file.with_extension("stopped")
 }
 
+/// The file the supervisor creates just before it starts the command: without it, a
+/// supervisor that ended did not start it.
+fn started_marker(deadline_file: &Path) -> PathBuf {
+    deadline_file.with_extension("started")
+}
+
+/// The file a standby supervisor creates once it can be told to start the command.
+fn ready_marker(deadline_file: &Path) -> PathBuf {
+    deadline_file.with_extension("ready")
+}
+
+/// The file that tells a standby supervisor what to add to the command's environment:
+/// `NAME\0VALUE\0` pairs, written before it is told to start.
+fn env_file(deadline_file: &Path) -> PathBuf {
+    deadline_file.with_extension("env")
+}
+
+/// Writes `bytes` to `path` atomically: a reader finds the old content or the new.
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".new");
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(tmp, path)
+}
+
 /// Writes the instant by which the command must start stopping, atomically.
 fn write_stop_at(path: &Path, stop_at_ns: u64) -> std::io::Result<()> {
-    let tmp = path.with_extension("new");
-    std::fs::write(&tmp, stop_at_ns.to_string())?;
-    std::fs::rename(tmp, path)
+    write_atomically(path, stop_at_ns.to_string().as_bytes())
+}
+
+/// The pairs of an environment file; `None` if it cannot be read or is malformed.
+fn read_env(path: &Path) -> Option<Vec<(OsString, OsString)>> {
+    use std::os::unix::ffi::OsStringExt;
+    let bytes = std::fs::read(path).ok()?;
+    if bytes.is_empty() {
+        return Some(Vec::new());
+    }
+    let body = bytes.strip_suffix(b"\0")?;
+    let fields: Vec<&[u8]> = body.split(|b| *b == 0).collect();
+    if !fields.len().is_multiple_of(2) {
+        return None;
+    }
+    Some(fields.chunks(2).map(|p| (OsString::from_vec(p[0].to_vec()), OsString::from_vec(p[1].to_vec()))).collect())
 }
 
 /// Removes the directory `tenure run` made for the deadline file (only one it made:
@@ -164,8 +209,9 @@ enum Phase {
 }
 
 /// The hidden subcommand's body: supervise `cmd` and return its exit code once no
-/// process of its tree is left.
-pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, cmd: &[String]) -> i32 {
+/// process of its tree is left. A `standby` supervisor first waits, ready, until `tenure`
+/// tells it to start (see [`Standby`]).
+pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, standby: bool, cmd: &[String]) -> i32 {
     // Ask for SIGUSR2 when our parent dies, then check it has not died already.
     if let Err(e) = rustix::process::set_parent_process_death_signal(Some(Signal::USR2)) {
         eprintln!("tenure: cannot arrange to stop with the parent process: {e}");
@@ -201,8 +247,17 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, cmd:
         eprintln!("tenure: cannot stop the command's processes from gaining privileges: {e}");
         return 125;
     }
+    let added_env = if standby {
+        match wait_to_start(parent, deadline_file, &mut parent_died, &mut term, &mut int).await {
+            Ok(env) => env,
+            Err(code) => return code,
+        }
+    } else {
+        Vec::new()
+    };
     // A term may have run out between the decision to start and now (`tenure` frozen
     // or slow): work must not start on a term that cannot stop it in time.
+    // A standby told nothing has no deadline file yet, which fails closed here too.
     if passed_stop_at(deadline_file, boottime_ns()).is_some() {
         let _ = std::fs::write(stopped_marker(deadline_file), b"");
         eprintln!("tenure: the term ran out before the command could start; not starting it");
@@ -214,9 +269,13 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, cmd:
     // terminal (SIGTTIN), stops the command's group, never the supervisor.
     use std::os::unix::process::CommandExt;
     let mut command = std::process::Command::new(program);
-    command.args(args);
+    command.args(args).envs(added_env);
     if !mutant("command-in-supervisor-group") {
         command.process_group(0);
+    }
+    if let Err(e) = std::fs::write(started_marker(deadline_file), b"") {
+        eprintln!("tenure: cannot start the command: {e}");
+        return 125;
     }
     let command = match command.spawn() {
         Ok(c) => c.id() as i32,
@@ -315,6 +374,55 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, cmd:
     }
 }
 
+/// A standby supervisor's wait: ready (it says so with its ready marker), it waits for
+/// SIGUSR1 from `tenure`, which first writes the command's environment and deadline.
+/// Returns the environment to add, or the code to exit with without starting anything:
+/// 0 when `tenure` no longer needs it (SIGTERM, SIGINT), 137 when `tenure` is gone.
+async fn wait_to_start(
+    parent: i32,
+    deadline_file: &Path,
+    parent_died: &mut tokio::signal::unix::Signal,
+    term: &mut tokio::signal::unix::Signal,
+    int: &mut tokio::signal::unix::Signal,
+) -> Result<Vec<(OsString, OsString)>, i32> {
+    let Ok(mut go) = signal(SignalKind::user_defined1()) else {
+        eprintln!("tenure: cannot install signal handlers");
+        return Err(125);
+    };
+    if let Err(e) = std::fs::write(ready_marker(deadline_file), b"") {
+        eprintln!("tenure: cannot prepare to start the command: {e}");
+        return Err(125);
+    }
+    let gone = || {
+        // `tenure run` cannot clean up after itself: its directory goes too.
+        remove_deadline_dir(deadline_file);
+        Err(137)
+    };
+    let mut check = tokio::time::interval(CHECK_EVERY);
+    loop {
+        if mutant("standby-starts-unbidden") {
+            // The planted bug: the command starts before its term does (and, in
+            // `read_stop_at`, its missing deadline file is taken for no deadline, or
+            // that would keep it from starting).
+            return Ok(Vec::new());
+        }
+        if rustix::process::getppid().map(Pid::as_raw_pid) != Some(parent) {
+            return gone();
+        }
+        tokio::select! {
+            biased;
+            _ = parent_died.recv() => return gone(),
+            _ = term.recv() => return Err(0),
+            _ = int.recv() => return Err(0),
+            // Anyone may send SIGUSR1; only `tenure`, which writes the file first, starts it.
+            _ = go.recv() => if let Some(env) = read_env(&env_file(deadline_file)) {
+                return Ok(env);
+            },
+            _ = check.tick() => {}
+        }
+    }
+}
+
 /// The exit code a shell would report for `status`.
 pub fn exit_code(status: ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
@@ -378,6 +486,160 @@ fn reap_dead_children(me: Pid) {
     }
 }
 
+/// The directory for a supervisor's files (its deadline, its marks, the metadata).
+fn supervisor_dir() -> Result<tempfile::TempDir> {
+    tempfile::Builder::new().prefix("tenure-run-").tempdir().context("cannot create the command's deadline file")
+}
+
+/// Writes `metadata`, if any, into `dir` and names it in `env` as `TENURE_METADATA_FILE`.
+fn write_metadata(dir: &Path, metadata: Option<&[u8]>, env: &mut Vec<(&str, String)>) -> Result<Option<PathBuf>> {
+    let Some(m) = metadata else { return Ok(None) };
+    let file = dir.join("metadata");
+    std::fs::write(&file, m).context("cannot write TENURE_METADATA_FILE")?;
+    env.push(("TENURE_METADATA_FILE", file.display().to_string()));
+    Ok(Some(file))
+}
+
+/// Starts the supervisor process (`tenure __child`) for `cmd`, in a process group of
+/// its own, with `env` added to its environment.
+fn spawn_supervisor(
+    cmd: &[String],
+    deadline_file: &Path,
+    grace: Duration,
+    standby: bool,
+    env: &[(&str, String)],
+) -> Result<(Child, Pid)> {
+    let exe = own_program().context("cannot find the tenure executable to supervise the command")?;
+    let mut command = Command::new(exe);
+    command.arg0("tenure").arg("__child").arg(std::process::id().to_string()).arg(deadline_file);
+    command.arg(grace.as_millis().to_string());
+    if standby {
+        command.arg("--standby");
+    }
+    let child = command
+        .arg("--")
+        .args(cmd)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("cannot start {:?}", cmd.first().map(String::as_str).unwrap_or("")))?;
+    let pid = child.id().context("the command exited before it could be supervised")?;
+    let supervisor = Pid::from_raw(pid as i32).context("the command has an invalid process id")?;
+    Ok((child, supervisor))
+}
+
+/// A supervisor started ahead of a term, waiting, ready, to be told to start the
+/// command: a new leader's command then starts without waiting for the supervisor's own
+/// start, a few milliseconds of every handover. `tenure run` keeps one while it
+/// follows. It starts nothing until [`Standby::start`], and exits without starting
+/// anything when `tenure` stops it or dies.
+pub struct Standby {
+    child: Option<Child>,
+    supervisor: Pid,
+    deadline_file: PathBuf,
+    dir: Option<tempfile::TempDir>,
+}
+
+impl Standby {
+    /// Starts a standby supervisor for `cmd`.
+    pub fn prepare(cmd: &[String], grace: Duration) -> Result<Self> {
+        let dir = supervisor_dir()?;
+        let deadline_file = dir.path().join("deadline");
+        let (child, supervisor) = spawn_supervisor(cmd, &deadline_file, grace, true, &[])?;
+        Ok(Self { child: Some(child), supervisor, deadline_file, dir: Some(dir) })
+    }
+
+    /// Whether it runs and is ready to start the command, waiting up to `within` for it
+    /// to become ready (it was started moments ago).
+    pub async fn ready(&mut self, within: Duration) -> bool {
+        let until = tokio::time::Instant::now() + within;
+        loop {
+            if !matches!(self.child.as_mut().map(Child::try_wait), Some(Ok(None))) {
+                return false;
+            }
+            if ready_marker(&self.deadline_file).exists() {
+                return true;
+            }
+            if tokio::time::Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Tells it to start the command, as [`Supervised::spawn`] would have started it. If
+    /// it cannot be told, it is discarded, and the error says why.
+    pub async fn start(
+        mut self,
+        env: &[(&str, String)],
+        stop_at_ns: u64,
+        metadata: Option<&[u8]>,
+    ) -> Result<Supervised> {
+        let told = (|| -> Result<Option<PathBuf>> {
+            let dir = self.deadline_file.parent().context("the deadline file has no directory")?;
+            let mut env = env.to_vec();
+            let metadata_file = write_metadata(dir, metadata, &mut env)?;
+            let mut pairs = Vec::new();
+            for (k, v) in &env {
+                anyhow::ensure!(
+                    !k.contains('\0') && !v.contains('\0'),
+                    "the environment variable {k} holds a NUL byte"
+                );
+                pairs.extend_from_slice(k.as_bytes());
+                pairs.push(0);
+                pairs.extend_from_slice(v.as_bytes());
+                pairs.push(0);
+            }
+            write_atomically(&env_file(&self.deadline_file), &pairs)
+                .context("cannot write the command's environment")?;
+            write_stop_at(&self.deadline_file, stop_at_ns).context("cannot write the command's deadline file")?;
+            rustix::process::kill_process(self.supervisor, Signal::USR1)
+                .context("cannot tell the supervisor to start the command")?;
+            Ok(metadata_file)
+        })();
+        match (told, self.child.take(), self.dir.take()) {
+            (Ok(metadata_file), Some(child), Some(dir)) => Ok(Supervised {
+                child,
+                supervisor: self.supervisor,
+                deadline_file: self.deadline_file.clone(),
+                metadata_file,
+                _dir: dir,
+            }),
+            (told, child, dir) => {
+                (self.child, self.dir) = (child, dir);
+                self.discard().await;
+                Err(told.err().unwrap_or_else(|| anyhow::anyhow!("the standby supervisor was already used")))
+            }
+        }
+    }
+
+    /// Waits until the standby in `standby`, if any, has ended (killed, or stopped by
+    /// someone else); never returns while there is none.
+    pub async fn ended(standby: &mut Option<Standby>) {
+        match standby.as_mut().and_then(|s| s.child.as_mut()) {
+            Some(child) => {
+                let _ = child.wait().await;
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Stops it (it started nothing), waits until it has exited, and removes its files.
+    pub async fn discard(mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill().await;
+        }
+    }
+}
+
+impl Drop for Standby {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            let _ = child.start_kill();
+        }
+    }
+}
+
 /// A command running under the supervisor, in its own process group.
 pub struct Supervised {
     child: Child,
@@ -409,37 +671,12 @@ impl Supervised {
         grace: Duration,
         metadata: Option<&[u8]>,
     ) -> Result<Self> {
-        let exe = own_program().context("cannot find the tenure executable to supervise the command")?;
-        let dir = tempfile::Builder::new()
-            .prefix("tenure-run-")
-            .tempdir()
-            .context("cannot create the command's deadline file")?;
+        let dir = supervisor_dir()?;
         let deadline_file = dir.path().join("deadline");
         write_stop_at(&deadline_file, stop_at_ns).context("cannot write the command's deadline file")?;
         let mut env = env.to_vec();
-        let metadata_file = match metadata {
-            Some(m) => {
-                let file = dir.path().join("metadata");
-                std::fs::write(&file, m).context("cannot write TENURE_METADATA_FILE")?;
-                env.push(("TENURE_METADATA_FILE", file.display().to_string()));
-                Some(file)
-            }
-            None => None,
-        };
-        let child = Command::new(exe)
-            .arg0("tenure")
-            .arg("__child")
-            .arg(std::process::id().to_string())
-            .arg(&deadline_file)
-            .arg(grace.as_millis().to_string())
-            .arg("--")
-            .args(cmd)
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .process_group(0)
-            .spawn()
-            .with_context(|| format!("cannot start {:?}", cmd.first().map(String::as_str).unwrap_or("")))?;
-        let pid = child.id().context("the command exited before it could be supervised")?;
-        let supervisor = Pid::from_raw(pid as i32).context("the command has an invalid process id")?;
+        let metadata_file = write_metadata(dir.path(), metadata, &mut env)?;
+        let (child, supervisor) = spawn_supervisor(cmd, &deadline_file, grace, false, &env)?;
         Ok(Self { child, supervisor, deadline_file, metadata_file, _dir: dir })
     }
 
@@ -458,6 +695,11 @@ impl Supervised {
     /// Whether the supervisor stopped the command itself (its deadline passed unextended).
     pub fn stopped_by_supervisor(&self) -> bool {
         stopped_marker(&self.deadline_file).exists()
+    }
+
+    /// Whether the supervisor went as far as starting the command.
+    pub fn command_started(&self) -> bool {
+        started_marker(&self.deadline_file).exists()
     }
 
     /// The supervisor's process id (also its process group id).

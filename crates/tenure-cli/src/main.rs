@@ -266,6 +266,9 @@ enum InternalCommand {
         parent: i32,
         deadline_file: PathBuf,
         grace_ms: u64,
+        /// Wait, ready, to be told to start the command (SIGUSR1).
+        #[arg(long)]
+        standby: bool,
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
     },
@@ -460,8 +463,8 @@ async fn dispatch(cli: Cli) -> Result<i32> {
 
 async fn dispatch_internal(i: Internal) -> Result<i32> {
     match i.command {
-        InternalCommand::Child { parent, deadline_file, grace_ms, cmd } => {
-            Ok(child::supervisor(parent, &deadline_file, Duration::from_millis(grace_ms), &cmd).await)
+        InternalCommand::Child { parent, deadline_file, grace_ms, standby, cmd } => {
+            Ok(child::supervisor(parent, &deadline_file, Duration::from_millis(grace_ms), standby, &cmd).await)
         }
         InternalCommand::DemoJob { dir } => demo::job(&dir).await,
     }

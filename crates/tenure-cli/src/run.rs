@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::{Result, bail};
 use tenure::{CancellationToken, Config, Elector, Leadership, LeaseStore};
 
-use crate::child::Supervised;
+use crate::child::{Standby, Supervised};
 use crate::cron::Schedule;
 use crate::proclaim::MetadataFile;
 
@@ -309,6 +309,9 @@ enum End {
     Stopped,
     /// The health check failed too often; the command was stopped.
     Unhealthy,
+    /// The standby supervisor ended before it started the command (it was killed, or
+    /// stopped by someone else): nothing ran, and the term goes on.
+    NotStarted,
 }
 
 /// The instant (ns on the host's boot-time clock) by which the command must start
@@ -347,6 +350,37 @@ async fn begin(store: Arc<dyn LeaseStore>, c: &Campaign) -> Result<(Elector, Can
     Ok((elector, stop))
 }
 
+/// [`next_term`] for `tenure run`, which keeps `standby` ready meanwhile: a standby
+/// that ends (killed) is replaced once; it is discarded before the campaign shuts down.
+async fn next_term_with_standby(
+    elector: &Elector,
+    stop: &CancellationToken,
+    standby: &mut Option<Standby>,
+    cmd: &[String],
+    grace: Duration,
+) -> Result<Option<Leadership>> {
+    let mut replaced = false;
+    loop {
+        tokio::select! {
+            l = elector.leadership() => return Ok(Some(l?)),
+            _ = stop.cancelled() => break,
+            _ = Standby::ended(standby) => {
+                tracing::debug!("the standby supervisor ended");
+                *standby = None;
+                if !replaced {
+                    replaced = true;
+                    *standby = prepare_standby(cmd, grace);
+                }
+            }
+        }
+    }
+    if let Some(s) = standby.take() {
+        s.discard().await;
+    }
+    elector.shutdown().await;
+    Ok(None)
+}
+
 /// The next term, or `None` once `stop` fired (the campaign is then shut down).
 async fn next_term(elector: &Elector, stop: &CancellationToken) -> Result<Option<Leadership>> {
     tokio::select! {
@@ -358,16 +392,54 @@ async fn next_term(elector: &Elector, stop: &CancellationToken) -> Result<Option
     }
 }
 
-/// Runs `cmd` while `l` holds; stops it when the term ends or `stop` fires.
+/// How long a new leader waits for its standby supervisor to become ready, when the
+/// term came sooner than the supervisor's start (the first term, at once): far more than
+/// its start takes, which starting a supervisor afresh would take too.
+const STANDBY_READY_WITHIN: Duration = Duration::from_millis(200);
+
+/// A standby supervisor for `cmd`, or none if it cannot be started (the command is
+/// then started the usual way, whose error, if any, is the one to report).
+fn prepare_standby(cmd: &[String], grace: Duration) -> Option<Standby> {
+    Standby::prepare(cmd, grace)
+        .map_err(|e| tracing::debug!(error = format!("{e:#}"), "cannot start a standby supervisor"))
+        .ok()
+}
+
+/// Starts `cmd` for `l`: through `standby` if it is ready, else through a new supervisor.
+async fn start_command(
+    l: &Leadership,
+    cmd: &[String],
+    grace: Duration,
+    metadata: Option<&[u8]>,
+    standby: Option<Standby>,
+) -> Result<(Supervised, bool)> {
+    if let Some(mut s) = standby {
+        if s.ready(STANDBY_READY_WITHIN).await {
+            match s.start(&child_env(l), stop_at_ns(l, grace), metadata).await {
+                Ok(child) => return Ok((child, true)),
+                Err(e) => {
+                    tracing::debug!(error = format!("{e:#}"), "the standby supervisor could not start the command")
+                }
+            }
+        } else {
+            s.discard().await;
+        }
+    }
+    Ok((Supervised::spawn(cmd, &child_env(l), stop_at_ns(l, grace), grace, metadata)?, false))
+}
+
+/// Runs `cmd` while `l` holds, through `standby` if it can; stops it when the term ends
+/// or `stop` fires.
 async fn supervise(
     l: &Leadership,
     cmd: &[String],
     grace: Duration,
     health: Option<&Health>,
     metadata: Option<&[u8]>,
+    standby: Option<Standby>,
     stop: &CancellationToken,
 ) -> Result<End> {
-    let mut child = Supervised::spawn(cmd, &child_env(l), stop_at_ns(l, grace), grace, metadata)?;
+    let (mut child, prestarted) = start_command(l, cmd, grace, metadata, standby).await?;
     let metadata = child.metadata_file().map(MetadataFile::at);
     let metadata = metadata.as_ref();
     let mut look_at_metadata = tokio::time::interval(METADATA_EVERY);
@@ -376,7 +448,7 @@ async fn supervise(
     let mut publishing: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>> = None;
     let unhealthy = unhealthy(health, l);
     tokio::pin!(unhealthy);
-    tracing::info!(token = %l.token(), pid = child.pid(), "leading; started the command");
+    tracing::info!(token = %l.token(), pid = child.pid(), prestarted, "leading; started the command");
     // Tell the supervisor of every renewal, so that it stops the command on its own
     // only if this process stops renewing (frozen or stuck). The runtime steps down
     // SWITCH_SLACK before the supervisor's instant, so its last renewal reaches it in time.
@@ -386,6 +458,10 @@ async fn supervise(
         tokio::select! {
             biased;
             code = child.wait() => {
+                if prestarted && !child.command_started() && !child.stopped_by_supervisor() {
+                    tracing::warn!(token = %l.token(), code, "the standby supervisor ended before it started the command");
+                    return Ok(End::NotStarted);
+                }
                 if l.is_valid() && !child.stopped_by_supervisor() {
                     return Ok(End::Exited(code));
                 }
@@ -426,8 +502,18 @@ async fn supervise(
 /// `tenure run`: returns the exit code.
 pub async fn run(store: Arc<dyn LeaseStore>, c: &Campaign, keep_going: bool, cmd: &[String]) -> Result<i32> {
     let (elector, stop) = begin(store, c).await?;
+    // A supervisor started while following, ready to start the command the moment a
+    // term begins; none after one ended before it started the command, until a command
+    // has run (whatever ends them would end the next ones too).
+    let mut standby = None;
+    let mut use_standby = true;
     loop {
-        let Some(l) = next_term(&elector, &stop).await? else { return Ok(0) };
+        if standby.is_none() && use_standby {
+            standby = prepare_standby(cmd, c.grace);
+        }
+        let Some(l) = next_term_with_standby(&elector, &stop, &mut standby, cmd, c.grace).await? else {
+            return Ok(0);
+        };
         if !can_start(&l, c.grace) {
             // Too little of this term is left to stop the command in time: wait for the
             // next renewal, or for the term to end.
@@ -440,7 +526,10 @@ pub async fn run(store: Arc<dyn LeaseStore>, c: &Campaign, keep_going: bool, cmd
             continue;
         }
         let metadata = c.metadata.as_deref().unwrap_or("").as_bytes();
-        match supervise(&l, cmd, c.grace, c.health.as_ref(), Some(metadata), &stop).await? {
+        let end = supervise(&l, cmd, c.grace, c.health.as_ref(), Some(metadata), standby.take(), &stop).await?;
+        use_standby = !matches!(end, End::NotStarted);
+        match end {
+            End::NotStarted => drop(l),
             End::Exited(code) if keep_going => {
                 tracing::info!(code, "the command exited; handing over and campaigning again");
                 l.resign().await;
@@ -479,7 +568,7 @@ pub async fn campaign(
             // ends first. Its finishing is not the end of the term.
             Some(hook) if can_start(&l, c.grace) => {
                 let hook = ["sh".to_string(), "-c".to_string(), hook.to_string()];
-                match supervise(&l, &hook, c.grace, c.health.as_ref(), None, &stop).await? {
+                match supervise(&l, &hook, c.grace, c.health.as_ref(), None, None, &stop).await? {
                     End::Exited(code) if code != 0 => {
                         tracing::warn!(code, "the on-elected hook failed; leading on");
                         None
@@ -579,7 +668,7 @@ pub async fn schedule(store: Arc<dyn LeaseStore>, c: &Campaign, schedule: &Sched
         match elector.current().filter(|l| can_start(l, c.grace)) {
             Some(l) => {
                 tracing::info!(tick = %humantime::format_rfc3339_seconds(at), "tick");
-                let end = supervise(&l, cmd, c.grace, c.health.as_ref(), None, &stop).await?;
+                let end = supervise(&l, cmd, c.grace, c.health.as_ref(), None, None, &stop).await?;
                 if matches!(end, End::Unhealthy) {
                     l.resign_for(c.ttl).await;
                 } else {

@@ -593,3 +593,115 @@ fn a_tenure_run_whose_binary_is_replaced_starts_its_command_again_in_the_next_te
     }
     assert!(a.0.try_wait().unwrap().is_none(), "tenure run exited");
 }
+
+/// The supervisors `tenure run` (process `parent`) has started: its children
+/// `tenure __child …`, and whether each is a standby (`--standby`).
+fn supervisors_of(parent: u32) -> Vec<(u32, bool)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        if ppid == Some(parent) && args.contains(&&b"__child"[..]) && alive(pid as i32) {
+            out.push((pid, args.contains(&&b"--standby"[..])));
+        }
+    }
+    out
+}
+
+/// Waits until `tenure run` (process `parent`, its temporary files in `tmp`) has a
+/// standby supervisor that is ready to start the command; returns its pid.
+fn ready_standby(parent: u32, tmp: &Path) -> u32 {
+    let t0 = Instant::now();
+    loop {
+        let ready = std::fs::read_dir(tmp).unwrap().flatten().any(|d| d.path().join("deadline.ready").exists());
+        if let [(pid, true)] = supervisors_of(parent)[..]
+            && ready
+        {
+            return pid;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "no standby supervisor became ready");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `tenure run` for the election `jobs/standby` on SQLite as candidate `id`, with its
+/// temporary files in `tmp`. TTL 10 s: a busy machine does not make the leader lose
+/// its term while a test relies on it leading.
+fn run_standby_test(env: &Env, tmp: &Path, id: &str, script: &str) -> Proc {
+    std::fs::create_dir_all(tmp).unwrap();
+    Command::new(TENURE)
+        .env("TENURE_STORE", env.sqlite())
+        .env("TMPDIR", tmp)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .args(["run", "jobs/standby", "--id", id, "--ttl", "10s", "--grace", "300ms", "--metadata", &format!("m-{id}")])
+        .args(["--", "sh", "-c", script])
+        .spawn()
+        .map(Proc)
+        .unwrap()
+}
+
+#[test]
+fn a_following_tenure_run_starts_nothing_and_a_kill_takes_its_standby_supervisor_and_files() {
+    // A follower keeps a supervisor started ahead of its term. It must start nothing
+    // before the term, and must not outlive `tenure run`, or leave files behind.
+    let env = Env::new();
+    let (pids, started, tmp_b) = (env.path("pids"), env.path("started"), env.path("tmp-b"));
+    let _reap = Reap(pids.clone());
+    let _a = run_standby_test(&env, &env.path("tmp-a"), "a", &format!("echo $$ >> {}; exec sleep 600", pids.display()));
+    wait_pids(&pids, 1);
+    let mut b = run_standby_test(&env, &tmp_b, "b", &format!("touch {}; exec sleep 600", started.display()));
+    let standby = ready_standby(b.id(), &tmp_b);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!started.exists(), "a follower's standby supervisor started the command before its term");
+    signal(b.id(), rustix::process::Signal::KILL);
+    b.wait().unwrap();
+    wait_dead(&[standby as i32], TTL / 2);
+    let t0 = Instant::now();
+    while std::fs::read_dir(&tmp_b).unwrap().count() > 0 {
+        assert!(t0.elapsed() < TTL, "left behind: {:?}", std::fs::read_dir(&tmp_b).unwrap().collect::<Vec<_>>());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!started.exists(), "the standby supervisor of a killed tenure run started the command");
+}
+
+#[test]
+fn a_new_leader_starts_its_command_through_its_standby_supervisor_with_the_terms_environment() {
+    let env = Env::new();
+    let (pids, go, token_a, seen_b, tmp_b) =
+        (env.path("pids"), env.path("go"), env.path("token-a"), env.path("seen-b"), env.path("tmp-b"));
+    let _reap = Reap(pids.clone());
+    let script_a = format!(
+        "echo $$ >> {p}; echo $TENURE_TOKEN > {t}; while [ ! -e {g} ]; do sleep 0.01; done",
+        p = pids.display(),
+        t = token_a.display(),
+        g = go.display()
+    );
+    let mut a = run_standby_test(&env, &env.path("tmp-a"), "a", &script_a);
+    wait_pids(&pids, 1);
+    let script_b = format!(
+        r#"echo "$TENURE_ELECTION $TENURE_TOKEN $TENURE_HOLDER $(cat "$TENURE_METADATA_FILE") $PPID" > {s}.new; mv {s}.new {s}; exec sleep 600"#,
+        s = seen_b.display()
+    );
+    let b = run_standby_test(&env, &tmp_b, "b", &script_b);
+    let standby = ready_standby(b.id(), &tmp_b);
+    std::fs::write(&go, b"").unwrap();
+    assert_eq!(a.wait().unwrap().code(), Some(0), "a's command exited 0, and so did tenure run");
+    let t0 = Instant::now();
+    let seen = loop {
+        if let Ok(s) = std::fs::read_to_string(&seen_b) {
+            break s;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "b did not start its command after a handed over");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let token_a: u64 = std::fs::read_to_string(&token_a).unwrap().trim().parse().unwrap();
+    let f: Vec<&str> = seen.split_whitespace().collect();
+    assert_eq!(f.len(), 5, "{seen:?}");
+    assert_eq!((f[0], f[2], f[3]), ("jobs/standby", "b", "m-b"), "the term's election, holder and metadata");
+    assert!(f[1].parse::<u64>().unwrap() > token_a, "b's token {} is not above a's {token_a}", f[1]);
+    assert_eq!(f[4].parse::<u32>().unwrap(), standby, "the command was not started by the standby supervisor");
+}

@@ -8,7 +8,8 @@
 //! resource (a file that accepts a token only if it is at least the highest accepted so
 //! far) and logs every attempt on the host's monotonic clock. Meanwhile the leader is
 //! killed (SIGKILL), frozen (SIGSTOP for longer than the TTL, then SIGCONT) or stopped
-//! (SIGTERM), or its command's supervisor is killed (SIGKILL); with a server, its connection is cut, black-holed or slowed, the server
+//! (SIGTERM), or its command's supervisor is killed (SIGKILL), as is now and then the
+//! supervisor a follower keeps ready for its next term; with a server, its connection is cut, black-holed or slowed, the server
 //! restarts, behind Sentinel (`--server redis --sentinel`) it fails over (forced, or a
 //! killed primary), and the server refuses writes for a while as after a failover (Redis
 //! `REPLICAOF` or `min-replicas-to-write`, PostgreSQL `default_transaction_read_only`,
@@ -28,6 +29,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
@@ -208,15 +210,24 @@ struct Candidate {
     network_fault_until: Option<Instant>,
 }
 
-/// The supervisor `tenure run` (process `parent`) runs its command under: its child
-/// `tenure __child …`.
-fn supervisor_of(parent: u32) -> Option<Pid> {
+/// The supervisor `tenure run` (process `parent`) runs its command under, or, with
+/// `standby`, the one it keeps ready while it follows: its live child `tenure __child
+/// PARENT DEADLINE_FILE …`, which has started the command once `DEADLINE_FILE.started`
+/// exists.
+fn supervisor_of(parent: u32, standby: bool) -> Option<Pid> {
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
         let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if ppid == Some(parent) && cmdline.split(|b| *b == 0).any(|arg| arg == b"__child") {
+        let zombie = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) == Some("Z");
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let Some(at) = args.iter().position(|a| *a == b"__child") else { continue };
+        let started = args
+            .get(at + 2)
+            .map(|f| Path::new(std::ffi::OsStr::from_bytes(f)).with_extension("started"))
+            .is_some_and(|m| m.exists());
+        if ppid == Some(parent) && !zombie && started != standby {
             return Pid::from_raw(pid);
         }
     }
@@ -595,6 +606,16 @@ fn torture(a: Args) -> Result<bool, String> {
         let Some(leader) = current_leader(&events) else {
             continue;
         };
+        // A follower's standby supervisor is killed: the follower starts nothing for it,
+        // and still starts its command, afresh, when its term comes.
+        if rng.usize(0..6) == 0
+            && let Some(standby) =
+                cands.iter().filter(|c| c.id != leader).find_map(|c| supervisor_of(c.child.id(), true))
+        {
+            let _ = rustix::process::kill_process(standby, Signal::KILL);
+            note(&mut faults, &dir, "standby supervisor SIGKILL");
+            continue;
+        }
         let Some(i) =
             cands.iter().position(|c| c.id == leader && c.frozen_until.is_none() && c.network_fault_until.is_none())
         else {
@@ -609,7 +630,7 @@ fn torture(a: Args) -> Result<bool, String> {
                 // them all before it lets the lease go, and then ends with the command's
                 // code. Not before the command has started.
                 // A term that was ending anyway campaigns on instead: then it stays.
-                let Some(supervisor) = supervisor_of(cands[i].child.id()) else { continue };
+                let Some(supervisor) = supervisor_of(cands[i].child.id(), false) else { continue };
                 let _ = rustix::process::kill_process(supervisor, Signal::KILL);
                 note(&mut faults, &dir, "supervisor SIGKILL");
                 let gone_by = Instant::now() + a.ttl * 3;
