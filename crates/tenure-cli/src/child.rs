@@ -41,6 +41,10 @@ use tokio::signal::unix::{SignalKind, signal};
 /// How often the supervisor reads its deadline file (and checks that `tenure` lives).
 pub const CHECK_EVERY: Duration = Duration::from_millis(20);
 
+/// How often a standby supervisor checks that `tenure` lives (its parent-death signal
+/// is what ends it at once).
+const STANDBY_CHECK_EVERY: Duration = Duration::from_millis(500);
+
 /// How long after the grace period [`Supervised::stop`] waits for the supervisor before
 /// it kills the tree itself; less than the margin `tenure run` keeps before the deadline.
 pub const STOP_SLACK: Duration = Duration::from_millis(100);
@@ -398,7 +402,9 @@ async fn wait_to_start(
         remove_deadline_dir(deadline_file);
         Err(137)
     };
-    let mut check = tokio::time::interval(CHECK_EVERY);
+    // Its parent-death signal ends it; the look at its parent is the fallback, and an
+    // idle standby should cost next to nothing.
+    let mut check = tokio::time::interval(STANDBY_CHECK_EVERY);
     loop {
         if mutant("standby-starts-unbidden") {
             // The planted bug: the command starts before its term does (and, in
@@ -590,9 +596,11 @@ impl Standby {
                 pairs.extend_from_slice(v.as_bytes());
                 pairs.push(0);
             }
+            // The environment file last: it is what a SIGUSR1 must find to start anything,
+            // so a stray one in between finds nothing rather than a start without a deadline.
+            write_stop_at(&self.deadline_file, stop_at_ns).context("cannot write the command's deadline file")?;
             write_atomically(&env_file(&self.deadline_file), &pairs)
                 .context("cannot write the command's environment")?;
-            write_stop_at(&self.deadline_file, stop_at_ns).context("cannot write the command's deadline file")?;
             rustix::process::kill_process(self.supervisor, Signal::USR1)
                 .context("cannot tell the supervisor to start the command")?;
             Ok(metadata_file)

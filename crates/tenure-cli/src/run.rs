@@ -362,8 +362,9 @@ async fn next_term_with_standby(
     let mut replaced = false;
     loop {
         tokio::select! {
-            l = elector.leadership() => return Ok(Some(l?)),
+            biased;
             _ = stop.cancelled() => break,
+            l = elector.leadership() => return Ok(Some(l?)),
             _ = Standby::ended(standby) => {
                 tracing::debug!("the standby supervisor ended");
                 *standby = None;

@@ -611,6 +611,20 @@ fn supervisors_of(parent: u32) -> Vec<(u32, bool)> {
     out
 }
 
+/// The processes whose parent is `parent`.
+fn children_of(parent: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+        if ppid == Some(parent) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
 /// Waits until `tenure run` (process `parent`, its temporary files in `tmp`) has a
 /// standby supervisor that is ready to start the command; returns its pid.
 fn ready_standby(parent: u32, tmp: &Path) -> u32 {
@@ -656,6 +670,10 @@ fn a_following_tenure_run_starts_nothing_and_a_kill_takes_its_standby_supervisor
     let mut b = run_standby_test(&env, &tmp_b, "b", &format!("touch {}; exec sleep 600", started.display()));
     let standby = ready_standby(b.id(), &tmp_b);
     std::thread::sleep(Duration::from_millis(300));
+    // The supervisor marks a start, and forks the command, before the command runs.
+    let marked = std::fs::read_dir(&tmp_b).unwrap().flatten().any(|d| d.path().join("deadline.started").exists());
+    assert!(!marked, "a follower's standby supervisor went to start the command before its term");
+    assert!(children_of(standby).is_empty(), "a follower's standby supervisor started a process before its term");
     assert!(!started.exists(), "a follower's standby supervisor started the command before its term");
     signal(b.id(), rustix::process::Signal::KILL);
     b.wait().unwrap();

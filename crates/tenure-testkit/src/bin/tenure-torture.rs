@@ -234,6 +234,13 @@ fn supervisor_of(parent: u32, standby: bool) -> Option<Pid> {
     None
 }
 
+/// Whether process `child`'s parent is `parent`.
+fn is_parent_of(parent: u32, child: Pid) -> bool {
+    std::fs::read_to_string(format!("/proc/{}/stat", child.as_raw_pid())).ok().is_some_and(|stat| {
+        stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok()) == Some(parent)
+    })
+}
+
 fn signal(child: &Child, sig: Signal) {
     if let Some(pid) = Pid::from_raw(child.id() as i32) {
         let _ = rustix::process::kill_process(pid, sig);
@@ -612,8 +619,16 @@ fn torture(a: Args) -> Result<bool, String> {
             && let Some(standby) =
                 cands.iter().filter(|c| c.id != leader).find_map(|c| supervisor_of(c.child.id(), true))
         {
-            let _ = rustix::process::kill_process(standby, Signal::KILL);
-            note(&mut faults, &dir, "standby supervisor SIGKILL");
+            // Held still while it is looked at again: a follower just elected may have
+            // told it to start meanwhile, and then it is a leader's supervisor.
+            let _ = rustix::process::kill_process(standby, Signal::STOP);
+            let parent = cands.iter().map(|c| c.child.id()).find(|&p| is_parent_of(p, standby));
+            if parent.and_then(|p| supervisor_of(p, true)) == Some(standby) {
+                let _ = rustix::process::kill_process(standby, Signal::KILL);
+                note(&mut faults, &dir, "standby supervisor SIGKILL");
+            } else {
+                let _ = rustix::process::kill_process(standby, Signal::CONT);
+            }
             continue;
         }
         let Some(i) =
