@@ -466,14 +466,28 @@ impl Server {
             .current_dir(dir);
     }
 
+    /// MariaDB's directory for its temporary files: its own, because a starting server
+    /// deletes every `#sql…` file in its temporary directory, and in a shared `/tmp` that
+    /// took the temporary tables of another server's setup running at the same time.
+    fn mariadb_tmp(&self) -> PathBuf {
+        self.dir.path().join("tmp")
+    }
+
     fn init(&mut self) {
         let data = self.data();
         std::fs::create_dir_all(&data).expect("the data directory");
+        let mut own = vec![data.clone()];
+        if self.kind == Kind::MariaDb {
+            std::fs::create_dir_all(self.mariadb_tmp()).expect("the temporary directory");
+            own.push(self.mariadb_tmp());
+        }
         if let Some(user) = self.kind.user().filter(|_| is_root()) {
             let (uid, gid) = user_ids(user).unwrap_or_else(|| panic!("user {user} does not exist"));
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(self.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-            std::os::unix::fs::chown(&data, Some(uid), Some(gid)).expect("chown the data directory");
+            for dir in &own {
+                std::os::unix::fs::chown(dir, Some(uid), Some(gid)).expect("chown the server's directories");
+            }
         }
         match self.kind {
             Kind::Postgres => {
@@ -504,6 +518,7 @@ impl Server {
                     format!("--datadir={}", data.display()).into(),
                     "--auth-root-authentication-method=normal".into(),
                     "--skip-test-db".into(),
+                    format!("--tmpdir={}", self.mariadb_tmp().display()).into(),
                 ];
                 if is_root() {
                     args.push("--user=mysql".into());
@@ -573,6 +588,7 @@ impl Server {
                 format!("--port={p}").into(),
                 s("--bind-address=127.0.0.1"),
                 format!("--socket={}", data.join("mysqld.sock").display()).into(),
+                format!("--tmpdir={}", self.mariadb_tmp().display()).into(),
                 s("--skip-log-bin"),
                 s("--innodb-flush-log-at-trx-commit=2"),
             ],
