@@ -466,9 +466,12 @@ impl Server {
             .current_dir(dir);
     }
 
-    /// MariaDB's directory for its temporary files: its own, because a starting server
-    /// deletes every `#sql…` file in its temporary directory, and in a shared `/tmp` that
-    /// took the temporary tables of another server's setup running at the same time.
+    /// MariaDB's directory for its temporary files: its own, so that no other server's
+    /// start touches them. With the shared `/tmp`, a setup (`mariadb-install-db`) running
+    /// beside other servers' starts once lost a temporary table of its own ("Could not
+    /// remove temporary table '/tmp/#sql-temptable-…', error: 2", then "Unknown table
+    /// 'mysql.tmp_user_sys'"): the removal at start-up of leftover `#sql…` files in the
+    /// temporary directory is the likely cause.
     fn mariadb_tmp(&self) -> PathBuf {
         self.dir.path().join("tmp")
     }
