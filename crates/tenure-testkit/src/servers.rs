@@ -704,6 +704,15 @@ impl Server {
                 return;
             }
             if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                // A ZooKeeper member started again right after a kill can find its quorum
+                // port not yet free, and exits with UNABLE_TO_BIND_QUORUM_PORT (14): start
+                // it again a moment later, within the same minute.
+                if self.kind == Kind::ZooKeeper && status.code() == Some(14) && t0.elapsed() < Duration::from_secs(30) {
+                    self.child = None;
+                    std::thread::sleep(Duration::from_millis(200));
+                    self.spawn();
+                    continue;
+                }
                 let log = std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default();
                 panic!("{} exited at start ({status}):\n{log}", self.kind.name());
             }
