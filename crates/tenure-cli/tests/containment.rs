@@ -594,23 +594,6 @@ fn a_tenure_run_whose_binary_is_replaced_starts_its_command_again_in_the_next_te
     assert!(a.0.try_wait().unwrap().is_none(), "tenure run exited");
 }
 
-/// The supervisors `tenure run` (process `parent`) has started: its children
-/// `tenure __child …`, and whether each is a standby (`--standby`).
-fn supervisors_of(parent: u32) -> Vec<(u32, bool)> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
-        let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-        if ppid == Some(parent) && args.contains(&&b"__child"[..]) && alive(pid as i32) {
-            out.push((pid, args.contains(&&b"--standby"[..])));
-        }
-    }
-    out
-}
-
 /// The processes whose parent is `parent`.
 fn children_of(parent: u32) -> Vec<u32> {
     let mut out = Vec::new();
@@ -620,6 +603,20 @@ fn children_of(parent: u32) -> Vec<u32> {
         let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
         if ppid == Some(parent) {
             out.push(pid);
+        }
+    }
+    out
+}
+
+/// The supervisors `tenure run` (process `parent`) has started: its live children
+/// `tenure __child …`, and whether each is a standby (`--standby`).
+fn supervisors_of(parent: u32) -> Vec<(u32, bool)> {
+    let mut out = Vec::new();
+    for pid in children_of(parent) {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        if args.contains(&&b"__child"[..]) && alive(pid as i32) {
+            out.push((pid, args.contains(&&b"--standby"[..])));
         }
     }
     out

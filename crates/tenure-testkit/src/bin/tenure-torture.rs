@@ -234,13 +234,6 @@ fn supervisor_of(parent: u32, standby: bool) -> Option<Pid> {
     None
 }
 
-/// Whether process `child`'s parent is `parent`.
-fn is_parent_of(parent: u32, child: Pid) -> bool {
-    std::fs::read_to_string(format!("/proc/{}/stat", child.as_raw_pid())).ok().is_some_and(|stat| {
-        stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok()) == Some(parent)
-    })
-}
-
 fn signal(child: &Child, sig: Signal) {
     if let Some(pid) = Pid::from_raw(child.id() as i32) {
         let _ = rustix::process::kill_process(pid, sig);
@@ -616,14 +609,15 @@ fn torture(a: Args) -> Result<bool, String> {
         // A follower's standby supervisor is killed: the follower starts nothing for it,
         // and still starts its command, afresh, when its term comes.
         if rng.usize(0..6) == 0
-            && let Some(standby) =
-                cands.iter().filter(|c| c.id != leader).find_map(|c| supervisor_of(c.child.id(), true))
+            && let Some((parent, standby)) = cands
+                .iter()
+                .filter(|c| c.id != leader)
+                .find_map(|c| supervisor_of(c.child.id(), true).map(|s| (c.child.id(), s)))
         {
             // Held still while it is looked at again: a follower just elected may have
             // told it to start meanwhile, and then it is a leader's supervisor.
             let _ = rustix::process::kill_process(standby, Signal::STOP);
-            let parent = cands.iter().map(|c| c.child.id()).find(|&p| is_parent_of(p, standby));
-            if parent.and_then(|p| supervisor_of(p, true)) == Some(standby) {
+            if supervisor_of(parent, true) == Some(standby) {
                 let _ = rustix::process::kill_process(standby, Signal::KILL);
                 note(&mut faults, &dir, "standby supervisor SIGKILL");
             } else {
