@@ -191,7 +191,7 @@ pub fn signal_tree(root: Pid, sig: Signal) -> usize {
 
 /// Whether the planted bug `name` is switched on (`TENURE_MUTANT=NAME[,NAME…]`); only a
 /// build with the `mutants` feature has any, for CI to prove its checks catch them.
-fn mutant(name: &str) -> bool {
+pub(crate) fn mutant(name: &str) -> bool {
     cfg!(feature = "mutants") && std::env::var("TENURE_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
 }
 

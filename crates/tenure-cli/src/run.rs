@@ -459,7 +459,11 @@ async fn supervise(
         tokio::select! {
             biased;
             code = child.wait() => {
-                if prestarted && !child.command_started() && !child.stopped_by_supervisor() {
+                if prestarted
+                    && !child.command_started()
+                    && !child.stopped_by_supervisor()
+                    && !crate::child::mutant("standby-end-is-command-exit")
+                {
                     tracing::warn!(token = %l.token(), code, "the standby supervisor ended before it started the command");
                     return Ok(End::NotStarted);
                 }

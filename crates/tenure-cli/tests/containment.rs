@@ -655,6 +655,39 @@ fn run_standby_test(env: &Env, tmp: &Path, id: &str, script: &str) -> Proc {
         .unwrap()
 }
 
+/// A handover on `jobs/standby`: candidate `a` leads once this returns. Its command
+/// records its pid in `pids` and its token in `token_a`, and exits 0 once the file `go`
+/// exists (`tenure run` then hands over and exits 0). `seen_b` and `tmp_b` are for the
+/// test's candidate `b`.
+struct Handover {
+    env: Env,
+    pids: PathBuf,
+    go: PathBuf,
+    token_a: PathBuf,
+    seen_b: PathBuf,
+    tmp_b: PathBuf,
+    _reap: Reap,
+    a: Proc,
+}
+
+impl Handover {
+    fn new() -> Self {
+        let env = Env::new();
+        let (pids, go, token_a) = (env.path("pids"), env.path("go"), env.path("token-a"));
+        let _reap = Reap(pids.clone());
+        let script_a = format!(
+            "echo $$ >> {p}; echo $TENURE_TOKEN > {t}; while [ ! -e {g} ]; do sleep 0.01; done",
+            p = pids.display(),
+            t = token_a.display(),
+            g = go.display()
+        );
+        let a = run_standby_test(&env, &env.path("tmp-a"), "a", &script_a);
+        wait_pids(&pids, 1);
+        let (seen_b, tmp_b) = (env.path("seen-b"), env.path("tmp-b"));
+        Self { env, pids, go, token_a, seen_b, tmp_b, _reap, a }
+    }
+}
+
 #[test]
 fn a_following_tenure_run_starts_nothing_and_a_kill_takes_its_standby_supervisor_and_files() {
     // A follower keeps a supervisor started ahead of its term. It must start nothing
@@ -685,18 +718,7 @@ fn a_following_tenure_run_starts_nothing_and_a_kill_takes_its_standby_supervisor
 
 #[test]
 fn a_new_leader_starts_its_command_through_its_standby_supervisor_with_the_terms_environment() {
-    let env = Env::new();
-    let (pids, go, token_a, seen_b, tmp_b) =
-        (env.path("pids"), env.path("go"), env.path("token-a"), env.path("seen-b"), env.path("tmp-b"));
-    let _reap = Reap(pids.clone());
-    let script_a = format!(
-        "echo $$ >> {p}; echo $TENURE_TOKEN > {t}; while [ ! -e {g} ]; do sleep 0.01; done",
-        p = pids.display(),
-        t = token_a.display(),
-        g = go.display()
-    );
-    let mut a = run_standby_test(&env, &env.path("tmp-a"), "a", &script_a);
-    wait_pids(&pids, 1);
+    let Handover { env, pids: _, go, token_a, seen_b, tmp_b, _reap, mut a } = Handover::new();
     let script_b = format!(
         r#"echo "$TENURE_ELECTION $TENURE_TOKEN $TENURE_HOLDER $(cat "$TENURE_METADATA_FILE") $PPID" > {s}.new; mv {s}.new {s}; exec sleep 600"#,
         s = seen_b.display()
@@ -719,4 +741,56 @@ fn a_new_leader_starts_its_command_through_its_standby_supervisor_with_the_terms
     assert_eq!((f[0], f[2], f[3]), ("jobs/standby", "b", "m-b"), "the term's election, holder and metadata");
     assert!(f[1].parse::<u64>().unwrap() > token_a, "b's token {} is not above a's {token_a}", f[1]);
     assert_eq!(f[4].parse::<u32>().unwrap(), standby, "the command was not started by the standby supervisor");
+}
+
+#[test]
+fn a_standby_supervisor_killed_as_its_term_begins_is_replaced_and_the_command_runs_in_that_term() {
+    // The standby is told to start the command, and killed before it does: nothing ran,
+    // so its end is not the command's exit. `tenure run` must go on leading, start the
+    // command through a new supervisor in the same term, and not exit with the killed
+    // supervisor's status.
+    let Handover { env, pids, go, token_a, seen_b, tmp_b, _reap, mut a } = Handover::new();
+    let script_b = format!(
+        r#"echo $$ >> {p}; echo "$TENURE_TOKEN $PPID" > {s}.new; mv {s}.new {s}; exec sleep 600"#,
+        p = pids.display(),
+        s = seen_b.display()
+    );
+    let mut b = run_standby_test(&env, &tmp_b, "b", &script_b);
+    let standby = ready_standby(b.id(), &tmp_b);
+    // Held stopped, it cannot act on being told; it is killed once it has been told.
+    signal(standby, rustix::process::Signal::STOP);
+    std::fs::write(&go, b"").unwrap();
+    assert_eq!(a.wait().unwrap().code(), Some(0), "a's command exited 0, and so did tenure run");
+    let t0 = Instant::now();
+    let env_file = loop {
+        let found =
+            std::fs::read_dir(&tmp_b).unwrap().flatten().map(|d| d.path().join("deadline.env")).find(|p| p.exists());
+        if let Some(f) = found {
+            break f;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "b did not tell its standby supervisor to start the command");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    // The term the standby was told to start the command in.
+    let told = std::fs::read(&env_file).unwrap();
+    let told: Vec<&[u8]> = told.split(|b| *b == 0).collect();
+    let told_token =
+        told.chunks(2).find(|kv| kv[0] == b"TENURE_TOKEN").map(|kv| String::from_utf8_lossy(kv[1]).into_owned());
+    assert!(!env_file.with_file_name("deadline.started").exists(), "a stopped supervisor started the command");
+    signal(standby, rustix::process::Signal::KILL);
+    let t0 = Instant::now();
+    let seen = loop {
+        if let Ok(s) = std::fs::read_to_string(&seen_b) {
+            break s;
+        }
+        assert!(b.0.try_wait().unwrap().is_none(), "b's tenure run exited when its standby supervisor was killed");
+        assert!(t0.elapsed() < Duration::from_secs(5), "b did not start its command after its standby was killed");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let token_a: u64 = std::fs::read_to_string(&token_a).unwrap().trim().parse().unwrap();
+    let (token_b, parent) = seen.trim().split_once(' ').unwrap();
+    assert!(token_b.parse::<u64>().unwrap() > token_a, "b's token {token_b} is not above a's {token_a}");
+    assert_eq!(Some(token_b), told_token.as_deref(), "the command did not run in the term its standby was told of");
+    assert_ne!(parent.parse::<u32>().unwrap(), standby, "the killed standby supervisor started the command");
+    assert!(b.0.try_wait().unwrap().is_none(), "b's tenure run exited");
 }
