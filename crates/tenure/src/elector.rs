@@ -1347,6 +1347,9 @@ async fn lead(
         }
         let publish_wait = async {
             match pending {
+                // Without a cool-down it is already due: hand it out now, not at the timer's
+                // next tick (up to a millisecond on every handover).
+                Some(_) if shared.clock.now() >= publish_at => {}
                 Some(_) => shared.clock.sleep_until(publish_at).await,
                 None => std::future::pending().await,
             }
