@@ -16,6 +16,7 @@
 //! The URL is a libpq-style URL as sqlx reads it (`sslmode=require` and the like work),
 //! plus one parameter of our own, `table`. Credentials are never logged or shown.
 
+use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
@@ -54,6 +55,7 @@ struct Sql {
     release: String,
     release_many: String,
     get: String,
+    get_many: String,
     list: String,
     evict_now: String,
     evict_after_term: String,
@@ -107,6 +109,7 @@ impl Sql {
                  WHERE l.election = x.e AND l.holder = x.h AND l.token = x.k AND l.revision = x.r"
             ),
             get: format!("SELECT {COLUMNS} FROM {t} WHERE election = $1 AND {live}"),
+            get_many: format!("SELECT {COLUMNS} FROM {t} WHERE election = ANY($1::text[]) AND {live}"),
             list: format!(
                 "SELECT {COLUMNS} FROM {t} WHERE {live} AND left(election, length($1)) = $1 ORDER BY election COLLATE \"C\""
             ),
@@ -254,6 +257,15 @@ impl PostgresStore {
             }
             Err(e) => Err(pg_error(what, e)),
         }
+    }
+
+    /// The live records of the elections of `leases`, by name (those nobody holds are
+    /// missing).
+    async fn get_many(&self, leases: &[&LeaseRecord]) -> Result<HashMap<String, LeaseRecord>, StoreError> {
+        let names: Vec<String> = leases.iter().map(|l| l.election.to_string()).collect();
+        let rows = sqlx::query(audited(&self.inner.sql.get_many)).bind(names).fetch_all(&self.inner.pool).await;
+        let rows = self.check("get", rows).await?;
+        rows.iter().map(|r| record(r).map(|l| (l.election.to_string(), l))).collect()
     }
 
     /// Starts the shared LISTEN connection, once.
@@ -435,16 +447,24 @@ impl LeaseStore for PostgresStore {
             Err(e) => return held.iter().map(|_| Err(e.duplicate())).collect(),
         };
         // Thousands at a time (through `Batched`): look each answer up, not through a scan.
-        let by_key: std::collections::HashMap<(&str, &str, u64), &LeaseRecord> =
+        let by_key: HashMap<(&str, &str, u64), &LeaseRecord> =
             renewed.iter().map(|r| ((r.election.as_str(), r.holder.as_str(), r.token.0), r)).collect();
-        let mut out = Vec::with_capacity(held.len());
-        for l in held {
-            match by_key.get(&(l.election.as_str(), l.holder.as_str(), l.token.0)) {
-                Some(r) => out.push(Ok(Renew::Renewed((*r).clone()))),
-                None => out.push(self.get(&l.election).await.map(Renew::Lost)),
-            }
-        }
-        out
+        let lost: Vec<&LeaseRecord> = held
+            .iter()
+            .filter(|l| !by_key.contains_key(&(l.election.as_str(), l.holder.as_str(), l.token.0)))
+            .collect();
+        // Who holds the ones it did not renew: one statement for them all, however many
+        // (one read each would hold every renewed one's answer back a round trip per loss).
+        let now_held = if lost.is_empty() { Ok(HashMap::new()) } else { self.get_many(&lost).await };
+        held.iter()
+            .map(|l| match by_key.get(&(l.election.as_str(), l.holder.as_str(), l.token.0)) {
+                Some(r) => Ok(Renew::Renewed((*r).clone())),
+                None => match &now_held {
+                    Ok(now) => Ok(Renew::Lost(now.get(l.election.as_str()).cloned())),
+                    Err(e) => Err(e.duplicate()),
+                },
+            })
+            .collect()
     }
 
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {

@@ -267,20 +267,23 @@ async fn renew_many_answers_each_lease_in_order(h: Arc<dyn Harness>) {
     let root = unique("many");
     let a = holder("a");
     let mut leases = Vec::new();
-    for i in 0..4 {
+    for i in 0..5 {
         let e = ElectionName::new(format!("conformance/{root}/{i}")).unwrap();
         leases.push(acquired(&*s1, &req(&e, &a, h.long_ttl())).await);
     }
-    // The third is evicted and taken over by b.
+    // The third is evicted and taken over by b; the fifth is evicted and left free.
     s2.evict(&leases[2].election, Evict::Now).await.unwrap();
     let b = holder("b");
     let lb = acquired(&*s2, &req(&leases[2].election, &b, h.long_ttl())).await;
+    s2.evict(&leases[4].election, Evict::Now).await.unwrap();
     let answers = s1.renew_many(&leases, h.long_ttl()).await;
     assert_eq!(answers.len(), leases.len(), "one answer per lease");
     for (i, (l, ans)) in leases.iter().zip(answers).enumerate() {
         match (i, ans.expect("renew_many failed")) {
             (2, Renew::Lost(Some(cur))) => assert_eq!((cur.holder, cur.token), (b.clone(), lb.token)),
             (2, other) => panic!("the taken-over lease must be Lost naming b, got {other:?}"),
+            (4, Renew::Lost(None)) => {}
+            (4, other) => panic!("the evicted lease nobody took must be Lost with no holder, got {other:?}"),
             (_, Renew::Renewed(r)) => {
                 assert_eq!((&r.election, r.token), (&l.election, l.token), "answers come in the order asked");
                 assert!(r.revision > l.revision);
