@@ -267,11 +267,14 @@ async fn renew_many_answers_each_lease_in_order(h: Arc<dyn Harness>) {
     let root = unique("many");
     let a = holder("a");
     let mut leases = Vec::new();
-    for i in 0..5 {
+    for i in 0..6 {
         let e = ElectionName::new(format!("conformance/{root}/{i}")).unwrap();
         leases.push(acquired(&*s1, &req(&e, &a, h.long_ttl())).await);
     }
-    // The third is evicted and taken over by b; the fifth is evicted and left free.
+    // The third is evicted and taken over by b; the fifth is evicted and left free; the
+    // sixth is evicted after its term (its holder must see its own evicted record, to
+    // release it).
+    s2.evict(&leases[5].election, Evict::AfterTerm).await.unwrap();
     s2.evict(&leases[2].election, Evict::Now).await.unwrap();
     let b = holder("b");
     let lb = acquired(&*s2, &req(&leases[2].election, &b, h.long_ttl())).await;
@@ -284,6 +287,10 @@ async fn renew_many_answers_each_lease_in_order(h: Arc<dyn Harness>) {
             (2, other) => panic!("the taken-over lease must be Lost naming b, got {other:?}"),
             (4, Renew::Lost(None)) => {}
             (4, other) => panic!("the evicted lease nobody took must be Lost with no holder, got {other:?}"),
+            (5, Renew::Lost(Some(cur))) => {
+                assert!(cur.evicted && (&cur.holder, cur.token) == (&a, l.token), "Lost shows our own evicted record")
+            }
+            (5, other) => panic!("a lease evicted after its term must be Lost showing it, got {other:?}"),
             (_, Renew::Renewed(r)) => {
                 assert_eq!((&r.election, r.token), (&l.election, l.token), "answers come in the order asked");
                 assert!(r.revision > l.revision);

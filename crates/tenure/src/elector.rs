@@ -1413,6 +1413,11 @@ async fn lead(
                 }
             },
             _ = publish_wait => {
+                // Woken late (a pause during a cool-down): the top of the loop steps down
+                // instead of announcing a term that is already over.
+                if shared.clock.now() >= times.stop_at {
+                    continue;
+                }
                 if let Some(l) = pending.take() {
                     shared.metrics.elected(view.takeover.take());
                     shared.metrics.remaining(times.deadline.saturating_duration_since(shared.clock.now()));

@@ -416,6 +416,35 @@ async fn a_term_past_its_deadline_is_never_handed_out() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_term_that_ends_during_its_cool_down_is_never_announced() {
+    // Frozen while waiting out the cool-down, past the deadline: when the process runs
+    // again, the term is over, and nobody may hear that it began.
+    let clock = Arc::new(JumpClock::default());
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let a = Elector::builder(store, "jobs/sweeper")
+        .holder("a")
+        .ttl(TTL)
+        .jitter(0.0)
+        .cool_down(Duration::from_millis(700))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let log = record(&a);
+    a.start();
+    settle().await;
+    assert!(events(&log).iter().all(|e| !matches!(e, Event::Elected { .. })), "announced during the cool-down");
+    clock.jump(TTL * 2);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let seen = events(&log);
+    let stepped = seen.iter().position(|e| matches!(e, Event::SteppedDown { .. })).expect("the term did not end");
+    assert_eq!(seen[stepped], Event::SteppedDown { reason: StepDownReason::DeadlinePassed });
+    assert!(
+        seen[..stepped].iter().all(|e| !matches!(e, Event::Elected { .. })),
+        "a term that ended during its cool-down was announced: {seen:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_task_that_ends_with_its_term_runs_again_on_the_next_one() {
     let clock = Arc::new(JumpClock::default());
     let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
