@@ -422,6 +422,11 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
         _ => {}
     }
 
+    // One seed in four: a winner waits out a cool-down before the term is handed out
+    // (renewing meanwhile), so that pauses and clock jumps also land inside one.
+    if seed % 4 == 3 {
+        runtime_cfg.cool_down = ttl / 5;
+    }
     // One seed in three: every candidate announces itself with a priority of 0 to 2, so
     // leaders hand over to higher priorities and winners defer to reservations.
     let prioritised = seed % 3 == 1;
