@@ -37,7 +37,12 @@ pub struct PostgresStore {
 }
 
 struct Inner {
+    /// Acquires, reads, evictions, schema.
     pool: PgPool,
+    /// Renewals and releases, the calls a leader's term depends on: kept apart so that
+    /// they never queue behind followers' acquires (thousands at once when many terms
+    /// change hands) for a connection.
+    holders: PgPool,
     options: PgConnectOptions,
     table: String,
     described: String,
@@ -152,14 +157,18 @@ impl PostgresStore {
             options.get_port(),
             options.get_database().unwrap_or("")
         );
-        let pool = PgPoolOptions::new()
-            .max_connections(4)
-            .min_connections(0)
-            .acquire_timeout(Duration::from_secs(3))
-            .connect_lazy_with(options.clone());
+        let pool_of = |n| {
+            PgPoolOptions::new()
+                .max_connections(n)
+                .min_connections(0)
+                .acquire_timeout(Duration::from_secs(3))
+                .connect_lazy_with(options.clone())
+        };
+        let (pool, holders) = (pool_of(4), pool_of(2));
         Ok(Self {
             inner: Arc::new(Inner {
                 pool,
+                holders,
                 options,
                 sql: Sql::new(&table),
                 table,
@@ -224,11 +233,12 @@ impl PostgresStore {
     async fn fetch_one(
         &self,
         what: &'static str,
+        pool: &PgPool,
         sql: &str,
         binds: Binds<'_>,
     ) -> Result<Option<LeaseRecord>, StoreError> {
         self.ensure_schema().await?;
-        let row = binds.apply(sqlx::query(audited(sql))).fetch_optional(&self.inner.pool).await;
+        let row = binds.apply(sqlx::query(audited(sql))).fetch_optional(pool).await;
         let row = self.check(what, row).await?;
         row.map(|r| record(&r)).transpose()
     }
@@ -263,7 +273,7 @@ impl PostgresStore {
     /// missing).
     async fn get_many(&self, leases: &[&LeaseRecord]) -> Result<HashMap<String, LeaseRecord>, StoreError> {
         let names: Vec<String> = leases.iter().map(|l| l.election.to_string()).collect();
-        let rows = sqlx::query(audited(&self.inner.sql.get_many)).bind(names).fetch_all(&self.inner.pool).await;
+        let rows = sqlx::query(audited(&self.inner.sql.get_many)).bind(names).fetch_all(&self.inner.holders).await;
         let rows = self.check("get", rows).await?;
         rows.iter().map(|r| record(r).map(|l| (l.election.to_string(), l))).collect()
     }
@@ -289,6 +299,18 @@ impl tenure::store::ChangeFeed for Notifications {
         // Disconnected (None) or failed: the listener reconnects and resynchronises.
         self.0.try_recv().await.ok().flatten().map(|n| tenure::store::Change::parse(n.payload()))
     }
+}
+
+/// `leases` by election name. With the plan PostgreSQL takes for a batch statement (a
+/// nested loop over the arrays, one primary-key lookup each), it locks its rows in the
+/// order of its arrays, so batches that overlap (a renewal sent again while its first
+/// batch still runs, a release beside a renewal) take their common rows in one order
+/// rather than each holding a row the other waits for. Another plan can still deadlock;
+/// the server then aborts one statement, which applies nothing and is retried.
+fn by_name(leases: &[LeaseRecord]) -> Vec<&LeaseRecord> {
+    let mut sorted: Vec<&LeaseRecord> = leases.iter().collect();
+    sorted.sort_by(|a, b| a.election.as_str().cmp(b.election.as_str()));
+    sorted
 }
 
 /// A statement built from our fixed text and the table name, which [`split_table`]
@@ -408,7 +430,9 @@ impl LeaseStore for PostgresStore {
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
         req.validate()?;
         for _ in 0..5 {
-            if let Some(l) = self.fetch_one("acquire", &self.inner.sql.acquire, Binds::Acquire(req)).await? {
+            if let Some(l) =
+                self.fetch_one("acquire", &self.inner.pool, &self.inner.sql.acquire, Binds::Acquire(req)).await?
+            {
                 return Ok(Acquire::Acquired(l));
             }
             if let Some(cur) = self.get(&req.election).await? {
@@ -421,9 +445,21 @@ impl LeaseStore for PostgresStore {
 
     async fn renew(&self, held: &LeaseRecord, ttl: Duration) -> Result<Renew, StoreError> {
         check_ttl(ttl)?;
-        match self.fetch_one("renew", &self.inner.sql.renew, Binds::Renew(held, ttl.as_millis() as i64)).await? {
+        match self
+            .fetch_one("renew", &self.inner.holders, &self.inner.sql.renew, Binds::Renew(held, ttl.as_millis() as i64))
+            .await?
+        {
             Some(l) => Ok(Renew::Renewed(l)),
-            None => Ok(Renew::Lost(self.get(&held.election).await?)),
+            // Read on the holders' connections too: a lost term must be known at once.
+            None => Ok(Renew::Lost(
+                self.fetch_one(
+                    "get",
+                    &self.inner.holders,
+                    &self.inner.sql.get,
+                    Binds::Election(held.election.as_str()),
+                )
+                .await?,
+            )),
         }
     }
 
@@ -433,12 +469,13 @@ impl LeaseStore for PostgresStore {
         let renewed = async {
             check_ttl(ttl)?;
             self.ensure_schema().await?;
+            let sorted = by_name(held);
             let q = sqlx::query(audited(&self.inner.sql.renew_many))
-                .bind(held.iter().map(|l| l.election.to_string()).collect::<Vec<_>>())
-                .bind(held.iter().map(|l| l.holder.to_string()).collect::<Vec<_>>())
-                .bind(held.iter().map(|l| l.token.0 as i64).collect::<Vec<_>>())
+                .bind(sorted.iter().map(|l| l.election.to_string()).collect::<Vec<_>>())
+                .bind(sorted.iter().map(|l| l.holder.to_string()).collect::<Vec<_>>())
+                .bind(sorted.iter().map(|l| l.token.0 as i64).collect::<Vec<_>>())
                 .bind(ttl.as_millis() as i64);
-            let rows = q.fetch_all(&self.inner.pool).await;
+            let rows = q.fetch_all(&self.inner.holders).await;
             let rows = self.check("renew", rows).await?;
             rows.iter().map(record).collect::<Result<Vec<_>, _>>()
         };
@@ -469,8 +506,10 @@ impl LeaseStore for PostgresStore {
 
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
         self.ensure_schema().await?;
-        let r =
-            Binds::Release(held).apply(sqlx::query(audited(&self.inner.sql.release))).execute(&self.inner.pool).await;
+        let r = Binds::Release(held)
+            .apply(sqlx::query(audited(&self.inner.sql.release)))
+            .execute(&self.inner.holders)
+            .await;
         self.check("release", r).await?;
         Ok(())
     }
@@ -482,12 +521,13 @@ impl LeaseStore for PostgresStore {
         }
         let released = async {
             self.ensure_schema().await?;
+            let sorted = by_name(held);
             let q = sqlx::query(audited(&self.inner.sql.release_many))
-                .bind(held.iter().map(|l| l.election.to_string()).collect::<Vec<_>>())
-                .bind(held.iter().map(|l| l.holder.to_string()).collect::<Vec<_>>())
-                .bind(held.iter().map(|l| l.token.0 as i64).collect::<Vec<_>>())
-                .bind(held.iter().map(|l| l.revision.0 as i64).collect::<Vec<_>>());
-            let r = q.execute(&self.inner.pool).await;
+                .bind(sorted.iter().map(|l| l.election.to_string()).collect::<Vec<_>>())
+                .bind(sorted.iter().map(|l| l.holder.to_string()).collect::<Vec<_>>())
+                .bind(sorted.iter().map(|l| l.token.0 as i64).collect::<Vec<_>>())
+                .bind(sorted.iter().map(|l| l.revision.0 as i64).collect::<Vec<_>>());
+            let r = q.execute(&self.inner.holders).await;
             self.check("release", r).await.map(drop)
         };
         match released.await {
@@ -497,7 +537,7 @@ impl LeaseStore for PostgresStore {
     }
 
     async fn get(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {
-        self.fetch_one("get", &self.inner.sql.get, Binds::Election(election.as_str())).await
+        self.fetch_one("get", &self.inner.pool, &self.inner.sql.get, Binds::Election(election.as_str())).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
@@ -513,7 +553,7 @@ impl LeaseStore for PostgresStore {
             Evict::Now => &self.inner.sql.evict_now,
             Evict::AfterTerm => &self.inner.sql.evict_after_term,
         };
-        self.fetch_one("evict", sql, Binds::Election(election.as_str())).await
+        self.fetch_one("evict", &self.inner.pool, sql, Binds::Election(election.as_str())).await
     }
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
