@@ -412,12 +412,16 @@ async fn wait_to_start(
             // that would keep it from starting).
             return Ok(Vec::new());
         }
-        if rustix::process::getppid().map(Pid::as_raw_pid) != Some(parent) {
+        // The planted bug `standby-outlives-parent`: both ways of seeing `tenure` gone ignored.
+        let blind = mutant("standby-outlives-parent");
+        if !blind && rustix::process::getppid().map(Pid::as_raw_pid) != Some(parent) {
             return gone();
         }
         tokio::select! {
             biased;
-            _ = parent_died.recv() => return gone(),
+            _ = parent_died.recv() => if !blind {
+                return gone();
+            },
             _ = term.recv() => return Err(0),
             _ = int.recv() => return Err(0),
             // Anyone may send SIGUSR1; only `tenure`, which writes the file first, starts it.

@@ -699,6 +699,9 @@ fn a_following_tenure_run_starts_nothing_and_a_kill_takes_its_standby_supervisor
     wait_pids(&pids, 1);
     let mut b = run_standby_test(&env, &tmp_b, "b", &format!("touch {}; exec sleep 600", started.display()));
     let standby = ready_standby(b.id(), &tmp_b);
+    // Killed at the end if it is still there (a standby that outlives `tenure run`).
+    let mut listed = std::fs::OpenOptions::new().append(true).open(&pids).unwrap();
+    std::io::Write::write_all(&mut listed, format!("{standby}\n").as_bytes()).unwrap();
     std::thread::sleep(Duration::from_millis(300));
     // The supervisor marks a start, and forks the command, before the command runs.
     let marked = std::fs::read_dir(&tmp_b).unwrap().flatten().any(|d| d.path().join("deadline.started").exists());

@@ -9,7 +9,8 @@
 //! far) and logs every attempt on the host's monotonic clock. Meanwhile the leader is
 //! killed (SIGKILL), frozen (SIGSTOP for longer than the TTL, then SIGCONT) or stopped
 //! (SIGTERM), or its command's supervisor is killed (SIGKILL), as is now and then the
-//! supervisor a follower keeps ready for its next term; with a server, its connection is cut, black-holed or slowed, the server
+//! supervisor a follower keeps ready for its next term, or a follower itself is killed
+//! (its standby supervisor must end with it within 2 s); with a server, its connection is cut, black-holed or slowed, the server
 //! restarts, behind Sentinel (`--server redis --sentinel`) it fails over (forced, or a
 //! killed primary), and the server refuses writes for a while as after a failover (Redis
 //! `REPLICAOF` or `min-replicas-to-write`, PostgreSQL `default_transaction_read_only`,
@@ -18,7 +19,8 @@
 //! time, counting every process of every term (I1), growing tokens (I2), no stale write
 //! accepted (I3), a new leader within TTL + 1 s of a crash, a freeze or the end of a
 //! refusal, and within 1 s of a stop (I4). A candidate that exits without being stopped
-//! gave up campaigning (a refusal taken as final), which also fails the round.
+//! gave up campaigning (a refusal taken as final), which also fails the round, as does a
+//! standby supervisor that outlives its killed `tenure run`.
 //!
 //! ```text
 //! cargo build -p tenure-cli -p tenure-testkit --bins
@@ -232,6 +234,16 @@ fn supervisor_of(parent: u32, standby: bool) -> Option<Pid> {
         }
     }
     None
+}
+
+/// Whether process `pid` still runs and is still a supervisor (`tenure __child`): a
+/// zombie has ended, and a pid taken again by another process is not it.
+fn running_supervisor(pid: Pid) -> bool {
+    let alive = std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_pid())).is_ok_and(|stat| {
+        !matches!(stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()), Some("Z" | "X"))
+    });
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", pid.as_raw_pid())).unwrap_or_default();
+    alive && cmdline.split(|b| *b == 0).any(|a| a == b"__child")
 }
 
 fn signal(child: &Child, sig: Signal) {
@@ -468,6 +480,8 @@ fn torture(a: Args) -> Result<bool, String> {
     let mut member_paused: Option<(usize, Instant)> = None;
     // Candidates that exited without being stopped (tenure run must campaign on).
     let mut gave_up = 0usize;
+    // Standby supervisors still running 2 s after their `tenure run` was killed.
+    let mut outlived = 0usize;
     while started.elapsed() < a.duration {
         std::thread::sleep(a.ttl.mul_f64(0.75 + 1.5 * rng.f64()));
         if let Some(s) = server.as_ref()
@@ -625,6 +639,33 @@ fn torture(a: Args) -> Result<bool, String> {
             }
             continue;
         }
+        // A follower is killed (SIGKILL): the supervisor it kept ready must end with it,
+        // having started nothing, and a new candidate takes its place.
+        if rng.usize(0..10) == 0
+            && let Some(j) = cands.iter().position(|c| c.id != leader && c.frozen_until.is_none())
+        {
+            let standby = supervisor_of(cands[j].child.id(), true);
+            let mut c = cands.remove(j);
+            signal(&c.child, Signal::KILL);
+            let _ = c.child.wait();
+            // It may have won since the leader was looked up, and then its lease blocks
+            // the election until it expires: like a restart, this widens the bound on the
+            // next election after a stop that falls around it.
+            restart_times.push(now_ns());
+            note(&mut faults, &dir, "follower SIGKILL");
+            if let Some(s) = standby {
+                let gone_by = Instant::now() + Duration::from_secs(2);
+                while running_supervisor(s) && Instant::now() < gone_by {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                if running_supervisor(s) {
+                    outlived += 1;
+                    let _ = rustix::process::kill_process(s, Signal::KILL);
+                }
+            }
+            add(&mut cands)?;
+            continue;
+        }
         let Some(i) =
             cands.iter().position(|c| c.id == leader && c.frozen_until.is_none() && c.network_fault_until.is_none())
         else {
@@ -774,8 +815,9 @@ fn torture(a: Args) -> Result<bool, String> {
     let liveness =
         Liveness { after_crash: crash_bound.as_nanos() as u64, after_stop: stop_bound.as_nanos() as u64, until };
     // The bound allows for one server restart during a takeover; a stop followed by a
-    // further restart or a refusal of writes within the bound gave the candidates no fair
-    // chance and is not judged (the refusal's end is judged on its own).
+    // further restart, a refusal of writes or a follower killed (it may have just won)
+    // within the bound gave the candidates no fair chance and is not judged (the
+    // refusal's end is judged on its own).
     let before = records.len();
     records.retain(|r| match r {
         Record::Stop { at, .. } | Record::Recovered { at, .. } => {
@@ -784,7 +826,7 @@ fn torture(a: Args) -> Result<bool, String> {
         _ => true,
     });
     println!(
-        "liveness excused    {} stops followed by another server restart or refusal within the bound",
+        "liveness excused    {} stops followed by another server restart, refusal or follower kill within the bound",
         before - records.len()
     );
     let s = history::check(&records, Some(liveness));
@@ -824,7 +866,8 @@ fn torture(a: Args) -> Result<bool, String> {
         println!("  {v}");
     }
     println!("gave up campaigning {gave_up} candidates exited on their own");
-    let failed = !s.violations.is_empty() || gave_up > 0;
+    println!("standbys outlived   {outlived} standby supervisors ran on after their tenure run was killed");
+    let failed = !s.violations.is_empty() || gave_up > 0 || outlived > 0;
     if failed {
         let keep = std::env::temp_dir().join(format!("tenure-torture-{}", std::process::id()));
         let _ = std::fs::rename(&dir, &keep);
