@@ -269,6 +269,11 @@ impl PostgresStore {
         }
     }
 
+    /// The live record of `election`, read through `pool`.
+    async fn get_on(&self, pool: &PgPool, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {
+        self.fetch_one("get", pool, &self.inner.sql.get, Binds::Election(election.as_str())).await
+    }
+
     /// The live records of the elections of `leases`, by name (those nobody holds are
     /// missing).
     async fn get_many(&self, leases: &[&LeaseRecord]) -> Result<HashMap<String, LeaseRecord>, StoreError> {
@@ -451,15 +456,7 @@ impl LeaseStore for PostgresStore {
         {
             Some(l) => Ok(Renew::Renewed(l)),
             // Read on the holders' connections too: a lost term must be known at once.
-            None => Ok(Renew::Lost(
-                self.fetch_one(
-                    "get",
-                    &self.inner.holders,
-                    &self.inner.sql.get,
-                    Binds::Election(held.election.as_str()),
-                )
-                .await?,
-            )),
+            None => Ok(Renew::Lost(self.get_on(&self.inner.holders, &held.election).await?)),
         }
     }
 
@@ -486,15 +483,15 @@ impl LeaseStore for PostgresStore {
         // Thousands at a time (through `Batched`): look each answer up, not through a scan.
         let by_key: HashMap<(&str, &str, u64), &LeaseRecord> =
             renewed.iter().map(|r| ((r.election.as_str(), r.holder.as_str(), r.token.0), r)).collect();
-        let lost: Vec<&LeaseRecord> = held
-            .iter()
-            .filter(|l| !by_key.contains_key(&(l.election.as_str(), l.holder.as_str(), l.token.0)))
-            .collect();
+        let found: Vec<Option<&&LeaseRecord>> =
+            held.iter().map(|l| by_key.get(&(l.election.as_str(), l.holder.as_str(), l.token.0))).collect();
+        let lost: Vec<&LeaseRecord> = held.iter().zip(&found).filter(|(_, f)| f.is_none()).map(|(l, _)| l).collect();
         // Who holds the ones it did not renew: one statement for them all, however many
         // (one read each would hold every renewed one's answer back a round trip per loss).
         let now_held = if lost.is_empty() { Ok(HashMap::new()) } else { self.get_many(&lost).await };
         held.iter()
-            .map(|l| match by_key.get(&(l.election.as_str(), l.holder.as_str(), l.token.0)) {
+            .zip(found)
+            .map(|(l, found)| match found {
                 Some(r) => Ok(Renew::Renewed((*r).clone())),
                 None => match &now_held {
                     Ok(now) => Ok(Renew::Lost(now.get(l.election.as_str()).cloned())),
@@ -537,7 +534,7 @@ impl LeaseStore for PostgresStore {
     }
 
     async fn get(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {
-        self.fetch_one("get", &self.inner.pool, &self.inner.sql.get, Binds::Election(election.as_str())).await
+        self.get_on(&self.inner.pool, election).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
