@@ -11,6 +11,19 @@
 //! lease refreshed after its request left: the key then lives at least a TTL after
 //! the runtime dated its term.
 //!
+//! **Keep-alives are checked against Raft terms.** etcd answers a keep-alive from the
+//! memory of the member that believes it leads, outside Raft, so a leader that was
+//! paused while the others elected a new one can answer from a stale copy (a lease the
+//! real leader lets run out sooner). A keep-alive's answer carries its Raft term, and so
+//! does the write that uses the lease: the write counts only if the terms are equal.
+//! When they differ (a leader changed in between), the store grants a new lease, a Raft
+//! write no deposed leader can make, and writes the key again on it.
+//!
+//! **A keep-alive's answer goes to the call that sent it.** The stream answers in
+//! order, without naming the request; a call dropped while waiting (the runtime's
+//! request timeout) leaves its answer behind, so the next call opens a new stream rather
+//! than read that answer as its own.
+//!
 //! **Tokens and revisions.** The key's create revision is the fencing token: etcd's
 //! revision counter only grows, a key created again after a release, an eviction or
 //! expiry gets a larger one, and it is durable across restarts. The key's mod revision
@@ -32,7 +45,6 @@
 //! ```
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -83,24 +95,6 @@ struct Inner {
     abandoned: Mutex<HashMap<String, (i64, i64)>>,
     /// Held by the one caller that sweeps [`Inner::abandoned`]; others do not wait.
     sweeping: Arc<tokio::sync::Mutex<()>>,
-    /// Whether the server's version has been asked (and warned about).
-    version_checked: AtomicBool,
-}
-
-/// Whether an etcd of `version` answers lease keep-alives only from the leader, after
-/// checking it is still the leader: 3.4.25 and later in 3.4, 3.5.8 and later in 3.5, and
-/// every later minor version. `None` when the version cannot be read.
-fn renewals_linearizable(version: &str) -> Option<bool> {
-    let mut parts = version.trim().trim_start_matches('v').split(['.', '-', '+']);
-    let major: u32 = parts.next()?.parse().ok()?;
-    let minor: u32 = parts.next()?.parse().ok()?;
-    let patch: u32 = parts.next()?.parse().ok()?;
-    Some(match (major, minor) {
-        (3, 4) => patch >= 25,
-        (3, 5) => patch >= 8,
-        (3, m) => m > 5,
-        (m, _) => m > 3,
-    })
 }
 
 /// One shared etcd lease and its keep-alive stream.
@@ -108,8 +102,64 @@ fn renewals_linearizable(version: &str) -> Option<bool> {
 struct LeaseSlot {
     id: Option<i64>,
     stream: Option<rpc::Duplex<pb::LeaseKeepAliveRequest, pb::LeaseKeepAliveResponse>>,
-    /// When the last keep-alive (or grant) that succeeded was sent.
-    refreshed: Option<Instant>,
+    /// When the last keep-alive (or grant) that succeeded was sent, and what vouches for it.
+    refreshed: Option<(Instant, Proof)>,
+    /// A keep-alive was sent on `stream` and its answer not read: its caller stopped
+    /// waiting (the runtime's request timeout). The stream answers in order without
+    /// saying which request an answer is for, so that answer, read by the next call,
+    /// would pass for the next keep-alive's, which may never have reached the leader.
+    unanswered: bool,
+}
+
+/// What vouches that a refreshed lease lives a TTL from when the refresh was sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Proof {
+    /// A grant: a Raft write, so only a member that leads can have made it.
+    Granted,
+    /// A keep-alive answered under this Raft term. etcd renews a lease in the memory of
+    /// the member that believes it leads, not through Raft: a leader that was paused (or
+    /// stalled) while the others elected a new one answers keep-alives from its stale
+    /// copy until it hears of the new term, and the real leader lets the lease run out.
+    /// Such an answer carries the old term, while any write committed after it carries
+    /// the new one: a write that uses this lease counts only if it reports this term.
+    KeptAlive { term: u64 },
+}
+
+/// A shared lease refreshed for a call, and what vouches for it.
+#[derive(Clone, Copy, Debug)]
+struct Lease {
+    id: i64,
+    proof: Proof,
+}
+
+impl Lease {
+    /// Whether the write answered by `header` may count on this lease: always after a
+    /// grant; after a keep-alive, only under the same Raft term (no leader change between
+    /// the keep-alive and the write, so the keep-alive was answered by the leader).
+    fn vouched(&self, header: Option<&pb::ResponseHeader>) -> bool {
+        match self.proof {
+            Proof::Granted => true,
+            Proof::KeptAlive { term } => {
+                mutant("etcd-trusts-any-keepalive") || header.is_some_and(|h| h.raft_term == term)
+            }
+        }
+    }
+}
+
+/// What one acquire attempt came to.
+enum Attempt {
+    Done(Acquire),
+    /// The key changed in between: try again.
+    Again,
+    /// The key was written on a lease that nothing vouches for (see [`Proof`]).
+    Unvouched,
+}
+
+impl Attempt {
+    /// `done`, if the write `resp` answered may count on `lease`.
+    fn vouched(lease: Lease, resp: &pb::TxnResponse, done: Acquire) -> Self {
+        if lease.vouched(resp.header.as_ref()) { Attempt::Done(done) } else { Attempt::Unvouched }
+    }
 }
 
 /// What the store URL says, split into the client's settings and ours.
@@ -286,7 +336,6 @@ impl EtcdStore {
                 changes: tenure::store::ChangeHub::new(),
                 abandoned: Mutex::new(HashMap::new()),
                 sweeping: Arc::new(tokio::sync::Mutex::new(())),
-                version_checked: AtomicBool::new(false),
             }),
         })
     }
@@ -310,37 +359,6 @@ impl EtcdStore {
             })
             .await
             .cloned()
-            .inspect(|c| self.check_version(c))
-    }
-
-    /// Once per store, asks the server its version and warns when its lease renewals
-    /// are not linearizable (see [`renewals_linearizable`]).
-    fn check_version(&self, c: &Client) {
-        if self.inner.version_checked.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        let (c, weak) = (c.clone(), Arc::downgrade(&self.inner));
-        tokio::spawn(async move {
-            let answer = tokio::time::timeout(REQUEST_TIMEOUT, c.status()).await;
-            let Some(inner) = weak.upgrade() else { return };
-            match answer {
-                Ok(Ok(st)) => {
-                    // One warning per process, however many stores it opens.
-                    static WARNED: AtomicBool = AtomicBool::new(false);
-                    if renewals_linearizable(&st.version) == Some(false) && !WARNED.swap(true, Ordering::SeqCst) {
-                        tracing::warn!(
-                            version = %st.version,
-                            store = %inner.described,
-                            "etcd before 3.4.25 / 3.5.8 may answer a lease keep-alive from a member that is no \
-                             longer the leader: with several members, a lease can expire while its holder was \
-                             told it lives. Upgrade etcd, or use one member (see docs/stores/etcd.md)"
-                        );
-                    }
-                }
-                // Not reachable yet: ask again with the next connection.
-                _ => inner.version_checked.store(false, Ordering::SeqCst),
-            }
-        });
     }
 
     fn key(&self, election: &str) -> String {
@@ -443,24 +461,32 @@ impl EtcdStore {
     }
 
     /// The shared etcd lease for `ttl`, refreshed by a keep-alive (or granted) that was
-    /// sent no earlier than `since`.
-    async fn lease(&self, ttl: Duration, since: Instant) -> Result<i64, StoreError> {
+    /// sent no earlier than `since`; with `grant`, by a grant only (after a keep-alive
+    /// that a write could not count on).
+    async fn lease(&self, ttl: Duration, since: Instant, grant: bool) -> Result<Lease, StoreError> {
         let secs = lease_secs(ttl);
         self.sweep_abandoned();
         let slot = self.inner.leases.lock().unwrap().entry(secs).or_default().clone();
         let mut slot = slot.lock().await;
-        if let (Some(id), Some(at)) = (slot.id, slot.refreshed)
+        if let (Some(id), Some((at, proof))) = (slot.id, slot.refreshed)
             && at >= since
+            && (!grant || proof == Proof::Granted)
         {
-            return Ok(id);
+            return Ok(Lease { id, proof });
         }
+        if slot.unanswered && !mutant("etcd-keepalive-answer-unmatched") {
+            slot.stream = None;
+        }
+        slot.unanswered = false;
         let c = self.client().await?;
         // Opening the stream sends its first keep-alive: date it from before the open.
         let mut sent = Instant::now();
         let mut opened_now = false;
         if let Some(id) = slot.id
             && slot.stream.is_none()
+            && !grant
         {
+            slot.unanswered = true;
             match timed("opening a lease keep-alive", c.lease_keep_alive(id)).await {
                 Ok(s) => {
                     slot.stream = Some(s);
@@ -470,10 +496,11 @@ impl EtcdStore {
                 Err(e) => return Err(e),
             }
         }
-        if let (Some(id), Some(_)) = (slot.id, slot.stream.as_ref()) {
+        if let (Some(id), Some(_), false) = (slot.id, slot.stream.as_ref(), grant) {
             if !opened_now {
                 sent = Instant::now();
             }
+            slot.unanswered = true;
             let (keeper, stream) = slot.stream.as_mut().expect("opened above");
             let answer = tokio::time::timeout(REQUEST_TIMEOUT, async {
                 if !opened_now && keeper.send(pb::LeaseKeepAliveRequest { id }).await.is_err() {
@@ -482,10 +509,14 @@ impl EtcdStore {
                 stream.message().await.map_err(rpc::Error::from)
             })
             .await;
+            slot.unanswered = false;
             match answer {
+                // An answer without a Raft term cannot be checked: grant a new lease below.
+                Ok(Ok(Some(r))) if r.ttl >= secs && r.header.is_none() => {}
                 Ok(Ok(Some(r))) if r.ttl >= secs => {
-                    slot.refreshed = Some(sent);
-                    return Ok(id);
+                    let proof = Proof::KeptAlive { term: r.header.map_or(0, |h| h.raft_term) };
+                    slot.refreshed = Some((sent, proof));
+                    return Ok(Lease { id, proof });
                 }
                 // The lease ran out (its keys are gone): grant a new one below.
                 Ok(Ok(Some(r))) if r.ttl <= 0 => slot.id = None,
@@ -533,8 +564,8 @@ impl EtcdStore {
             ));
         }
         slot.id = Some(granted.id);
-        slot.refreshed = Some(sent);
-        Ok(granted.id)
+        slot.refreshed = Some((sent, Proof::Granted));
+        Ok(Lease { id: granted.id, proof: Proof::Granted })
     }
 
     /// Sweeps the keys whose release failed, in a task of its own, so that no keep-alive
@@ -639,7 +670,7 @@ impl EtcdStore {
     }
 
     /// Takes an absent key, or re-takes our own: one transaction in the common case.
-    async fn acquire_once(&self, req: &AcquireRequest, lease: i64) -> Result<Option<Acquire>, StoreError> {
+    async fn acquire_once(&self, req: &AcquireRequest, lease: Lease) -> Result<Attempt, StoreError> {
         let key = self.key(req.election.as_str());
         let fresh = Value {
             holder: req.holder.clone(),
@@ -652,36 +683,35 @@ impl EtcdStore {
         let k = key.as_bytes();
         let t = pb::TxnRequest {
             compare: vec![txn::create_revision_is(k, 0)],
-            success: vec![txn::put(k, Some(fresh.encode()), lease), txn::get(k)],
+            success: vec![txn::put(k, Some(fresh.encode()), lease.id), txn::get(k)],
             failure: vec![txn::get(k)],
         };
         let resp = self.txn("acquire", t).await?;
         let current = self.txn_record(&resp)?;
         if resp.succeeded {
             let rec = current.ok_or_else(|| StoreError::ambiguous("etcd: the lease vanished while it was acquired"))?;
-            return Ok(Some(Acquire::Acquired(rec)));
+            return Ok(Attempt::vouched(lease, &resp, Acquire::Acquired(rec)));
         }
         let Some(cur) = current else {
-            return Ok(None); // gone in between: try again
+            return Ok(Attempt::Again); // gone in between: try again
         };
         if cur.holder != req.holder || cur.evicted {
-            return Ok(Some(Acquire::Held(cur)));
+            return Ok(Attempt::Done(Acquire::Held(cur)));
         }
         // Our own record: a renewal that keeps the token and the grant time.
         let again = Value { acquired_ms: Value::of(&cur).acquired_ms, ..fresh };
         let t = pb::TxnRequest {
             compare: vec![txn::mod_revision_is(k, cur.revision.0 as i64)],
-            success: vec![txn::put(k, Some(again.encode()), lease), txn::get(k)],
+            success: vec![txn::put(k, Some(again.encode()), lease.id), txn::get(k)],
             failure: Vec::new(),
         };
         let resp = self.txn("acquire", t).await?;
         if !resp.succeeded {
-            return Ok(None);
+            return Ok(Attempt::Again);
         }
         let rec = self.txn_record(&resp)?;
-        Ok(Some(Acquire::Acquired(
-            rec.ok_or_else(|| StoreError::ambiguous("etcd: the lease vanished while it was acquired"))?,
-        )))
+        let rec = rec.ok_or_else(|| StoreError::ambiguous("etcd: the lease vanished while it was acquired"))?;
+        Ok(Attempt::vouched(lease, &resp, Acquire::Acquired(rec)))
     }
 
     /// The renewal of `held` as one transaction: if the key is still that grant (create
@@ -703,6 +733,116 @@ impl EtcdStore {
         }
     }
 
+    /// Acquires for a call that began at `since`: on a lease refreshed no earlier.
+    async fn acquire_from(&self, req: &AcquireRequest, since: Instant) -> Result<Acquire, StoreError> {
+        let mut grant = false;
+        for _ in 0..5 {
+            let lease = self.lease(req.ttl, since, grant).await?;
+            match self.acquire_once(req, lease).await? {
+                Attempt::Done(a) => return Ok(a),
+                Attempt::Again => {}
+                // The key is ours on a lease nothing vouches for: take it again (our own
+                // record) on a granted one.
+                Attempt::Unvouched => grant = true,
+            }
+        }
+        Err(StoreError::unavailable("etcd: the record kept changing during the acquire; retrying"))
+    }
+
+    /// [`LeaseStore::renew_many`] for a call that began at `since`.
+    async fn renew_many_from(
+        &self,
+        held: &[LeaseRecord],
+        ttl: Duration,
+        since: Instant,
+    ) -> Vec<Result<Renew, StoreError>> {
+        let mut out: Vec<Option<Result<Renew, StoreError>>> = (0..held.len()).map(|_| None).collect();
+        if let Err(e) = check_ttl(ttl) {
+            return held.iter().map(|_| Err(e.duplicate())).collect();
+        }
+        // Evicted copies and repeated elections take the one-by-one path.
+        let mut seen = std::collections::HashSet::new();
+        let mut todo: Vec<usize> =
+            (0..held.len()).filter(|&i| !held[i].evicted && seen.insert(held[i].election.clone())).collect();
+        // What the first round wrote, for the second to compare with.
+        let mut written: HashMap<usize, LeaseRecord> = HashMap::new();
+        for grant in [false, true] {
+            if todo.is_empty() {
+                break;
+            }
+            let lease = match self.lease(ttl, since, grant).await {
+                Ok(l) => l,
+                Err(e) => {
+                    todo.iter().for_each(|&i| out[i] = Some(Err(e.duplicate())));
+                    break;
+                }
+            };
+            let round = std::mem::take(&mut todo);
+            let answers = self
+                .nested_in_chunks("renew", &round, |i| {
+                    self.renew_txn(written.get(&i).unwrap_or(&held[i]), ttl, lease.id)
+                })
+                .await;
+            for (chunk, answer) in answers {
+                let resp = match answer {
+                    Ok(resp) => resp,
+                    Err(e) => {
+                        chunk.iter().for_each(|&i| out[i] = Some(Err(e.duplicate())));
+                        continue;
+                    }
+                };
+                let vouched = lease.vouched(resp.header.as_ref());
+                for (&i, r) in chunk.iter().zip(resp.responses) {
+                    let t = match r.response {
+                        Some(pb::Response::Txn(t)) => t,
+                        _ => {
+                            out[i] = Some(Err(StoreError::ambiguous(
+                                "etcd answered a nested transaction with something else",
+                            )));
+                            continue;
+                        }
+                    };
+                    out[i] = Some(match (t.succeeded, self.txn_record(&t)) {
+                        (true, Ok(Some(rec))) if vouched => Ok(Renew::Renewed(rec)),
+                        (true, Ok(Some(rec))) => {
+                            written.insert(i, rec);
+                            todo.push(i);
+                            continue;
+                        }
+                        (_, cur) => cur.map(Renew::Lost),
+                    });
+                }
+            }
+        }
+        let mut answers = Vec::with_capacity(held.len());
+        for (i, slot) in out.into_iter().enumerate() {
+            answers.push(match slot {
+                Some(a) => a,
+                None => self.renew(&held[i], ttl).await,
+            });
+        }
+        answers
+    }
+
+    /// Renews `held` on a lease refreshed no earlier than `since`.
+    async fn renew_from(&self, held: &LeaseRecord, ttl: Duration, since: Instant) -> Result<Renew, StoreError> {
+        let lease = self.lease(ttl, since, false).await?;
+        let resp = self.txn("renew", self.renew_txn(held, ttl, lease.id)).await?;
+        Ok(match (resp.succeeded, self.txn_record(&resp)?) {
+            (true, Some(rec)) if lease.vouched(resp.header.as_ref()) => Renew::Renewed(rec),
+            // Renewed on a lease nothing vouches for: once more on a granted one.
+            (true, Some(rec)) => {
+                let lease = self.lease(ttl, since, true).await?;
+                let resp = self.txn("renew", self.renew_txn(&rec, ttl, lease.id)).await?;
+                match (resp.succeeded, self.txn_record(&resp)?) {
+                    (true, Some(rec)) => Renew::Renewed(rec),
+                    (_, cur) => Renew::Lost(cur),
+                }
+            }
+            (_, cur) => Renew::Lost(cur),
+        })
+    }
+
     async fn get_key(&self, election: &str) -> Result<Option<LeaseRecord>, StoreError> {
         let c = self.client().await?;
         let resp = timed("get", c.range(self.key(election).into_bytes(), Vec::new())).await?;
@@ -718,14 +858,7 @@ impl LeaseStore for EtcdStore {
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
         req.validate()?;
-        let since = Instant::now();
-        let lease = self.lease(req.ttl, since).await?;
-        for _ in 0..5 {
-            if let Some(a) = self.acquire_once(req, lease).await? {
-                return Ok(a);
-            }
-        }
-        Err(StoreError::unavailable("etcd: the record kept changing during the acquire; retrying"))
+        self.acquire_from(req, Instant::now()).await
     }
 
     async fn renew(&self, held: &LeaseRecord, ttl: Duration) -> Result<Renew, StoreError> {
@@ -733,59 +866,14 @@ impl LeaseStore for EtcdStore {
         if held.evicted {
             return Ok(Renew::Lost(self.get_key(held.election.as_str()).await?));
         }
-        let since = Instant::now();
-        let lease = self.lease(ttl, since).await?;
-        let resp = self.txn("renew", self.renew_txn(held, ttl, lease)).await?;
-        let current = self.txn_record(&resp)?;
-        Ok(match (resp.succeeded, current) {
-            (true, Some(rec)) => Renew::Renewed(rec),
-            (_, cur) => Renew::Lost(cur),
-        })
+        self.renew_from(held, ttl, Instant::now()).await
     }
 
     /// One keep-alive of the shared lease, then one transaction holding each lease's
-    /// renewal as a nested transaction (in chunks under etcd's limit of operations).
+    /// renewal as a nested transaction (in chunks under etcd's limit of operations). A
+    /// chunk whose keep-alive nothing vouches for is renewed once more on a granted lease.
     async fn renew_many(&self, held: &[LeaseRecord], ttl: Duration) -> Vec<Result<Renew, StoreError>> {
-        let mut out: Vec<Option<Result<Renew, StoreError>>> = (0..held.len()).map(|_| None).collect();
-        let since = Instant::now();
-        let lease = match check_ttl(ttl) {
-            Ok(()) => self.lease(ttl, since).await,
-            Err(e) => Err(e),
-        };
-        let lease = match lease {
-            Ok(l) => l,
-            Err(e) => return held.iter().map(|_| Err(e.duplicate())).collect(),
-        };
-        // Evicted copies and repeated elections take the one-by-one path.
-        let mut seen = std::collections::HashSet::new();
-        let batchable: Vec<usize> =
-            (0..held.len()).filter(|&i| !held[i].evicted && seen.insert(held[i].election.clone())).collect();
-        for (chunk, answer) in
-            self.nested_in_chunks("renew", &batchable, |i| self.renew_txn(&held[i], ttl, lease)).await
-        {
-            match answer {
-                Ok(resp) => {
-                    for (&i, r) in chunk.iter().zip(resp.responses) {
-                        out[i] = Some(match r.response {
-                            Some(pb::Response::Txn(t)) => self.txn_record(&t).map(|cur| match (t.succeeded, cur) {
-                                (true, Some(rec)) => Renew::Renewed(rec),
-                                (_, cur) => Renew::Lost(cur),
-                            }),
-                            _ => Err(StoreError::ambiguous("etcd answered a nested transaction with something else")),
-                        });
-                    }
-                }
-                Err(e) => chunk.iter().for_each(|&i| out[i] = Some(Err(e.duplicate()))),
-            }
-        }
-        let mut answers = Vec::with_capacity(held.len());
-        for (i, slot) in out.into_iter().enumerate() {
-            answers.push(match slot {
-                Some(a) => a,
-                None => self.renew(&held[i], ttl).await,
-            });
-        }
-        answers
+        self.renew_many_from(held, ttl, Instant::now()).await
     }
 
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
@@ -947,23 +1035,6 @@ mod tests {
     }
 
     #[test]
-    fn versions_with_linearizable_renewals_are_told_apart() {
-        for (v, want) in [
-            ("3.4.23", Some(false)),
-            ("3.4.25", Some(true)),
-            ("3.5.7", Some(false)),
-            ("3.5.8", Some(true)),
-            ("3.6.0", Some(true)),
-            ("3.3.27", Some(false)),
-            ("v3.5.12", Some(true)),
-            ("3.4.23-debian", Some(false)),
-            ("garbage", None),
-        ] {
-            assert_eq!(renewals_linearizable(v), want, "{v}");
-        }
-    }
-
-    #[test]
     fn lease_seconds_round_up() {
         assert_eq!(lease_secs(Duration::from_millis(300)), 1);
         assert_eq!(lease_secs(Duration::from_millis(2000)), 2);
@@ -1025,5 +1096,188 @@ mod tests {
                 again.election
             );
         }
+    }
+
+    /// A member's own ID and the leader it knows of (0: none), or `None` if it does not
+    /// answer within half a second.
+    async fn member_status(store: &EtcdStore) -> Option<(u64, u64)> {
+        let c = store.client().await.ok()?;
+        let st = tokio::time::timeout(Duration::from_millis(500), c.status()).await.ok()?.ok()?;
+        Some((st.header?.member_id, st.leader))
+    }
+
+    /// Waits (up to 10 s) until `ok` holds for what `store`'s member says of itself.
+    async fn wait_status(store: &EtcdStore, what: &str, ok: impl Fn((u64, u64)) -> bool) -> (u64, u64) {
+        let t0 = std::time::Instant::now();
+        loop {
+            if let Some(st) = member_status(store).await
+                && ok(st)
+            {
+                return st;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "{what}: not within 10 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// etcd renews a lease in the memory of the member that believes it leads. A leader
+    /// that was paused while the others elected another answers keep-alives from its
+    /// stale copy when it wakes, until it hears of the new term, and the real leader lets
+    /// the lease run out on its own schedule (from when it was elected). A renewal that
+    /// counted such a keep-alive would tell its holder the key lives a TTL from the
+    /// renewal's start while etcd deletes it seconds sooner: another candidate could take
+    /// it while the holder still leads.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_keep_alive_answered_by_a_deposed_leader_does_not_make_a_renewal_count() {
+        use tenure::HolderId;
+        use tenure_testkit::servers::EtcdCluster;
+        let Some(cluster) = EtcdCluster::launch(3) else { return };
+        let url = |i: usize| format!("etcd://127.0.0.1:{}", cluster.members[i].port());
+        let mut members = Vec::new();
+        for i in 0..3 {
+            members.push(EtcdStore::connect(&url(i)).await.unwrap());
+        }
+        let mut leader = None;
+        let t0 = std::time::Instant::now();
+        while leader.is_none() {
+            for (i, m) in members.iter().enumerate() {
+                if let Some((id, lead)) = member_status(m).await
+                    && id == lead
+                {
+                    leader = Some(i);
+                }
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "no member says it leads");
+        }
+        let a = leader.unwrap();
+        let others: Vec<usize> = (0..3).filter(|&i| i != a).collect();
+        let (a_id, _) = member_status(&members[a]).await.unwrap();
+        // The holder reaches the leader only; the observer reads through another member.
+        let holder = EtcdStore::connect(&url(a)).await.unwrap();
+        let observer = &members[others[0]];
+        let ttl = Duration::from_secs(10);
+        let req = |name: &str| AcquireRequest::new(ElectionName::new(name).unwrap(), HolderId::new("p").unwrap(), ttl);
+        let mut held = Vec::new();
+        for name in ["deposed/renew", "deposed/batch"] {
+            let Acquire::Acquired(h) = holder.try_acquire(&req(name)).await.unwrap() else { panic!("held by another") };
+            held.push(h);
+        }
+
+        // The leader freezes and is cut off from the others (so that no message of theirs
+        // waits for it to read when it wakes); they elect one of them. Three more seconds
+        // pass, so the lease's end on the new leader's schedule falls well before a TTL
+        // from the renewal below.
+        cluster.members[a].pause();
+        let Some(cut) = cluster.cut_off(a) else { return };
+        let (_, new_leader) = wait_status(observer, "a new leader", |(_, lead)| lead != 0 && lead != a_id).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+
+        // The old leader wakes while the others are frozen, so it still believes it leads,
+        // and answers a keep-alive from its copy of the lease (which has seconds left).
+        for &i in &others {
+            cluster.members[i].pause();
+        }
+        cluster.members[a].resume();
+        let since = Instant::now();
+        let mut refreshed = None;
+        for _ in 0..3 {
+            // A connection that the pause broke fails once and is made again.
+            match tokio::time::timeout(Duration::from_millis(500), holder.lease(ttl, since, false)).await {
+                Ok(Ok(lease)) => {
+                    refreshed = Some(lease);
+                    break;
+                }
+                other => eprintln!("keep-alive through the old leader, {:?} in: {other:?}", since.elapsed()),
+            }
+        }
+        drop(cut);
+        for &i in &others {
+            cluster.members[i].resume();
+        }
+        let lease = refreshed.expect("the old leader answered no keep-alive");
+        assert!(matches!(lease.proof, Proof::KeptAlive { .. }), "{lease:?}");
+
+        // Once the old leader follows the new one, the calls that the keep-alive was sent
+        // for (begun before it) write through it: an acquire, a batch of renewals and a
+        // renewal. Each finds the shared lease as the keep-alive left it, as calls that
+        // began together would.
+        wait_status(&members[a], "the old leader learning of the new", |(_, lead)| lead == new_leader).await;
+        let slot = holder.inner.leases.lock().unwrap().values().next().unwrap().clone();
+        let left = {
+            let s = slot.lock().await;
+            (s.id, s.refreshed)
+        };
+        let as_left = async || {
+            let mut s = slot.lock().await;
+            (s.id, s.refreshed) = left;
+        };
+        as_left().await;
+        let acquired = holder.acquire_from(&req("deposed/acquire"), since).await;
+        as_left().await;
+        let batch = holder.renew_many_from(&held[1..], ttl, since).await;
+        as_left().await;
+        let renewed = holder.renew_from(&held[0], ttl, since).await;
+        let won = |a: Acquire| if let Acquire::Acquired(r) = a { Some(r) } else { None };
+        let kept = |r: Renew| if let Renew::Renewed(r) = r { Some(r) } else { None };
+        let mut counted = Vec::new();
+        for (what, answer) in [
+            ("acquire", acquired.map(won)),
+            ("batch", batch.into_iter().next().unwrap().map(kept)),
+            ("renewal", renewed.map(kept)),
+        ] {
+            match answer {
+                Ok(Some(rec)) => counted.push((what, rec)),
+                other => panic!("with every member back, the {what} should go through: {other:?}"),
+            }
+        }
+        // The holder counts on each key for a TTL from `since`, less its own margin; each
+        // must be there all that time.
+        while since.elapsed() < ttl - Duration::from_secs(1) {
+            for (what, rec) in &counted {
+                let now = observer.get(&rec.election).await.unwrap().map(|r| r.token);
+                assert_eq!(
+                    now,
+                    Some(rec.token),
+                    "the key of an {what} begun {:?} ago (TTL {ttl:?}) is gone",
+                    since.elapsed()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The runtime stops waiting for a call after its request timeout, which drops the
+    /// call between sending a keep-alive and reading its answer; the answer comes later
+    /// and waits on the stream. The next keep-alive must not take that answer for its
+    /// own: it says the lease was refreshed when the earlier one arrived, not after the
+    /// next call began, and the next one may never reach the server.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_keep_alive_whose_caller_gave_up_does_not_answer_the_next_one() {
+        use tenure::HolderId;
+        use tenure_testkit::proxy::{Mode, Proxy};
+        use tenure_testkit::servers::{self, Kind};
+        let Some(server) = servers::launch(Kind::Etcd) else { return };
+        let proxy = Proxy::start(("127.0.0.1", server.port())).unwrap();
+        let store = EtcdStore::connect(&format!("etcd://127.0.0.1:{}", proxy.port())).await.unwrap();
+        let ttl = Duration::from_secs(3);
+        let req =
+            AcquireRequest::new(ElectionName::new("abandoned/keepalive").unwrap(), HolderId::new("p").unwrap(), ttl);
+        let Acquire::Acquired(held) = store.try_acquire(&req).await.unwrap() else { panic!("held by another") };
+        // A renewal opens the keep-alive stream.
+        assert!(matches!(store.renew(&held, ttl).await, Ok(Renew::Renewed(_))));
+        // The server stops answering, and a renewal's caller gives up on it.
+        proxy.set(Mode::BlackHole);
+        assert!(tokio::time::timeout(Duration::from_millis(200), store.renew(&held, ttl)).await.is_err());
+        // The keep-alive goes through late and its answer comes back to nobody.
+        proxy.set(Mode::Pass);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        // Unreachable again: nothing sent from now on refreshes the lease.
+        proxy.set(Mode::BlackHole);
+        let since = Instant::now();
+        let refreshed = tokio::time::timeout(Duration::from_secs(1), store.lease(ttl, since, false)).await;
+        assert!(
+            !matches!(refreshed, Ok(Ok(_))),
+            "a refresh was reported while the server could not be reached: {refreshed:?}"
+        );
     }
 }

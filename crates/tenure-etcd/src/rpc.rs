@@ -234,14 +234,18 @@ pub mod pb {
         #[prost(string, tag = "2")] pub token: String,
     }
 
+    #[cfg(test)]
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct StatusRequest {}
 
+    #[cfg(test)]
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct StatusResponse {
         #[prost(message, optional, tag = "1")] pub header: Option<ResponseHeader>,
         /// The member's etcd version, e.g. `3.4.23`.
         #[prost(string, tag = "2")] pub version: String,
+        /// The member ID of the leader this member knows of (0: none).
+        #[prost(uint64, tag = "4")] pub leader: u64,
     }
 }
 
@@ -297,6 +301,7 @@ const LEASE_GRANT: &str = "/etcdserverpb.Lease/LeaseGrant";
 const LEASE_KEEP_ALIVE: &str = "/etcdserverpb.Lease/LeaseKeepAlive";
 const WATCH: &str = "/etcdserverpb.Watch/Watch";
 const AUTHENTICATE: &str = "/etcdserverpb.Auth/Authenticate";
+#[cfg(test)]
 const STATUS: &str = "/etcdserverpb.Maintenance/Status";
 
 /// A bidirectional stream: requests go into the sender, answers come out of `Streaming`.
@@ -444,7 +449,8 @@ impl Client {
         Ok(stream)
     }
 
-    /// The status of the member the connection reaches (its version, among others).
+    /// The status of the member the connection reaches (its version, its leader, among others).
+    #[cfg(test)]
     pub async fn status(&self) -> Result<pb::StatusResponse, Error> {
         self.unary(STATUS, pb::StatusRequest {}).await
     }

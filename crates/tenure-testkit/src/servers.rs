@@ -258,6 +258,80 @@ impl EtcdCluster {
         let hosts: Vec<String> = self.members.iter().map(|m| format!("127.0.0.1:{}", m.port)).collect();
         format!("etcd://{}", hosts.join(","))
     }
+
+    /// Cuts member `i` off from the others: see [`cut_off`].
+    pub fn cut_off(&self, i: usize) -> Option<PeerCut> {
+        cut_off(&self.members, i)
+    }
+}
+
+/// Cuts etcd member `i` of `members` off from the others while clients still reach it:
+/// nftables refuses new connections to its peer port, and its peer connections are
+/// destroyed (`ss -K`), so no Raft message of the others reaches it until the cut is
+/// dropped. Call it while the member is paused, before the others send it anything it
+/// must not read. Needs root, `nft` (Debian's nftables) and `ss`; `None` (after saying
+/// why) when they are missing and servers are not required, as [`launch`] does.
+pub fn cut_off(members: &[Server], i: usize) -> Option<PeerCut> {
+    let (Some(nft), Some(ss)) = (find_program("nft"), find_program("ss")) else {
+        let msg = "nft or ss not found (Debian packages nftables and iproute2)";
+        assert!(!servers_required(), "{msg}, and TENURE_REQUIRE_SERVERS=1");
+        eprintln!("skipping: {msg}");
+        return None;
+    };
+    let m = &members[i];
+    let pid = m.pid().expect("the member runs");
+    let others: Vec<u16> = members.iter().filter(|o| o.port != m.port).map(|o| o.peer_port).collect();
+    let table = format!("tenure_cut_{}", m.peer_port);
+    let rules = format!(
+        "table inet {table} {{\n chain input {{\n  type filter hook input priority 0;\n  tcp dport {} reject with tcp reset\n }}\n}}\n",
+        m.peer_port
+    );
+    run_with_input(&nft, &["-f", "-"], &rules);
+    let cut = PeerCut { nft, table };
+    // Its connections to the others' peer ports, by its own (ephemeral) port.
+    let listed = Command::new(&ss).args(["-tnpH"]).output().expect("ss runs");
+    let mut ports = vec![m.peer_port];
+    for line in String::from_utf8_lossy(&listed.stdout).lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let port = |f: Option<&&str>| f.and_then(|a| a.rsplit(':').next()).and_then(|p| p.parse::<u16>().ok());
+        if line.contains(&format!("pid={pid},"))
+            && let (Some(local), Some(remote)) = (port(fields.get(3)), port(fields.get(4)))
+            && others.contains(&remote)
+        {
+            ports.push(local);
+        }
+    }
+    let filter: Vec<String> = ports.iter().map(|p| format!("sport = :{p} or dport = :{p}")).collect();
+    let killed = Command::new(&ss).args(["-K", "-tn"]).arg(filter.join(" or ")).output().expect("ss runs");
+    assert!(killed.status.success(), "ss -K failed: {}", String::from_utf8_lossy(&killed.stderr));
+    Some(cut)
+}
+
+/// A member cut off from the others by [`EtcdCluster::cut_off`]; dropping it lets them
+/// reach it again.
+pub struct PeerCut {
+    nft: PathBuf,
+    table: String,
+}
+
+impl Drop for PeerCut {
+    fn drop(&mut self) {
+        let _ = Command::new(&self.nft).args(["delete", "table", "inet", &self.table]).status();
+    }
+}
+
+/// Runs `program` with `args`, `input` on its stdin; panics unless it succeeds.
+fn run_with_input(program: &Path, args: &[&str], input: &str) {
+    use std::io::Write;
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", program.display()));
+    child.stdin.take().expect("piped").write_all(input.as_bytes()).expect("stdin takes the input");
+    let out = child.wait_with_output().expect("it ends");
+    assert!(out.status.success(), "{} {args:?} failed: {}", program.display(), String::from_utf8_lossy(&out.stderr));
 }
 
 /// A throwaway ZooKeeper ensemble of several servers on loopback, each a [`Server`] of its

@@ -478,6 +478,10 @@ fn torture(a: Args) -> Result<bool, String> {
     let mut refusing_until: Option<Instant> = None;
     // A paused cluster member, and when it is thawed.
     let mut member_paused: Option<(usize, Instant)> = None;
+    // An etcd member cut off from the others (see `servers::cut_off`), and until when:
+    // paused with it, and cut off a little longer once it wakes, so that a leader among
+    // them answers keep-alives from a stale copy of its leases for that while.
+    let mut member_cut: Option<(servers::PeerCut, Option<Instant>)> = None;
     // Candidates that exited without being stopped (tenure run must campaign on).
     let mut gave_up = 0usize;
     // Standby supervisors still running 2 s after their `tenure run` was killed.
@@ -513,19 +517,40 @@ fn torture(a: Args) -> Result<bool, String> {
             {
                 c[i].resume();
                 member_paused = None;
+                if let Some((_, healed)) = member_cut.as_mut() {
+                    *healed = Some(Instant::now() + a.ttl / 4);
+                }
                 append(&dir.join("faults"), &format!("{} member {i} thawed", now_ns()));
             }
-            if member_paused.is_none() && rng.usize(0..3) == 0 {
+            if member_cut.as_ref().is_some_and(|(_, healed)| healed.is_some_and(|t| Instant::now() >= t)) {
+                member_cut = None;
+                append(&dir.join("faults"), &format!("{} member cut healed", now_ns()));
+            }
+            if member_paused.is_none() && member_cut.is_none() && rng.usize(0..3) == 0 {
                 let i = rng.usize(0..c.len());
                 restart_times.push(now_ns());
-                if rng.bool() {
-                    c[i].kill();
-                    c[i].start();
-                    note(&mut faults, &dir, "member killed and restarted");
-                } else {
-                    c[i].pause();
-                    member_paused = Some((i, Instant::now() + a.ttl.mul_f64(1.2 + 1.3 * rng.f64())));
-                    note(&mut faults, &dir, "member paused");
+                let pause = a.ttl.mul_f64(1.2 + 1.3 * rng.f64());
+                match rng.usize(0..3) {
+                    0 => {
+                        c[i].kill();
+                        c[i].start();
+                        note(&mut faults, &dir, "member killed and restarted");
+                    }
+                    1 => {
+                        c[i].pause();
+                        member_paused = Some((i, Instant::now() + pause));
+                        note(&mut faults, &dir, "member paused");
+                    }
+                    _ => {
+                        c[i].pause();
+                        member_paused = Some((i, Instant::now() + pause));
+                        if a.server != Some(Kind::ZooKeeper) {
+                            member_cut = Some((servers::cut_off(c, i).ok_or("cannot cut a member off")?, None));
+                            note(&mut faults, &dir, "member paused and cut off");
+                        } else {
+                            note(&mut faults, &dir, "member paused");
+                        }
+                    }
                 }
                 continue;
             }
@@ -750,6 +775,7 @@ fn torture(a: Args) -> Result<bool, String> {
     if let (Some(c), Some((i, _))) = (cluster.as_ref(), member_paused) {
         c[i].resume();
     }
+    drop(member_cut);
     let until = now_ns();
     for c in cands.iter_mut() {
         signal(&c.child, Signal::CONT);
@@ -802,6 +828,7 @@ fn torture(a: Args) -> Result<bool, String> {
         "Redis restart from an older snapshot",
         "member killed and restarted",
         "member paused",
+        "member paused and cut off",
         "Sentinel failover (forced)",
         "Sentinel failover (primary killed)",
     ]
