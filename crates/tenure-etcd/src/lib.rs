@@ -116,12 +116,14 @@ struct LeaseSlot {
 enum Proof {
     /// A grant: a Raft write, so only a member that leads can have made it.
     Granted,
-    /// A keep-alive answered under this Raft term. etcd renews a lease in the memory of
-    /// the member that believes it leads, not through Raft: a leader that was paused (or
+    /// A keep-alive whose answer carried this Raft term (in etcd, the term of the last
+    /// entry the answering member applied). etcd renews a lease in the memory of the
+    /// member that believes it leads, not through Raft: a leader that was paused (or
     /// stalled) while the others elected a new one answers keep-alives from its stale
     /// copy until it hears of the new term, and the real leader lets the lease run out.
-    /// Such an answer carries the old term, while any write committed after it carries
-    /// the new one: a write that uses this lease counts only if it reports this term.
+    /// Such an answer carries the old term, while a write committed after it lands
+    /// behind the new leader's first entry, so its answer carries the new one: a write
+    /// that uses this lease counts only if its answer carries this term.
     KeptAlive { term: u64 },
 }
 
@@ -1231,7 +1233,9 @@ mod tests {
             }
         }
         // The holder counts on each key for a TTL from `since`, less its own margin; each
-        // must be there all that time.
+        // must be there all that time, past when the new leader's schedule ends the lease
+        // (about 8 s after `since`).
+        assert!(since.elapsed() < Duration::from_secs(6), "too slow to check: {:?}", since.elapsed());
         while since.elapsed() < ttl - Duration::from_secs(1) {
             for (what, rec) in &counted {
                 let now = observer.get(&rec.election).await.unwrap().map(|r| r.token);
@@ -1244,6 +1248,9 @@ mod tests {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        // They did so on a lease granted after the keep-alive was found wanting.
+        let now = slot.lock().await.refreshed;
+        assert!(matches!(now, Some((_, Proof::Granted))), "the keep-alive was not found wanting: {now:?}");
     }
 
     /// The runtime stops waiting for a call after its request timeout, which drops the

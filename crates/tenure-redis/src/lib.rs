@@ -364,16 +364,36 @@ impl RedisStore {
         for a in args {
             inv.arg(*a);
         }
-        let v: Value = inv.invoke_async(&mut conn).await.map_err(|e| self.failed(what, e))?;
+        let waits = self.inner.min_replicas > 0 && (what == "acquire" || what == "renew");
+        if !waits {
+            let v: Value = inv.invoke_async(&mut conn).await.map_err(|e| self.failed(what, e))?;
+            let reply = Reply::parse(election, v)?;
+            self.saw_ttl(reply.record.as_ref());
+            return Ok(reply);
+        }
+        // The script and its `WAIT` in one pipeline, so on one connection: `WAIT` counts
+        // the replicas that acknowledged its own connection's writes, and sent apart, it
+        // could go out on a connection made again in between, which wrote nothing, and
+        // pass at once for a write no replica has.
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(&inv);
+        pipe.cmd("WAIT").arg(self.inner.min_replicas).arg(WAIT_MS);
+        let mut values = if mutant("redis-wait-apart") {
+            let v: Value = inv.invoke_async(&mut conn).await.map_err(|e| self.failed(what, e))?;
+            let acks: redis::RedisResult<Value> =
+                redis::cmd("WAIT").arg(self.inner.min_replicas).arg(WAIT_MS).query_async(&mut conn).await;
+            vec![v, acks.map_err(|e| self.failed(what, e))?]
+        } else {
+            self.query_pipeline(what, &mut conn, &pipe, script).await?
+        };
+        let acks = match values.pop() {
+            Some(Value::Int(n)) => n.max(0) as u64,
+            _ => 0,
+        };
+        let v = values.pop().ok_or_else(|| StoreError::ambiguous(format!("Redis answered the {what} with nothing")))?;
         let reply = Reply::parse(election, v)?;
         self.saw_ttl(reply.record.as_ref());
-        if self.inner.min_replicas > 0 && reply.status == "ok" && (what == "acquire" || what == "renew") {
-            let acks: u64 = redis::cmd("WAIT")
-                .arg(self.inner.min_replicas)
-                .arg(WAIT_MS)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| self.failed(what, e))?;
+        if reply.status == "ok" {
             self.check_acks(what, acks)?;
         }
         Ok(reply)

@@ -398,3 +398,50 @@ async fn ten_thousand_renewals_and_releases_in_one_call_each_succeed() {
     assert!(released.iter().all(Result::is_ok), "{:?}", released.iter().find(|r| r.is_err()));
     assert!(store.list("many/").await.unwrap().is_empty(), "every election is free again");
 }
+
+/// With `min_replicas`, a grant or renewal counts only if that many replicas
+/// acknowledged its own write. `WAIT` counts the writes of the connection it goes out on,
+/// so the script and its `WAIT` must go out together, on one connection: sent once the
+/// script has answered, a `WAIT` could go out on a connection made again in between (the
+/// store's connection is shared and remade after a failure), which wrote nothing, and
+/// pass at once for a write that no replica has. With the server's answers held back,
+/// the `WAIT` must still reach it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_and_the_wait_for_its_replicas_go_out_together() {
+    use tenure_testkit::proxy::{Mode, Proxy};
+    let Some(r) = R::launch() else { return };
+    let port = r.server.lock().unwrap().port();
+    let proxy = Proxy::start(("127.0.0.1", port)).unwrap();
+    let url = r.url.replacen(&format!(":{port}"), &format!(":{}", proxy.port()), 1);
+    let store = RedisStore::connect(&format!("{url}?restart_guard=off&min_replicas=1")).await.unwrap();
+    let req = |n: &str| AcquireRequest {
+        election: ElectionName::new(n).unwrap(),
+        holder: HolderId::new("a").unwrap(),
+        ttl: Duration::from_secs(5),
+        metadata: Vec::new(),
+    };
+    // No replica: a grant is never acknowledged, and is not counted.
+    let err = store.try_acquire(&req("together/first")).await.expect_err("no replica acknowledged it");
+    assert!(err.to_string().contains("replicas"), "{err}");
+    let waits = || {
+        let stats = servers::redis_command(port, &["INFO", "commandstats"]).unwrap_or_default();
+        stats.lines().find_map(|l| l.strip_prefix("cmdstat_wait:calls=")?.split(',').next()?.parse::<u64>().ok())
+    };
+    let before = waits().unwrap_or(0);
+    proxy.set(Mode::HoldAnswers);
+    let pending = tokio::spawn({
+        let store = store.clone();
+        async move { store.try_acquire(&req("together/second")).await }
+    });
+    let t0 = std::time::Instant::now();
+    while waits().unwrap_or(0) <= before {
+        assert!(
+            t0.elapsed() < Duration::from_secs(2),
+            "the grant's WAIT did not reach the server while the grant's answer was held"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    proxy.set(Mode::Pass);
+    let answer = pending.await.unwrap();
+    assert!(answer.is_err(), "no replica acknowledged it: {answer:?}");
+}

@@ -1,5 +1,5 @@
-//! A small TCP proxy for fault tests: pass traffic, cut it, black-hole it, delay it, or
-//! answer every request itself.
+//! A small TCP proxy for fault tests: pass traffic, cut it, black-hole it, delay it, hold
+//! the server's answers, or answer every request itself.
 //!
 //! It runs on a thread of its own, so that a test or tool without an async runtime can
 //! use it.
@@ -32,6 +32,10 @@ pub enum Mode {
     BlackHole,
     /// Forward every chunk after this delay.
     Delay(Duration),
+    /// Forward requests but hold every answer (the server's bytes) until the mode
+    /// changes: what a client sends before it has an answer reaches the server, what it
+    /// would send after one does not.
+    HoldAnswers,
     /// Answer every request with these bytes (a whole HTTP response, with `Connection:
     /// close`) without passing it on, then close: a service that throttles or fails in
     /// front of a healthy one. Open connections are closed, so clients reconnect to it.
@@ -119,8 +123,8 @@ async fn accept_loop(listener: TcpListener, target: SocketAddr, mode: Arc<Mutex<
             let (cr, cw) = client.into_split();
             let (sr, sw) = server.into_split();
             tokio::select! {
-                _ = pump(cr, sw, mode.clone()) => {}
-                _ = pump(sr, cw, mode) => {}
+                _ = pump(cr, sw, mode.clone(), false) => {}
+                _ = pump(sr, cw, mode, true) => {}
             }
         });
     }
@@ -140,11 +144,13 @@ async fn answer(mut client: TcpStream, reply: &'static [u8]) {
     let _ = client.shutdown().await;
 }
 
-/// Copies one direction, applying the mode to every chunk; ends on a cut or a close.
+/// Copies one direction (`answers`: the server's), applying the mode to every chunk;
+/// ends on a cut or a close.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mode: Arc<Mutex<Mode>>,
+    answers: bool,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -164,13 +170,13 @@ async fn pump(
         // retransmits them: they arrive late, in order, once it heals, or never if it is
         // cut. (Dropping them would corrupt the byte stream, which TCP never does, and
         // leave a pipelining client such as Redis's matching answers to the wrong requests.)
-        while current(&mode) == Mode::BlackHole {
+        while current(&mode) == Mode::BlackHole || (answers && current(&mode) == Mode::HoldAnswers) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         match current(&mode) {
             Mode::Cut | Mode::Answer(_) => return,
             Mode::Delay(d) => tokio::time::sleep(d).await,
-            Mode::Pass | Mode::BlackHole => {}
+            Mode::Pass | Mode::BlackHole | Mode::HoldAnswers => {}
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;

@@ -266,10 +266,11 @@ impl EtcdCluster {
 }
 
 /// Cuts etcd member `i` of `members` off from the others while clients still reach it:
-/// nftables refuses new connections to its peer port, and its peer connections are
-/// destroyed (`ss -K`), so no Raft message of the others reaches it until the cut is
-/// dropped. Call it while the member is paused, before the others send it anything it
-/// must not read. Needs root, `nft` (Debian's nftables) and `ss`; `None` (after saying
+/// nftables refuses every connection to its peer port, and its existing peer connections
+/// are destroyed (`ss -K`), so no Raft message already sent to it waits for it to read.
+/// It can still dial the others' peer ports, and it does so within about 100 ms whenever
+/// it runs: pause it first, and pause the others whenever it runs while it must hear
+/// nothing from them. Needs root, `nft` (Debian's nftables) and `ss`; `None` (after saying
 /// why) when they are missing and servers are not required, as [`launch`] does.
 pub fn cut_off(members: &[Server], i: usize) -> Option<PeerCut> {
     let (Some(nft), Some(ss)) = (find_program("nft"), find_program("ss")) else {
@@ -288,9 +289,9 @@ pub fn cut_off(members: &[Server], i: usize) -> Option<PeerCut> {
     );
     run_with_input(&nft, &["-f", "-"], &rules);
     let cut = PeerCut { nft, table };
-    // Its connections to the others' peer ports, by its own (ephemeral) port.
+    // Its connections to the others' peer ports, each by both its ports.
     let listed = Command::new(&ss).args(["-tnpH"]).output().expect("ss runs");
-    let mut ports = vec![m.peer_port];
+    let mut filter = vec![format!("sport = :{0} or dport = :{0}", m.peer_port)];
     for line in String::from_utf8_lossy(&listed.stdout).lines() {
         let fields: Vec<&str> = line.split_whitespace().collect();
         let port = |f: Option<&&str>| f.and_then(|a| a.rsplit(':').next()).and_then(|p| p.parse::<u16>().ok());
@@ -298,10 +299,12 @@ pub fn cut_off(members: &[Server], i: usize) -> Option<PeerCut> {
             && let (Some(local), Some(remote)) = (port(fields.get(3)), port(fields.get(4)))
             && others.contains(&remote)
         {
-            ports.push(local);
+            // ss wants its parentheses apart from the words.
+            filter.push(format!(
+                "( sport = :{local} and dport = :{remote} ) or ( sport = :{remote} and dport = :{local} )"
+            ));
         }
     }
-    let filter: Vec<String> = ports.iter().map(|p| format!("sport = :{p} or dport = :{p}")).collect();
     let killed = Command::new(&ss).args(["-K", "-tn"]).arg(filter.join(" or ")).output().expect("ss runs");
     assert!(killed.status.success(), "ss -K failed: {}", String::from_utf8_lossy(&killed.stderr));
     Some(cut)

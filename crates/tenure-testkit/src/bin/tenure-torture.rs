@@ -478,10 +478,10 @@ fn torture(a: Args) -> Result<bool, String> {
     let mut refusing_until: Option<Instant> = None;
     // A paused cluster member, and when it is thawed.
     let mut member_paused: Option<(usize, Instant)> = None;
-    // An etcd member cut off from the others (see `servers::cut_off`), and until when:
-    // paused with it, and cut off a little longer once it wakes, so that a leader among
-    // them answers keep-alives from a stale copy of its leases for that while.
-    let mut member_cut: Option<(servers::PeerCut, Option<Instant>)> = None;
+    // The paused member is also cut off from the others (see `servers::cut_off`): when
+    // it is thawed, it wakes alone for a moment (the others paused), so that, were it the
+    // leader, it answers keep-alives from a stale copy of its leases, and then all run.
+    let mut member_cut: Option<servers::PeerCut> = None;
     // Candidates that exited without being stopped (tenure run must campaign on).
     let mut gave_up = 0usize;
     // Standby supervisors still running 2 s after their `tenure run` was killed.
@@ -515,18 +515,20 @@ fn torture(a: Args) -> Result<bool, String> {
             if let Some((i, until)) = member_paused
                 && Instant::now() >= until
             {
-                c[i].resume();
-                member_paused = None;
-                if let Some((_, healed)) = member_cut.as_mut() {
-                    *healed = Some(Instant::now() + a.ttl / 4);
+                if let Some(cut) = member_cut.take() {
+                    let others: Vec<usize> = (0..c.len()).filter(|&j| j != i).collect();
+                    others.iter().for_each(|&j| c[j].pause());
+                    c[i].resume();
+                    std::thread::sleep(a.ttl / 10);
+                    drop(cut);
+                    others.iter().for_each(|&j| c[j].resume());
+                } else {
+                    c[i].resume();
                 }
+                member_paused = None;
                 append(&dir.join("faults"), &format!("{} member {i} thawed", now_ns()));
             }
-            if member_cut.as_ref().is_some_and(|(_, healed)| healed.is_some_and(|t| Instant::now() >= t)) {
-                member_cut = None;
-                append(&dir.join("faults"), &format!("{} member cut healed", now_ns()));
-            }
-            if member_paused.is_none() && member_cut.is_none() && rng.usize(0..3) == 0 {
+            if member_paused.is_none() && rng.usize(0..3) == 0 {
                 let i = rng.usize(0..c.len());
                 restart_times.push(now_ns());
                 let pause = a.ttl.mul_f64(1.2 + 1.3 * rng.f64());
@@ -545,7 +547,7 @@ fn torture(a: Args) -> Result<bool, String> {
                         c[i].pause();
                         member_paused = Some((i, Instant::now() + pause));
                         if a.server != Some(Kind::ZooKeeper) {
-                            member_cut = Some((servers::cut_off(c, i).ok_or("cannot cut a member off")?, None));
+                            member_cut = Some(servers::cut_off(c, i).ok_or("cannot cut a member off")?);
                             note(&mut faults, &dir, "member paused and cut off");
                         } else {
                             note(&mut faults, &dir, "member paused");
