@@ -26,6 +26,13 @@ async fn worker_process() {
     let log_path = PathBuf::from(std::env::var("TENURE_TEST_LOG").unwrap());
     let store = Arc::new(SqliteStore::open(&db).await.unwrap());
     let elector = Elector::builder(store, "proc/job").ttl(TTL).build().unwrap();
+    // Every event on stderr, which the test shows when a leader fails to appear.
+    let mut events = elector.events();
+    tokio::spawn(async move {
+        while let Ok(ev) = events.recv().await {
+            eprintln!("{} {ev:?}", now_ns());
+        }
+    });
     let stopper = elector.clone();
     tokio::spawn(async move {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
@@ -36,7 +43,7 @@ async fn worker_process() {
         let mut f = std::fs::OpenOptions::new().append(true).create(true).open(&log_path).unwrap();
         writeln!(f, "{what} {token} {} {}", std::process::id(), now_ns()).unwrap();
     };
-    let _ = elector
+    let ended = elector
         .run_while_leader(|l| {
             let log = log.clone();
             async move {
@@ -52,6 +59,9 @@ async fn worker_process() {
             }
         })
         .await;
+    // Said on stderr, which the test keeps: a worker that stops campaigning on its own
+    // is a failure the test reports.
+    eprintln!("worker {} ended: {ended:?}", std::process::id());
 }
 
 struct Line {
@@ -77,15 +87,36 @@ fn read_log(path: &Path) -> Vec<Line> {
         .collect()
 }
 
+/// Starts a worker; what it says on stderr goes to `LOG.PID.err`, next to the log.
 fn spawn_worker(db: &Path, log: &Path) -> Child {
-    Command::new(std::env::current_exe().unwrap())
+    let err = tempfile::NamedTempFile::new_in(log.parent().unwrap()).unwrap();
+    let child = Command::new(std::env::current_exe().unwrap())
         .args(["--ignored", "--exact", "worker_process", "--nocapture"])
         .env("TENURE_TEST_DB", db)
         .env("TENURE_TEST_LOG", log)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(err.reopen().unwrap())
         .spawn()
-        .unwrap()
+        .unwrap();
+    err.persist(log.with_extension(format!("{}.err", child.id()))).unwrap();
+    child
+}
+
+/// What the workers said on stderr, for a failure's message.
+fn workers_said(log: &Path) -> String {
+    let mut said = String::new();
+    for e in std::fs::read_dir(log.parent().unwrap()).unwrap().flatten() {
+        if e.path().extension().is_some_and(|x| x == "err") {
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(20).collect();
+            said.push_str(&format!(
+                "\n--- {}:\n{}",
+                e.path().display(),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            ));
+        }
+    }
+    said
 }
 
 /// Waits until a start line beyond the first `seen` appears; returns it.
@@ -96,7 +127,7 @@ fn wait_start(log: &Path, seen: usize, within: Duration) -> Line {
         if let Some(l) = starts.into_iter().nth(seen) {
             return l;
         }
-        assert!(t0.elapsed() < within, "no new leader within {within:?}");
+        assert!(t0.elapsed() < within, "no new leader within {within:?}; the workers said:{}", workers_said(log));
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -110,6 +141,10 @@ fn sqlite_processes_elect_one_leader() {
     let first = wait_start(&log, 0, Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(read_log(&log).iter().filter(|l| l.what == "start").count(), 1, "exactly one leader");
+
+    for c in children.iter_mut() {
+        assert!(c.try_wait().unwrap().is_none(), "worker {} ended; the workers said:{}", c.id(), workers_said(&log));
+    }
 
     // SIGKILL the leader: another leads within TTL + 1 s.
     let idx = children.iter().position(|c| c.id() == first.pid).unwrap();
