@@ -23,14 +23,25 @@ fn now_ns() -> u64 {
 #[ignore = "run by sqlite_processes_elect_one_leader as a child process"]
 async fn worker_process() {
     let db = std::env::var("TENURE_TEST_DB").expect("the worker runs only as a child of the process test");
+    // The runtime's and the store's warnings (a call that failed or got no answer) on
+    // stderr, with the events below.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_env_filter("tenure=debug,tenure_sqlite=debug")
+        .init();
     let log_path = PathBuf::from(std::env::var("TENURE_TEST_LOG").unwrap());
     let store = Arc::new(SqliteStore::open(&db).await.unwrap());
     let elector = Elector::builder(store, "proc/job").ttl(TTL).build().unwrap();
     // Every event on stderr, which the test shows when a leader fails to appear.
     let mut events = elector.events();
     tokio::spawn(async move {
-        while let Ok(ev) = events.recv().await {
-            eprintln!("{} {ev:?}", now_ns());
+        loop {
+            match events.recv().await {
+                Ok(ev) => eprintln!("{} {ev:?}", now_ns()),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => eprintln!("{} {n} events missed", now_ns()),
+                Err(_) => break,
+            }
         }
     });
     let stopper = elector.clone();
@@ -119,6 +130,22 @@ fn workers_said(log: &Path) -> String {
     said
 }
 
+/// Kills the workers it names when dropped (a failed test's too).
+struct Reap(Vec<u32>);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            // Still one of ours, not a process that took a reaped worker's pid.
+            let ours = std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.windows(b"worker_process".len()).any(|w| w == b"worker_process"));
+            if ours && let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+    }
+}
+
 /// Waits until a start line beyond the first `seen` appears; returns it.
 fn wait_start(log: &Path, seen: usize, within: Duration) -> Line {
     let t0 = std::time::Instant::now();
@@ -127,7 +154,15 @@ fn wait_start(log: &Path, seen: usize, within: Duration) -> Line {
         if let Some(l) = starts.into_iter().nth(seen) {
             return l;
         }
-        assert!(t0.elapsed() < within, "no new leader within {within:?}; the workers said:{}", workers_said(log));
+        if t0.elapsed() >= within {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(8).collect();
+            panic!(
+                "no new leader within {within:?}; the log ends with:\n{}\nthe workers said:{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+                workers_said(log)
+            );
+        }
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -137,6 +172,9 @@ fn sqlite_processes_elect_one_leader() {
     let dir = tempfile::tempdir().unwrap();
     let (db, log) = (dir.path().join("leases.db"), dir.path().join("log"));
     let mut children: Vec<Child> = (0..3).map(|_| spawn_worker(&db, &log)).collect();
+    // Workers still running when the test fails are killed with it.
+    let pids: Vec<u32> = children.iter().map(Child::id).collect();
+    let _reap = Reap(pids);
 
     let first = wait_start(&log, 0, Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(500));
