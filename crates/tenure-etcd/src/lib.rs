@@ -513,12 +513,13 @@ impl EtcdStore {
             .await;
             slot.unanswered = false;
             match answer {
-                // An answer without a Raft term cannot be checked: grant a new lease below.
-                Ok(Ok(Some(r))) if r.ttl >= secs && r.header.is_none() => {}
                 Ok(Ok(Some(r))) if r.ttl >= secs => {
-                    let proof = Proof::KeptAlive { term: r.header.map_or(0, |h| h.raft_term) };
-                    slot.refreshed = Some((sent, proof));
-                    return Ok(Lease { id, proof });
+                    // An answer without a Raft term cannot be checked: grant a new lease below.
+                    if let Some(h) = r.header {
+                        let proof = Proof::KeptAlive { term: h.raft_term };
+                        slot.refreshed = Some((sent, proof));
+                        return Ok(Lease { id, proof });
+                    }
                 }
                 // The lease ran out (its keys are gone): grant a new one below.
                 Ok(Ok(Some(r))) if r.ttl <= 0 => slot.id = None,

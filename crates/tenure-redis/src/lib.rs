@@ -365,35 +365,34 @@ impl RedisStore {
             inv.arg(*a);
         }
         let waits = self.inner.min_replicas > 0 && (what == "acquire" || what == "renew");
-        if !waits {
-            let v: Value = inv.invoke_async(&mut conn).await.map_err(|e| self.failed(what, e))?;
-            let reply = Reply::parse(election, v)?;
-            self.saw_ttl(reply.record.as_ref());
-            return Ok(reply);
-        }
-        // The script and its `WAIT` in one pipeline, so on one connection: `WAIT` counts
-        // the replicas that acknowledged its own connection's writes, and sent apart, it
-        // could go out on a connection made again in between, which wrote nothing, and
-        // pass at once for a write no replica has.
-        let mut pipe = redis::pipe();
-        pipe.invoke_script(&inv);
-        pipe.cmd("WAIT").arg(self.inner.min_replicas).arg(WAIT_MS);
-        let mut values = if mutant("redis-wait-apart") {
-            let v: Value = inv.invoke_async(&mut conn).await.map_err(|e| self.failed(what, e))?;
-            let acks: redis::RedisResult<Value> =
-                redis::cmd("WAIT").arg(self.inner.min_replicas).arg(WAIT_MS).query_async(&mut conn).await;
-            vec![v, acks.map_err(|e| self.failed(what, e))?]
+        let (v, acks) = if !waits {
+            (inv.invoke_async(&mut conn).await.map_err(|e| self.failed(what, e))?, None)
         } else {
-            self.query_pipeline(what, &mut conn, &pipe, script).await?
+            // The script and its `WAIT` in one pipeline, so on one connection: `WAIT`
+            // counts the replicas that acknowledged its own connection's writes, and sent
+            // apart, it could go out on a connection made again in between, which wrote
+            // nothing, and pass at once for a write no replica has.
+            let mut pipe = redis::pipe();
+            pipe.invoke_script(&inv);
+            pipe.cmd("WAIT").arg(self.inner.min_replicas).arg(WAIT_MS);
+            let mut values = if mutant("redis-wait-apart") {
+                let v: Value = inv.invoke_async(&mut conn).await.map_err(|e| self.failed(what, e))?;
+                let acks: redis::RedisResult<Value> =
+                    redis::cmd("WAIT").arg(self.inner.min_replicas).arg(WAIT_MS).query_async(&mut conn).await;
+                vec![v, acks.map_err(|e| self.failed(what, e))?]
+            } else {
+                self.query_pipeline(what, &mut conn, &pipe, script).await?
+            };
+            let acks = acks_of(values.pop());
+            let v =
+                values.pop().ok_or_else(|| StoreError::ambiguous(format!("Redis answered the {what} with nothing")))?;
+            (v, Some(acks))
         };
-        let acks = match values.pop() {
-            Some(Value::Int(n)) => n.max(0) as u64,
-            _ => 0,
-        };
-        let v = values.pop().ok_or_else(|| StoreError::ambiguous(format!("Redis answered the {what} with nothing")))?;
         let reply = Reply::parse(election, v)?;
         self.saw_ttl(reply.record.as_ref());
-        if reply.status == "ok" {
+        if let Some(acks) = acks
+            && reply.status == "ok"
+        {
             self.check_acks(what, acks)?;
         }
         Ok(reply)
@@ -509,14 +508,10 @@ impl RedisStore {
             pipe.cmd("WAIT").arg(self.inner.min_replicas).arg(WAIT_MS);
         }
         let mut values = self.query_pipeline("renew", &mut conn, &pipe, script).await?;
-        if self.inner.min_replicas > 0 {
-            let acks = match values.pop() {
-                Some(Value::Int(n)) => n.max(0) as u64,
-                _ => 0,
-            };
-            if let Err(e) = self.check_acks("renew", acks) {
-                return Ok(held.iter().map(|_| Err(e.duplicate())).collect());
-            }
+        if self.inner.min_replicas > 0
+            && let Err(e) = self.check_acks("renew", acks_of(values.pop()))
+        {
+            return Ok(held.iter().map(|_| Err(e.duplicate())).collect());
         }
         if values.len() != held.len() {
             return Err(StoreError::ambiguous("Redis answered a renewal pipeline with the wrong number of replies"));
@@ -619,6 +614,14 @@ impl Reply {
             }
         };
         Ok(Self { status, record })
+    }
+}
+
+/// The replicas a `WAIT` reply counts (none for anything but a number).
+fn acks_of(reply: Option<Value>) -> u64 {
+    match reply {
+        Some(Value::Int(n)) => n.max(0) as u64,
+        _ => 0,
     }
 }
 
