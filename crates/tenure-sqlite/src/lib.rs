@@ -18,8 +18,8 @@
 //! ```
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
@@ -93,11 +93,43 @@ pub struct SqliteStore {
 
 struct Inner {
     path: PathBuf,
-    conn: Mutex<Connection>,
+    /// Work for the connection's thread, which owns the store's connection and runs one
+    /// job at a time (a connection serves one transaction at a time anyway). One thread,
+    /// where a blocking-pool task per call parked a thread per waiting call: hundreds of
+    /// threads, and their stacks, when thousands of elections start or stop at once.
+    jobs: std::sync::mpsc::Sender<Job>,
     boot_id: String,
     options: SqliteOptions,
     changes: ChangeHub,
     poller: AtomicBool,
+    /// The database's wake-up file (`NAME-wake` beside it), written after each commit so
+    /// that watch threads in every process wake when the commit is already visible; None
+    /// where it cannot be opened (the watches then find commits by looking again).
+    wake: Option<std::fs::File>,
+}
+
+impl Inner {
+    /// Tells the watch threads on this database that a commit is visible now.
+    fn announce(&self) {
+        use std::os::unix::fs::FileExt;
+        if let Some(f) = &self.wake {
+            let _ = f.write_at(b"\n", 0);
+        }
+    }
+}
+
+/// The wake-up file of the database at `path`: its name starts with the database's, so
+/// the watch threads' inotify filter takes its writes for the database's.
+fn wake_file(path: &Path) -> Option<std::fs::File> {
+    let mut name = path.as_os_str().to_owned();
+    name.push("-wake");
+    match std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(&name) {
+        Ok(f) => Some(f),
+        Err(e) => {
+            tracing::debug!(error = %e, file = ?name, "no wake-up file; SQLite watches find commits by looking again");
+            None
+        }
+    }
 }
 
 impl SqliteStore {
@@ -133,16 +165,23 @@ impl SqliteStore {
         if version < SCHEMA_VERSION {
             retry_busy(&options, || migrate(&conn)).map_err(|e| sql_error(&path, "creating the lease table", e))?;
         }
-        Ok(Self {
-            inner: Arc::new(Inner {
-                path,
-                conn: Mutex::new(conn),
-                boot_id: boot_id(),
-                options,
-                changes: ChangeHub::new(),
-                poller: AtomicBool::new(false),
-            }),
-        })
+        let wake = wake_file(&path);
+        let (jobs, queue) = std::sync::mpsc::channel();
+        let inner = Arc::new(Inner {
+            path,
+            jobs,
+            boot_id: boot_id(),
+            options,
+            changes: ChangeHub::new(),
+            poller: AtomicBool::new(false),
+            wake,
+        });
+        let weak = Arc::downgrade(&inner);
+        std::thread::Builder::new()
+            .name("tenure-sqlite".into())
+            .spawn(move || serve(conn, &weak, &queue))
+            .map_err(|e| StoreError::unavailable("could not start the SQLite connection's thread").with_source(e))?;
+        Ok(Self { inner })
     }
 
     /// The database file.
@@ -150,23 +189,25 @@ impl SqliteStore {
         &self.inner.path
     }
 
-    /// Runs `f` on the connection in a blocking thread. A call whose caller has given up
-    /// (it timed out while the job waited for the connection) is skipped, so stale
-    /// requests do not pile up and land late.
+    /// Runs `f` on the connection, in the connection's thread. A call whose caller has
+    /// given up (it timed out while the job waited for the connection) is skipped, so
+    /// stale requests do not pile up and land late.
     async fn with_conn<T: Send + 'static>(
         &self,
         what: &'static str,
         f: impl FnOnce(&mut Connection, &Inner) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let inner = self.inner.clone();
         let (tx, rx) = tokio::sync::oneshot::channel();
-        tokio::task::spawn_blocking(move || {
-            let mut conn = inner.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let job: Job = Box::new(move |conn, inner| {
             if tx.is_closed() {
                 return;
             }
-            let _ = tx.send(f(&mut conn, &inner).map_err(|e| sql_error(&inner.path, what, e)));
+            let _ = tx.send(f(conn, inner).map_err(|e| sql_error(&inner.path, what, e)));
         });
+        self.inner
+            .jobs
+            .send(job)
+            .map_err(|_| StoreError::unavailable(format!("{what}: the SQLite connection's thread has stopped")))?;
         rx.await.map_err(|_| StoreError::unavailable(format!("{what}: the database task failed")))?
     }
 
@@ -181,6 +222,7 @@ impl SqliteStore {
             let now = Now { ns: monotonic_ns(), boot_id: &inner.boot_id };
             let out = f(&tx, now)?;
             tx.commit()?;
+            inner.announce();
             Ok(out)
         })
         .await
@@ -209,7 +251,8 @@ fn renew_in(
     let cur = select_row(tx, e)?.and_then(|r| r.live(now));
     match cur {
         Some(c) if c.holder == held.holder && c.token == held.token && !c.evicted => {
-            tx.execute(
+            exec(
+                tx,
                 "UPDATE tenure_leases SET revision = revision + 1, ttl_ms = ?2, expires_ns = ?3, renewed_ms = ?4
                  WHERE election = ?1",
                 params![e, ttl.as_millis() as i64, now.ns.saturating_add(ttl_ns(ttl)), wall_ms()],
@@ -222,7 +265,8 @@ fn renew_in(
 
 /// Clears `held` inside `tx` if it is still exactly that grant (holder, token, revision).
 fn release_in(tx: &rusqlite::Transaction<'_>, held: &LeaseRecord) -> rusqlite::Result<()> {
-    tx.execute(
+    exec(
+        tx,
         "UPDATE tenure_leases SET holder = NULL, evicted = 0, revision = revision + 1
          WHERE election = ?1 AND holder = ?2 AND token = ?3 AND revision = ?4",
         params![held.election.as_str(), held.holder.as_str(), held.token.0 as i64, held.revision.0 as i64],
@@ -292,8 +336,16 @@ impl Row {
     }
 }
 
+/// Runs one statement, prepared once per connection (SQLite's parse is most of a small
+/// statement's time).
+fn exec(tx: &Connection, sql: &str, params: impl rusqlite::Params) -> rusqlite::Result<usize> {
+    tx.prepare_cached(sql)?.execute(params)
+}
+
 fn select_row(tx: &Connection, election: &str) -> rusqlite::Result<Option<Row>> {
-    tx.query_row(&format!("SELECT {COLUMNS} FROM tenure_leases WHERE election = ?1"), [election], Row::read).optional()
+    tx.prepare_cached(&format!("SELECT {COLUMNS} FROM tenure_leases WHERE election = ?1"))?
+        .query_row([election], Row::read)
+        .optional()
 }
 
 fn wall_time(ms: i64) -> SystemTime {
@@ -326,7 +378,8 @@ impl LeaseStore for SqliteStore {
             match row.as_ref().and_then(|r| r.live(now)) {
                 Some(cur) if cur.holder != req.holder || cur.evicted => return Ok(Acquire::Held(cur)),
                 Some(_) => {
-                    tx.execute(
+                    exec(
+                        tx,
                         "UPDATE tenure_leases SET revision = revision + 1, ttl_ms = ?2, expires_ns = ?3,
                          renewed_ms = ?4, metadata = ?5 WHERE election = ?1",
                         params![e, ttl_ms, expires, wall_ms(), req.metadata],
@@ -334,7 +387,8 @@ impl LeaseStore for SqliteStore {
                 }
                 None => {
                     let (token, revision) = row.map(|r| (r.token + 1, r.revision + 1)).unwrap_or((1, 1));
-                    tx.execute(
+                    exec(
+                        tx,
                         &format!(
                             "INSERT OR REPLACE INTO tenure_leases ({COLUMNS})
                              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8, 0, ?9)"
@@ -436,7 +490,7 @@ impl LeaseStore for SqliteStore {
                 }
                 Evict::AfterTerm => "UPDATE tenure_leases SET evicted = 1, revision = revision + 1 WHERE election = ?1",
             };
-            tx.execute(sql, [e])?;
+            exec(tx, sql, [e])?;
             Ok(Some(cur))
         })
         .await
@@ -480,7 +534,7 @@ fn poll_changes(inner: &Arc<Inner>) {
                 return;
             }
         }
-        match conn.query_row("PRAGMA data_version", [], |r| r.get::<_, i64>(0)) {
+        match conn.prepare_cached("PRAGMA data_version").and_then(|mut s| s.query_row([], |r| r.get::<_, i64>(0))) {
             Ok(v) if version != Some(v) => {
                 version = Some(v);
                 match cursor {
@@ -540,12 +594,14 @@ fn poll_changes(inner: &Arc<Inner>) {
 const COMMIT_VISIBLE_WITHIN: Duration = Duration::from_secs(5);
 
 /// Wakes the watch thread when a process writes the database's files (an inotify watch on
-/// its directory), so that a follower hears of a release within about a millisecond
-/// instead of at its next look. A commit becomes visible once the write that woke the
-/// thread has been synced, so after each such write the thread looks every millisecond,
-/// then every 10 ms, until [`COMMIT_VISIBLE_WITHIN`] has passed (a write cannot be told
-/// apart from the next commit's, so seeing a change does not end it). Without inotify the
-/// thread looks every watch interval.
+/// its directory), so that a follower hears of a release at once instead of at its next
+/// look. Every tenure writer writes the wake-up file (`NAME-wake`) after each commit, so
+/// that write wakes the thread when the commit is already visible. A write to the WAL
+/// comes before its commit is visible (it is synced first), and a writer without the
+/// wake-up file announces nothing else, so after each write the thread also looks every
+/// millisecond, then every 10 ms, until [`COMMIT_VISIBLE_WITHIN`] has passed (a write
+/// cannot be told apart from the next commit's, so seeing a change does not end it).
+/// Without inotify the thread looks every watch interval.
 struct Wakeup {
     fd: rustix::fd::OwnedFd,
     /// The database's file name: its `-wal`, `-shm` and `-journal` files start with it.
@@ -590,9 +646,24 @@ impl Wakeup {
     }
 }
 
+/// A call for the connection's thread.
+type Job = Box<dyn FnOnce(&mut Connection, &Inner) + Send>;
+
+/// The connection's thread: runs the store's calls one after another until the store is
+/// dropped (its job queue then closes).
+fn serve(mut conn: Connection, inner: &std::sync::Weak<Inner>, queue: &std::sync::mpsc::Receiver<Job>) {
+    while let Ok(job) = queue.recv() {
+        let Some(inner) = inner.upgrade() else { return };
+        // A call that panics fails itself (its answer is dropped, its transaction rolled
+        // back), not the calls after it.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut conn, &inner)));
+    }
+}
+
 /// The rows changed after `cursor`, as changes for their watchers, and the new cursor.
 fn changed_since(conn: &Connection, cursor: i64, boot_id: &str) -> rusqlite::Result<(Vec<Change>, i64)> {
-    let mut stmt = conn.prepare(&format!("SELECT {COLUMNS}, seq FROM tenure_leases WHERE seq > ?1 ORDER BY seq"))?;
+    let mut stmt =
+        conn.prepare_cached(&format!("SELECT {COLUMNS}, seq FROM tenure_leases WHERE seq > ?1 ORDER BY seq"))?;
     let rows = stmt
         .query_map([cursor], |r| Ok((Row::read(r)?, r.get::<_, i64>(11)?)))?
         .collect::<rusqlite::Result<Vec<_>>>()?;
@@ -835,6 +906,47 @@ mod tests {
         let told =
             tokio::time::timeout(within, watch.next()).await.expect("the release was not told").unwrap().unwrap();
         assert_eq!(told, None);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_commit_is_announced_on_the_wake_up_file() {
+        use rustix::fs::inotify;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("leases.db");
+        let writer = SqliteStore::open(&path).await.unwrap();
+        let wake = dir.path().join("leases.db-wake");
+        let fd = inotify::init(inotify::CreateFlags::CLOEXEC).unwrap();
+        inotify::add_watch(&fd, &wake, inotify::WatchFlags::MODIFY).expect("the wake-up file exists");
+        // A reader that, like a watch thread in another process, reads the row as soon as
+        // the file is written: it finds the commit that was announced. (The write follows
+        // the commit in `transact`; this test cannot see an announcement made early, since
+        // a commit here takes less time than a thread's wake-up.)
+        let reader = |fd: rustix::fd::OwnedFd, path: PathBuf| {
+            std::thread::spawn(move || {
+                let conn = Connection::open(&path).unwrap();
+                let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 1024];
+                inotify::Reader::new(&fd, &mut buf).next().expect("an announcement");
+                let holder = conn
+                    .query_row("SELECT holder FROM tenure_leases WHERE election = 'told'", [], |r| r.get(0))
+                    .optional()
+                    .unwrap()
+                    .flatten();
+                (fd, holder)
+            })
+        };
+        let seen = reader(fd, path.clone());
+        let Acquire::Acquired(held) = writer.try_acquire(&req("told", "x")).await.unwrap() else { panic!("not won") };
+        let (fd, holder): (_, Option<String>) = seen.join().unwrap();
+        assert_eq!(holder.as_deref(), Some("x"), "woken before the acquire's commit could be read");
+        let seen = reader(fd, path.clone());
+        writer.release(&held).await.unwrap();
+        let (fd, holder) = seen.join().unwrap();
+        assert_eq!(holder, None, "woken before the release's commit could be read");
+        // A read commits nothing and announces nothing.
+        writer.get(&held.election).await.unwrap();
+        rustix::fs::fcntl_setfl(&fd, rustix::fs::OFlags::NONBLOCK).unwrap();
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 1024];
+        assert!(inotify::Reader::new(&fd, &mut buf).next().is_err(), "a read was announced");
     }
 
     #[tokio::test]

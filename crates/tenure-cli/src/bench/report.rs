@@ -78,7 +78,10 @@ pub(super) fn print_table(v: &Value) {
         );
         println!("  {:<28} {:>12} {:>12}", "", "batched", "per election");
         let (b, p) = (&sc["batched"], &sc["per_election_baseline"]);
-        let row = |label: &str, f: &dyn Fn(&Value) -> String| println!("  {label:<28} {:>12} {:>12}", f(b), f(p));
+        // Without the baseline (scenario scale-batched), its column says so.
+        let baseline = |f: &dyn Fn(&Value) -> String| if p.is_null() { "–".to_string() } else { f(p) };
+        let row =
+            |label: &str, f: &dyn Fn(&Value) -> String| println!("  {label:<28} {:>12} {:>12}", f(b), baseline(f));
         row("all won in", &|x| fmt_d(secs(x, "all_won_in_s")));
         row("renewals", &|x| x["renewals"].to_string());
         row("store calls/s", &|x| format!("{:.1}", secs(x, "store_calls_per_s")));
