@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio_stream::{Stream, StreamExt};
+use tokio_stream::Stream;
 
 use crate::name::ElectionName;
 use crate::record::LeaseRecord;
@@ -34,7 +34,7 @@ where
     F: Future<Output = Result<Option<LeaseRecord>, StoreError>> + Send + 'static,
 {
     let state = Loop { election, events: Box::pin(events), read: Arc::new(read), retry, last: None, started: false };
-    Box::pin(Unfold { state: Some(state), step: None })
+    Box::pin(Unfold { state: Some(state), reading: None })
 }
 
 type Item = Result<Option<LeaseRecord>, StoreError>;
@@ -85,38 +85,6 @@ where
             }
         }
     }
-
-    /// Runs until the next report; `None` once the stream has ended. An error is
-    /// reported once, and ends it.
-    async fn step(mut self) -> Option<(Item, Option<Self>)> {
-        if !self.started {
-            self.started = true;
-            return match Box::pin(self.reread()).await {
-                Ok(r) => {
-                    self.last = key(&r);
-                    Some((Ok(r), Some(self)))
-                }
-                Err(e) => Some((Err(e), None)),
-            };
-        }
-        loop {
-            let now = match self.events.next().await? {
-                // A notification that waited behind a newer read is stale: revisions of an
-                // election only grow.
-                Some(Some(rec)) if self.last.as_ref().is_some_and(|k| rec.revision < k.2) => continue,
-                Some(carried) => Ok(carried),
-                None => Box::pin(self.reread()).await,
-            };
-            match now {
-                Ok(rec) if key(&rec) == self.last => {}
-                Ok(rec) => {
-                    self.last = key(&rec);
-                    return Some((Ok(rec), Some(self)));
-                }
-                Err(e) => return Some((Err(e), None)),
-            }
-        }
-    }
 }
 
 /// A task that is ended when its handle is dropped.
@@ -128,12 +96,16 @@ impl<T> Drop for AbortOnDrop<T> {
     }
 }
 
-type Step<R> = std::pin::Pin<Box<dyn Future<Output = Option<(Item, Option<Loop<R>>)>> + Send>>;
+/// A read under way, boxed: rare next to the waits for a notification.
+type Reading = std::pin::Pin<Box<dyn Future<Output = Item> + Send>>;
 
-/// A stream made of [`Loop::step`]s.
+/// The stream of a [`Loop`], written out by hand: a watcher waiting for its next
+/// notification holds no future of its own, only the loop's state (an async step, boxed
+/// for each wait, cost about 500 bytes per watcher).
 struct Unfold<R> {
+    /// None once the stream has ended.
     state: Option<Loop<R>>,
-    step: Option<Step<R>>,
+    reading: Option<Reading>,
 }
 
 impl<R, F> Stream for Unfold<R>
@@ -145,23 +117,53 @@ where
 
     fn poll_next(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Item>> {
         use std::task::Poll;
-        if self.step.is_none() {
-            match self.state.take() {
-                Some(state) => self.step = Some(Box::pin(state.step())),
-                None => return Poll::Ready(None),
-            }
-        }
-        let step = self.step.as_mut().expect("a step was just set");
-        match step.as_mut().poll(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(out) => {
-                self.step = None;
-                match out {
-                    Some((item, next)) => {
-                        self.state = next;
-                        Poll::Ready(Some(item))
+        let this = &mut *self;
+        loop {
+            let Some(st) = this.state.as_mut() else { return Poll::Ready(None) };
+            let now = if let Some(reading) = this.reading.as_mut() {
+                let Poll::Ready(out) = reading.as_mut().poll(cx) else { return Poll::Pending };
+                this.reading = None;
+                if !st.started {
+                    // The first report is the record as it stands, whatever it is.
+                    st.started = true;
+                    if let Ok(r) = &out {
+                        st.last = key(r);
+                        return Poll::Ready(Some(out));
                     }
-                    None => Poll::Ready(None),
+                }
+                out
+            } else if !st.started {
+                this.reading = Some(Box::pin(st.reread()));
+                continue;
+            } else {
+                match st.events.as_mut().poll_next(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(None) => {
+                        this.state = None;
+                        return Poll::Ready(None);
+                    }
+                    // A notification that waited behind a newer read is stale: revisions
+                    // of an election only grow.
+                    Poll::Ready(Some(Some(Some(rec)))) if st.last.as_ref().is_some_and(|k| rec.revision < k.2) => {
+                        continue;
+                    }
+                    Poll::Ready(Some(Some(carried))) => Ok(carried),
+                    Poll::Ready(Some(None)) => {
+                        this.reading = Some(Box::pin(st.reread()));
+                        continue;
+                    }
+                }
+            };
+            match now {
+                Ok(rec) if key(&rec) == st.last => {}
+                Ok(rec) => {
+                    st.last = key(&rec);
+                    return Poll::Ready(Some(Ok(rec)));
+                }
+                // Reported once; the stream ends.
+                Err(e) => {
+                    this.state = None;
+                    return Poll::Ready(Some(Err(e)));
                 }
             }
         }
