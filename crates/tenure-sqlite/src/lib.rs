@@ -220,9 +220,15 @@ impl SqliteStore {
         self.with_conn(what, move |conn, inner| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let now = Now { ns: monotonic_ns(), boot_id: &inner.boot_id };
+            let before = tx.total_changes();
             let out = f(&tx, now)?;
+            // A transaction that changed nothing (a refusal, a release of a lease already
+            // gone) wakes nobody.
+            let wrote = tx.total_changes() != before;
             tx.commit()?;
-            inner.announce();
+            if wrote {
+                inner.announce();
+            }
             Ok(out)
         })
         .await
@@ -524,7 +530,8 @@ fn poll_changes(inner: &Arc<Inner>) {
     let mut version: Option<i64> = None;
     let mut cursor: Option<i64> = None;
     let wakeup = Wakeup::new(&inner.path);
-    // When a write to the files last announced a commit, which may not be visible yet.
+    // When a write to the database's files last said a commit is coming, which may not be
+    // visible yet.
     let mut announced: Option<std::time::Instant> = None;
     loop {
         if inner.changes.prune() == 0 {
@@ -575,12 +582,12 @@ fn poll_changes(inner: &Arc<Inner>) {
             // search: it may have been an earlier commit than the one last announced.
             Some(w) if since.is_some_and(|s| s < COMMIT_VISIBLE_WITHIN) => {
                 let step = if since < Some(Duration::from_millis(20)) { 1 } else { 10 };
-                if w.wait(Duration::from_millis(step).min(interval)) {
+                if w.wait(Duration::from_millis(step).min(interval)) == Woken::Written {
                     announced = Some(std::time::Instant::now());
                 }
             }
             Some(w) => {
-                if w.wait(interval) {
+                if w.wait(interval) == Woken::Written {
                     announced = Some(std::time::Instant::now());
                 }
             }
@@ -595,8 +602,9 @@ const COMMIT_VISIBLE_WITHIN: Duration = Duration::from_secs(5);
 
 /// Wakes the watch thread when a process writes the database's files (an inotify watch on
 /// its directory), so that a follower hears of a release at once instead of at its next
-/// look. Every tenure writer writes the wake-up file (`NAME-wake`) after each commit, so
-/// that write wakes the thread when the commit is already visible. A write to the WAL
+/// look. Every tenure writer writes the wake-up file (`NAME-wake`) after each commit that
+/// changed a row, so that write wakes the thread when the commit is already visible (and
+/// asks for no looks after it). A write to the WAL
 /// comes before its commit is visible (it is synced first), and a writer without the
 /// wake-up file announces nothing else, so after each write the thread also looks every
 /// millisecond, then every 10 ms, until [`COMMIT_VISIBLE_WITHIN`] has passed (a write
@@ -627,23 +635,39 @@ impl Wakeup {
         }
     }
 
-    /// Waits up to `timeout` for a write to the database's files; true if one came.
-    fn wait(&self, timeout: Duration) -> bool {
+    /// Waits up to `timeout` for a write to the database's files, and says which came.
+    fn wait(&self, timeout: Duration) -> Woken {
         use rustix::event::{PollFd, PollFlags, Timespec};
         let mut fds = [PollFd::new(&self.fd, PollFlags::IN)];
         let limit = Timespec { tv_sec: timeout.as_secs() as i64, tv_nsec: timeout.subsec_nanos() as i64 };
         if !matches!(rustix::event::poll(&mut fds, Some(&limit)), Ok(n) if n > 0) {
-            return false;
+            return Woken::Nothing;
         }
         // Read every queued event; any that names one of the database's files counts.
         let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
         let mut events = rustix::fs::inotify::Reader::new(&self.fd, &mut buf);
-        let mut ours = false;
+        let mut woken = Woken::Nothing;
         while let Ok(ev) = events.next() {
-            ours |= ev.file_name().is_none_or(|n| n.to_bytes().starts_with(&self.name));
+            let name = ev.file_name().map(|n| n.to_bytes());
+            if name.is_some_and(|n| n.strip_prefix(&self.name[..]) == Some(b"-wake")) {
+                woken = woken.max(Woken::Announced);
+            } else if name.is_none_or(|n| n.starts_with(&self.name)) {
+                woken = Woken::Written;
+            }
         }
-        ours
+        woken
     }
+}
+
+/// What woke the watch thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Woken {
+    /// Nothing within the wait.
+    Nothing,
+    /// Only the wake-up file: a commit that can already be read.
+    Announced,
+    /// Another of the database's files: a commit may follow once it is synced.
+    Written,
 }
 
 /// A call for the connection's thread.
@@ -942,11 +966,12 @@ mod tests {
         writer.release(&held).await.unwrap();
         let (fd, holder) = seen.join().unwrap();
         assert_eq!(holder, None, "woken before the release's commit could be read");
-        // A read commits nothing and announces nothing.
+        // A read, and a release of a lease already gone, change nothing and announce nothing.
         writer.get(&held.election).await.unwrap();
+        writer.release(&held).await.unwrap();
         rustix::fs::fcntl_setfl(&fd, rustix::fs::OFlags::NONBLOCK).unwrap();
         let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 1024];
-        assert!(inotify::Reader::new(&fd, &mut buf).next().is_err(), "a read was announced");
+        assert!(inotify::Reader::new(&fd, &mut buf).next().is_err(), "a commit that changed nothing was announced");
     }
 
     #[tokio::test]

@@ -37,7 +37,8 @@ async fn many_calls_at_once_share_one_connection_thread_which_ends_with_the_stor
         assert!(matches!(c.await.unwrap(), Ok(Acquire::Acquired(_))));
     }
     assert_eq!(threads_named("tenure-sqlite"), 1);
-    assert_eq!(threads_named("tokio-runtime-w"), runtime_threads, "calls ran in threads of their own");
+    // (The blocking-pool thread that opened the store may have ended meanwhile.)
+    assert!(threads_named("tokio-runtime-w") <= runtime_threads, "calls ran in threads of their own");
     assert_eq!(store.list("many/").await.unwrap().len(), 200);
     drop(store);
     let until = Instant::now() + Duration::from_secs(20);
