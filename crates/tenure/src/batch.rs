@@ -14,6 +14,9 @@ use crate::store::{LeaseStore, StoreError, WatchStream};
 pub const DEFAULT_WINDOW: Duration = Duration::from_millis(10);
 /// The most renewals [`Batched`] sends in one call by default.
 pub const DEFAULT_MAX_BATCH: usize = 4096;
+/// The most other calls (acquires, reads, evictions) [`Batched`] lets run at once by
+/// default.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 64;
 
 /// A store wrapper that gathers the renewals of every elector using it into
 /// [`LeaseStore::renew_many`] calls, and their releases into
@@ -27,8 +30,11 @@ pub const DEFAULT_MAX_BATCH: usize = 4096;
 /// grid shared by every elector using the handle ([`LeaseStore::renewal_grid`]): those
 /// with the same TTL renew at the same instants, so 10,000 elections take a few calls per
 /// renew interval. A release waits the same window, and is sent even if its caller
-/// stops waiting (it only frees the election sooner); every other call goes straight to
-/// the wrapped store.
+/// stops waiting (it only frees the election sooner). Every other call goes to the
+/// wrapped store as it comes, at most [`DEFAULT_MAX_IN_FLIGHT`] at once: when 10,000
+/// electors stop together, each reads its election after its release, and a store
+/// client's call can take 15 KiB while it waits for a pooled connection (300 MB at once
+/// on PostgreSQL); a call waiting for its turn holds a few bytes.
 ///
 /// ```no_run
 /// # async fn t(store: std::sync::Arc<dyn tenure::LeaseStore>) -> Result<(), Box<dyn std::error::Error>> {
@@ -44,6 +50,8 @@ pub struct Batched {
     window: Duration,
     max_batch: usize,
     queue: Arc<OnceLock<mpsc::UnboundedSender<Job>>>,
+    /// Turns for the calls that go straight to the wrapped store.
+    turns: Arc<tokio::sync::Semaphore>,
     /// The origin of the renewal grid.
     origin: crate::Instant,
 }
@@ -80,8 +88,22 @@ impl Batched {
             window,
             max_batch: max_batch.max(1),
             queue: Arc::new(OnceLock::new()),
+            turns: Arc::new(tokio::sync::Semaphore::new(DEFAULT_MAX_IN_FLIGHT)),
             origin: crate::Instant::now(),
         }
+    }
+
+    /// Lets at most `n` (at least 1) calls other than renewals and releases run at once
+    /// (default [`DEFAULT_MAX_IN_FLIGHT`]); the others wait for a turn.
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.turns = Arc::new(tokio::sync::Semaphore::new(n.max(1)));
+        self
+    }
+
+    /// Waits for a turn to call the wrapped store directly. The semaphore is never
+    /// closed, so a turn always comes.
+    async fn turn(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        self.turns.acquire().await.ok()
     }
 
     /// Queues a job for the gathering task.
@@ -164,6 +186,7 @@ async fn answer<T>(
 #[async_trait::async_trait]
 impl LeaseStore for Batched {
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
+        let _turn = self.turn().await;
         self.inner.try_acquire(req).await
     }
 
@@ -188,14 +211,17 @@ impl LeaseStore for Batched {
     }
 
     async fn get(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {
+        let _turn = self.turn().await;
         self.inner.get(election).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        let _turn = self.turn().await;
         self.inner.list(prefix).await
     }
 
     async fn evict(&self, election: &ElectionName, how: Evict) -> Result<Option<LeaseRecord>, StoreError> {
+        let _turn = self.turn().await;
         self.inner.evict(election, how).await
     }
 

@@ -55,7 +55,7 @@ mod presence;
 mod record;
 pub mod store;
 
-pub use batch::{Batched, DEFAULT_MAX_BATCH, DEFAULT_WINDOW};
+pub use batch::{Batched, DEFAULT_MAX_BATCH, DEFAULT_MAX_IN_FLIGHT, DEFAULT_WINDOW};
 pub use clock::{Clock, Instant, TokioClock, host_suspended};
 pub use config::{Config, ConfigError, TermTimes};
 pub use elector::{

@@ -146,3 +146,25 @@ async fn a_release_is_sent_even_when_its_caller_stopped_waiting() {
     assert!(counting.get(&leases[0].election).await.unwrap().is_none(), "the election is free");
     assert_eq!(counting.calls_of(Op::RenewMany), 0, "a renewal nobody waits for is not sent");
 }
+
+#[tokio::test(start_paused = true)]
+async fn calls_that_go_straight_to_the_store_take_turns_and_every_one_is_answered() {
+    // Each call takes 10 ms at the store; 4 may run at once.
+    let slow = FaultyStore::new(Arc::new(MemoryStore::new()));
+    slow.set(tenure::faults::Fault::Delay(10));
+    let store: Arc<dyn LeaseStore> = Arc::new(Batched::new(Arc::new(slow.clone())).max_in_flight(4));
+    let reads: Vec<_> = (0..40)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move { store.get(&ElectionName::new(format!("read/{i}")).unwrap()).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(slow.calls_of(Op::Get), 4, "reads beyond the limit reached the store");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(slow.calls_of(Op::Get), 8, "the next reads did not take the turns that came free");
+    for r in reads {
+        assert_eq!(r.await.unwrap().unwrap(), None);
+    }
+    assert_eq!(slow.calls_of(Op::Get), 40);
+}
