@@ -143,13 +143,10 @@ impl MysqlStore {
             options.get_port(),
             options.get_database().unwrap_or("")
         );
-        // No ping before each call (a round trip of its own); a connection that broke while
-        // idle fails its next call, a retryable error, and is closed on its way back.
         let pool = MySqlPoolOptions::new()
             .max_connections(4)
             .min_connections(0)
             .acquire_timeout(Duration::from_secs(3))
-            .test_before_acquire(false)
             .connect_lazy_with(options);
         let inner = Inner { pool, table, described, schema: OnceCell::new(), changes: ChangeHub::new() };
         Ok(Self { inner: Arc::new(inner) })

@@ -157,15 +157,11 @@ impl PostgresStore {
             options.get_port(),
             options.get_database().unwrap_or("")
         );
-        // No ping before each call: it was a round trip of its own on every acquire, renewal
-        // and release. A connection that broke while idle fails its next call (a retryable
-        // error) and is closed when it returns to the pool, which pings it then.
         let pool_of = |n| {
             PgPoolOptions::new()
                 .max_connections(n)
                 .min_connections(0)
                 .acquire_timeout(Duration::from_secs(3))
-                .test_before_acquire(false)
                 .connect_lazy_with(options.clone())
         };
         let (pool, holders) = (pool_of(4), pool_of(2));
