@@ -143,6 +143,8 @@ impl MysqlStore {
             options.get_port(),
             options.get_database().unwrap_or("")
         );
+        // The ping before each call stays: see the PostgreSQL store (a half-open pooled
+        // connection would otherwise hold its pool slot until the kernel gives up on it).
         let pool = MySqlPoolOptions::new()
             .max_connections(4)
             .min_connections(0)

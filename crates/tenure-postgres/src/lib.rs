@@ -157,6 +157,10 @@ impl PostgresStore {
             options.get_port(),
             options.get_database().unwrap_or("")
         );
+        // The pool pings each connection before a call (a round trip of its own). Without
+        // the ping, a pooled connection left half-open (a server that vanished without a
+        // reset) takes the next call, which times out, and then sqlx's ping on its return
+        // (no timeout) holds the pool slot until the kernel gives up on the socket.
         let pool_of = |n| {
             PgPoolOptions::new()
                 .max_connections(n)

@@ -16,7 +16,7 @@ pub const DEFAULT_WINDOW: Duration = Duration::from_millis(10);
 pub const DEFAULT_MAX_BATCH: usize = 4096;
 /// The most other calls (acquires, reads, evictions) [`Batched`] lets run at once by
 /// default.
-pub const DEFAULT_MAX_IN_FLIGHT: usize = 64;
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
 
 /// A store wrapper that gathers the renewals of every elector using it into
 /// [`LeaseStore::renew_many`] calls, and their releases into
@@ -94,9 +94,12 @@ impl Batched {
     }
 
     /// Lets at most `n` (at least 1) calls other than renewals and releases run at once
-    /// (default [`DEFAULT_MAX_IN_FLIGHT`]); the others wait for a turn.
+    /// (default [`DEFAULT_MAX_IN_FLIGHT`]); the others wait for a turn. Fewer turns, less
+    /// memory when thousands of electors start, stop or take over at once; more turns,
+    /// sooner takeovers of thousands of elections on a store far away (each turn is a
+    /// round trip). Set it before cloning the handle: each clone keeps its own turns.
     pub fn max_in_flight(mut self, n: usize) -> Self {
-        self.turns = Arc::new(tokio::sync::Semaphore::new(n.max(1)));
+        self.turns = Arc::new(tokio::sync::Semaphore::new(n.clamp(1, tokio::sync::Semaphore::MAX_PERMITS)));
         self
     }
 
