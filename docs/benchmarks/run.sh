@@ -34,7 +34,8 @@ bench() { # STORE-URL NAME [extra scenario]
   echo "== $name" >&2
   if [ -n "$memory" ]; then
     local small large
-    small=$(peak "$url" 100) large=$(peak "$url" 10000)
+    small=$(peak "$url" 100) || return 1
+    large=$(peak "$url" 10000) || return 1
     echo "| $name | $small KiB | $large KiB | $(python3 -c "print(f'{($large - $small) / 9900:.2f}')") KiB |"
     return
   fi

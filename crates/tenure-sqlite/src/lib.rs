@@ -18,8 +18,8 @@
 //! ```
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
@@ -102,8 +102,9 @@ struct Inner {
     options: SqliteOptions,
     changes: ChangeHub,
     poller: AtomicBool,
-    /// The database's wake-up file (`NAME-wake` beside it), written after each commit so
-    /// that watch threads in every process wake when the commit is already visible; None
+    /// The database's wake-up file (`NAME-wake` beside it), written after each commit that
+    /// changed a row, so that watch threads in every process wake when the commit is
+    /// already visible; None
     /// where it cannot be opened (the watches then find commits by looking again).
     wake: Option<std::fs::File>,
 }
@@ -348,10 +349,17 @@ fn exec(tx: &Connection, sql: &str, params: impl rusqlite::Params) -> rusqlite::
     tx.prepare_cached(sql)?.execute(params)
 }
 
+/// Statement texts that name [`COLUMNS`], built once rather than on every call.
+static SELECT_ROW: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {COLUMNS} FROM tenure_leases WHERE election = ?1"));
+static INSERT_ROW: LazyLock<String> = LazyLock::new(|| {
+    format!("INSERT OR REPLACE INTO tenure_leases ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8, 0, ?9)")
+});
+static CHANGED_SINCE: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {COLUMNS}, seq FROM tenure_leases WHERE seq > ?1 ORDER BY seq"));
+
 fn select_row(tx: &Connection, election: &str) -> rusqlite::Result<Option<Row>> {
-    tx.prepare_cached(&format!("SELECT {COLUMNS} FROM tenure_leases WHERE election = ?1"))?
-        .query_row([election], Row::read)
-        .optional()
+    tx.prepare_cached(&SELECT_ROW)?.query_row([election], Row::read).optional()
 }
 
 fn wall_time(ms: i64) -> SystemTime {
@@ -395,10 +403,7 @@ impl LeaseStore for SqliteStore {
                     let (token, revision) = row.map(|r| (r.token + 1, r.revision + 1)).unwrap_or((1, 1));
                     exec(
                         tx,
-                        &format!(
-                            "INSERT OR REPLACE INTO tenure_leases ({COLUMNS})
-                             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8, 0, ?9)"
-                        ),
+                        &INSERT_ROW,
                         params![
                             e,
                             req.holder.as_str(),
@@ -604,12 +609,12 @@ const COMMIT_VISIBLE_WITHIN: Duration = Duration::from_secs(5);
 /// its directory), so that a follower hears of a release at once instead of at its next
 /// look. Every tenure writer writes the wake-up file (`NAME-wake`) after each commit that
 /// changed a row, so that write wakes the thread when the commit is already visible (and
-/// asks for no looks after it). A write to the WAL
-/// comes before its commit is visible (it is synced first), and a writer without the
-/// wake-up file announces nothing else, so after each write the thread also looks every
-/// millisecond, then every 10 ms, until [`COMMIT_VISIBLE_WITHIN`] has passed (a write
-/// cannot be told apart from the next commit's, so seeing a change does not end it).
-/// Without inotify the thread looks every watch interval.
+/// asks for no looks after it). A write to the WAL comes before its commit is visible (it
+/// is synced first), and a writer without the wake-up file announces nothing else, so
+/// after each such write the thread also looks every millisecond, then every 10 ms, until
+/// [`COMMIT_VISIBLE_WITHIN`] has passed (a write cannot be told apart from the next
+/// commit's, so seeing a change does not end it). Without inotify the thread looks every
+/// watch interval.
 struct Wakeup {
     fd: rustix::fd::OwnedFd,
     /// The database's file name: its `-wal`, `-shm` and `-journal` files start with it.
@@ -686,8 +691,7 @@ fn serve(mut conn: Connection, inner: &std::sync::Weak<Inner>, queue: &std::sync
 
 /// The rows changed after `cursor`, as changes for their watchers, and the new cursor.
 fn changed_since(conn: &Connection, cursor: i64, boot_id: &str) -> rusqlite::Result<(Vec<Change>, i64)> {
-    let mut stmt =
-        conn.prepare_cached(&format!("SELECT {COLUMNS}, seq FROM tenure_leases WHERE seq > ?1 ORDER BY seq"))?;
+    let mut stmt = conn.prepare_cached(&CHANGED_SINCE)?;
     let rows = stmt
         .query_map([cursor], |r| Ok((Row::read(r)?, r.get::<_, i64>(11)?)))?
         .collect::<rusqlite::Result<Vec<_>>>()?;
