@@ -488,6 +488,14 @@ fn bench_runs_every_scenario_and_reports_json() {
         assert!(v[k]["p50"].as_f64().unwrap() > 0.0, "{k}: {text}");
     }
     assert!(v["acquire"]["p50_in_rtt"].as_f64().is_some() && v["crash"]["p50_in_ttl"].as_f64().is_some());
+    // Every handover is cut into its steps: the release and the acquire were each seen.
+    let steps = &v["handover"]["steps"];
+    for k in
+        ["to_release_sent", "release", "release_sent_to_heard", "heard_to_acquire_sent", "acquire", "to_elected_seen"]
+    {
+        assert_eq!(steps[k]["n"], 5, "handover step {k}: {text}");
+    }
+    assert!(steps["release"]["p50"].as_f64().unwrap() > 0.0 && steps["acquire"]["p50"].as_f64().unwrap() > 0.0);
     let (w, p) = (&v["load"]["watching"], &v["load"]["polling_baseline"]);
     if w["leadership_changes"] == 0 {
         assert_eq!(w["calls_per_s_per_follower"], 0.0, "watching followers call the store: {text}");

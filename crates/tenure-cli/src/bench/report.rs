@@ -19,6 +19,18 @@ pub(super) fn print_table(v: &Value) {
     lat("round trip (get)", "rtt", "");
     lat("uncontended acquire", "acquire", "p50_in_rtt");
     lat("graceful handover", "handover", "p50_in_rtt");
+    if let Some(steps) = v.get("handover").and_then(|h| h.get("steps")) {
+        for (k, label) in super::latency::STEPS.iter().zip([
+            "  until release sent",
+            "  release",
+            "  release sent → heard",
+            "  heard → acquire sent",
+            "  acquire",
+            "  until Elected seen",
+        ]) {
+            lat_of(label, &steps[*k], "");
+        }
+    }
     lat("crash takeover", "crash", "p50_in_ttl");
     if let Some(l) = v.get("load") {
         let w = &l["watching"];
