@@ -212,13 +212,27 @@ impl SqliteStore {
         rx.await.map_err(|_| StoreError::unavailable(format!("{what}: the database task failed")))?
     }
 
-    /// Runs `f` in one `BEGIN IMMEDIATE` transaction with the store clock read inside it.
+    /// Runs `f` in one `BEGIN IMMEDIATE` transaction with the store clock read inside it,
+    /// committed to the disk before it answers.
     async fn transact<T: Send + 'static>(
         &self,
         what: &'static str,
         f: impl FnOnce(&rusqlite::Transaction<'_>, Now<'_>) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, StoreError> {
+        self.transact_with(what, Sync::Full, f).await
+    }
+
+    /// [`transact`](Self::transact), with the commit synced as `sync` says. The setting is
+    /// made before every transaction, not restored after one, so that no path (an error, a
+    /// panic in a job) can leave a later grant unsynced.
+    async fn transact_with<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        sync: Sync,
+        f: impl FnOnce(&rusqlite::Transaction<'_>, Now<'_>) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, StoreError> {
         self.with_conn(what, move |conn, inner| {
+            conn.prepare_cached(sync.pragma())?.execute([])?;
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let now = Now { ns: monotonic_ns(), boot_id: &inner.boot_id };
             let before = tx.total_changes();
@@ -267,6 +281,32 @@ fn renew_in(
             Ok(Renew::Renewed(reread(tx, e, now)?))
         }
         other => Ok(Renew::Lost(other)),
+    }
+}
+
+/// How a transaction's commit reaches the disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sync {
+    /// Synced before the call answers (`synchronous = FULL`): grants, renewals, evictions.
+    /// A grant lost to a power failure would let its token be handed out again.
+    Full,
+    /// Visible to every connection at once, and synced with the next synced commit on this
+    /// database (`synchronous = NORMAL`: the write-ahead log is one file, written in order,
+    /// so syncing a later commit syncs this one too). For releases only. Only a crash of
+    /// the operating system (or a power failure) loses such a commit, and after the reboot
+    /// that follows, every lease of the old boot is over anyway (deadlines are on the boot's
+    /// own clock); a release changes no token, so no later grant can repeat one; and a grant
+    /// that followed the release, synced, made the release durable too. A handover then
+    /// waits for one write to the disk (the successor's grant), not two.
+    Visible,
+}
+
+impl Sync {
+    fn pragma(self) -> &'static str {
+        match self {
+            Sync::Full => "PRAGMA synchronous = FULL",
+            Sync::Visible => "PRAGMA synchronous = NORMAL",
+        }
     }
 }
 
@@ -447,18 +487,21 @@ impl LeaseStore for SqliteStore {
         }
     }
 
+    /// Committed without waiting for the disk ([`Sync::Visible`]): see there why that is safe.
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
         let held = held.clone();
-        self.transact("release", move |tx, _now| release_in(tx, &held)).await
+        self.transact_with("release", Sync::Visible, move |tx, _now| release_in(tx, &held)).await
     }
 
-    /// Every release in one transaction: one write to the disk for all of them.
+    /// Every release in one transaction, committed as [`release`](Self::release) is.
     async fn release_many(&self, held: &[LeaseRecord]) -> Vec<Result<(), StoreError>> {
         if held.is_empty() {
             return Vec::new();
         }
         let (all, n) = (held.to_vec(), held.len());
-        match self.transact("release", move |tx, _now| all.iter().try_for_each(|h| release_in(tx, h))).await {
+        let release_all =
+            move |tx: &rusqlite::Transaction<'_>, _now: Now<'_>| all.iter().try_for_each(|h| release_in(tx, h));
+        match self.transact_with("release", Sync::Visible, release_all).await {
             Ok(()) => (0..n).map(|_| Ok(())).collect(),
             Err(e) => (0..n).map(|_| Err(e.duplicate())).collect(),
         }
@@ -910,6 +953,22 @@ mod tests {
         let (changes, _) = changed_since(&conn, cursor, &boot).unwrap();
         assert_eq!(changes.len(), 1, "{:?}", changes.iter().map(|c| parts(c).0).collect::<Vec<_>>());
         assert_eq!(parts(&changes[0]).1.unwrap().unwrap().token, a2.token);
+    }
+
+    /// Releases are committed without waiting for the disk; every other write, even one
+    /// right after a release on the same connection, waits for it.
+    #[tokio::test]
+    async fn only_releases_skip_the_sync_and_the_next_write_is_synced_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("leases.db")).await.unwrap();
+        // SQLite's levels: 1 is NORMAL (no sync at commit), 2 is FULL.
+        let level = |c: &mut Connection, _: &Inner| c.query_row("PRAGMA synchronous", [], |r| r.get::<_, i64>(0));
+        let Acquire::Acquired(a) = store.try_acquire(&req("a", "x")).await.unwrap() else { panic!("a not won") };
+        assert_eq!(store.with_conn("probe", level).await.unwrap(), 2, "a grant was not synced");
+        store.release(&a).await.unwrap();
+        assert_eq!(store.with_conn("probe", level).await.unwrap(), 1, "the release waited for the disk");
+        let Acquire::Acquired(_) = store.try_acquire(&req("a", "y")).await.unwrap() else { panic!("a not won") };
+        assert_eq!(store.with_conn("probe", level).await.unwrap(), 2, "a grant after a release was not synced");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
