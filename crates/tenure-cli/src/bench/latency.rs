@@ -85,6 +85,12 @@ impl Stamps {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
+    /// The last `mark` by `who` at or before `until`.
+    fn last_before(&self, mark: Mark, who: usize, until: Instant) -> Option<Instant> {
+        let v = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        v.iter().rev().find(|(t, m, w)| *m == mark && *w == who && *t <= until).map(|(t, ..)| *t)
+    }
+
     /// The first `mark` by `who` at or after `from`.
     fn first(&self, mark: Mark, who: usize, from: Instant) -> Option<Instant> {
         let v = self.0.lock().unwrap_or_else(|p| p.into_inner());
@@ -203,6 +209,9 @@ pub(super) async fn handover(open: &Opener<'_>, s: &Settings, run: &str) -> Resu
         tokio::spawn(l.resign());
         let next = next_elected(&mut rx, s.ttl * 4).await?;
         let elected = Instant::now();
+        // Let the one that resigned finish its back-off and follow again (and its
+        // release's answer, which may come after the successor has won, arrive).
+        tokio::time::sleep(cands[0].0.config().resign_backoff * 2).await;
         if next == leader {
             // The other candidate did not take over within the resigner's back-off.
             regained += 1;
@@ -212,13 +221,7 @@ pub(super) async fn handover(open: &Opener<'_>, s: &Settings, run: &str) -> Resu
             let release_done = release_sent.and_then(|rs| stamps.first(Mark::ReleaseDone, leader, rs));
             let heard = release_sent.and_then(|rs| stamps.first(Mark::Heard, next, rs));
             // The acquire that won: the follower's last before `Elected`.
-            let won = stamps
-                .0
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .iter()
-                .rev()
-                .find_map(|(t, m, w)| (*m == Mark::AcquireSent && *w == next && *t <= elected).then_some(*t));
+            let won = stamps.last_before(Mark::AcquireSent, next, elected);
             let won_done = won.and_then(|w| stamps.first(Mark::AcquireDone, next, w));
             if let (Some(rs), Some(rd), Some(heard), Some(won), Some(won_done)) =
                 (release_sent, release_done, heard, won, won_done)
@@ -230,8 +233,6 @@ pub(super) async fn handover(open: &Opener<'_>, s: &Settings, run: &str) -> Resu
             }
         }
         leader = next;
-        // Let the one that resigned finish its back-off and follow again.
-        tokio::time::sleep(cands[0].0.config().resign_backoff * 2).await;
     }
     for (e, _) in &cands {
         e.shutdown().await;
