@@ -107,6 +107,9 @@ struct Inner {
     /// already visible; None
     /// where it cannot be opened (the watches then find commits by looking again).
     wake: Option<std::fs::File>,
+    /// How releases are committed: [`Durability::Visible`] when the database is in WAL mode
+    /// and the boot id is the host's, [`Durability::Full`] otherwise.
+    release_durability: Durability,
 }
 
 impl Inner {
@@ -168,14 +171,20 @@ impl SqliteStore {
         }
         let wake = wake_file(&path);
         let (jobs, queue) = std::sync::mpsc::channel();
+        let boot_id = boot_id();
+        let wal = conn
+            .query_row("PRAGMA journal_mode", [], |r| r.get::<_, String>(0))
+            .is_ok_and(|m| m.eq_ignore_ascii_case("wal"));
+        let release_durability = if wal && boot_id != UNKNOWN_BOOT { Durability::Visible } else { Durability::Full };
         let inner = Arc::new(Inner {
             path,
             jobs,
-            boot_id: boot_id(),
+            boot_id,
             options,
             changes: ChangeHub::new(),
             poller: AtomicBool::new(false),
             wake,
+            release_durability,
         });
         let weak = Arc::downgrade(&inner);
         std::thread::Builder::new()
@@ -219,20 +228,20 @@ impl SqliteStore {
         what: &'static str,
         f: impl FnOnce(&rusqlite::Transaction<'_>, Now<'_>) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, StoreError> {
-        self.transact_with(what, Sync::Full, f).await
+        self.transact_with(what, Durability::Full, f).await
     }
 
-    /// [`transact`](Self::transact), with the commit synced as `sync` says. The setting is
+    /// [`transact`](Self::transact), with the commit synced as `durability` says. The setting is
     /// made before every transaction, not restored after one, so that no path (an error, a
     /// panic in a job) can leave a later grant unsynced.
     async fn transact_with<T: Send + 'static>(
         &self,
         what: &'static str,
-        sync: Sync,
+        durability: Durability,
         f: impl FnOnce(&rusqlite::Transaction<'_>, Now<'_>) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, StoreError> {
         self.with_conn(what, move |conn, inner| {
-            conn.prepare_cached(sync.pragma())?.execute([])?;
+            conn.prepare_cached(durability.pragma())?.execute([])?;
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let now = Now { ns: monotonic_ns(), boot_id: &inner.boot_id };
             let before = tx.total_changes();
@@ -286,26 +295,33 @@ fn renew_in(
 
 /// How a transaction's commit reaches the disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Sync {
+enum Durability {
     /// Synced before the call answers (`synchronous = FULL`): grants, renewals, evictions.
     /// A grant lost to a power failure would let its token be handed out again.
     Full,
     /// Visible to every connection at once, and synced with the next synced commit on this
     /// database (`synchronous = NORMAL`: the write-ahead log is one file, written in order,
-    /// so syncing a later commit syncs this one too). For releases only. Only a crash of
-    /// the operating system (or a power failure) loses such a commit, and after the reboot
-    /// that follows, every lease of the old boot is over anyway (deadlines are on the boot's
-    /// own clock); a release changes no token, so no later grant can repeat one; and a grant
-    /// that followed the release, synced, made the release durable too. A handover then
-    /// waits for one write to the disk (the successor's grant), not two.
+    /// so syncing a later commit syncs this one too). For releases only, and only where
+    /// the database is in WAL mode and the host's boot id could be read (otherwise
+    /// releases are synced too). Only a crash of the operating system (or a power failure)
+    /// loses such a commit, and after the reboot that follows, every lease of the old boot
+    /// is over anyway (deadlines are on the boot's own clock, tagged with its id); a
+    /// release changes no token, so no later grant can repeat one; and a grant that
+    /// followed the release, synced, made the release durable too. A handover then waits
+    /// for one write to the disk (the successor's grant), not two. Left as it is: a disk
+    /// that fails to write a release's pages back (an I/O error) fails the next synced
+    /// commit once, and a retry of it succeeds; the log is then broken before that grant,
+    /// so after a reboot the grant can be lost and its token granted again. With synced
+    /// releases the release itself would have failed, but a disk that loses writes makes
+    /// no store safe.
     Visible,
 }
 
-impl Sync {
+impl Durability {
     fn pragma(self) -> &'static str {
         match self {
-            Sync::Full => "PRAGMA synchronous = FULL",
-            Sync::Visible => "PRAGMA synchronous = NORMAL",
+            Durability::Full => "PRAGMA synchronous = FULL",
+            Durability::Visible => "PRAGMA synchronous = NORMAL",
         }
     }
 }
@@ -487,10 +503,11 @@ impl LeaseStore for SqliteStore {
         }
     }
 
-    /// Committed without waiting for the disk ([`Sync::Visible`]): see there why that is safe.
+    /// Committed without waiting for the disk ([`Durability::Visible`]) where that is safe:
+    /// see there.
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
         let held = held.clone();
-        self.transact_with("release", Sync::Visible, move |tx, _now| release_in(tx, &held)).await
+        self.transact_with("release", self.inner.release_durability, move |tx, _now| release_in(tx, &held)).await
     }
 
     /// Every release in one transaction, committed as [`release`](Self::release) is.
@@ -501,7 +518,7 @@ impl LeaseStore for SqliteStore {
         let (all, n) = (held.to_vec(), held.len());
         let release_all =
             move |tx: &rusqlite::Transaction<'_>, _now: Now<'_>| all.iter().try_for_each(|h| release_in(tx, h));
-        match self.transact_with("release", Sync::Visible, release_all).await {
+        match self.transact_with("release", self.inner.release_durability, release_all).await {
             Ok(()) => (0..n).map(|_| Ok(())).collect(),
             Err(e) => (0..n).map(|_| Err(e.duplicate())).collect(),
         }
@@ -652,8 +669,8 @@ const COMMIT_VISIBLE_WITHIN: Duration = Duration::from_secs(5);
 /// its directory), so that a follower hears of a release at once instead of at its next
 /// look. Every tenure writer writes the wake-up file (`NAME-wake`) after each commit that
 /// changed a row, so that write wakes the thread when the commit is already visible (and
-/// asks for no looks after it). A write to the WAL comes before its commit is visible (it
-/// is synced first), and a writer without the wake-up file announces nothing else, so
+/// asks for no looks after it). A write to the WAL comes before its commit is visible (a
+/// synced commit is synced first), and a writer without the wake-up file announces nothing else, so
 /// after each such write the thread also looks every millisecond, then every 10 ms, until
 /// [`COMMIT_VISIBLE_WITHIN`] has passed (a write cannot be told apart from the next
 /// commit's, so seeing a change does not end it). Without inotify the thread looks every
@@ -834,10 +851,13 @@ fn monotonic_ns() -> i64 {
 }
 
 /// The kernel's boot id: monotonic readings from another boot mean nothing.
+/// The boot id of a host whose own could not be read.
+const UNKNOWN_BOOT: &str = "unknown-boot";
+
 fn boot_id() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "unknown-boot".to_string())
+        .unwrap_or_else(|_| UNKNOWN_BOOT.to_string())
 }
 
 /// File systems on which SQLite's locking (and a shared clock) cannot be trusted.
@@ -956,19 +976,58 @@ mod tests {
     }
 
     /// Releases are committed without waiting for the disk; every other write, even one
-    /// right after a release on the same connection, waits for it.
+    /// right after a release (or a failed one) on the same connection, waits for it.
     #[tokio::test]
-    async fn only_releases_skip_the_sync_and_the_next_write_is_synced_again() {
+    async fn only_releases_skip_the_sync_and_every_other_write_is_synced() {
         let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open(dir.path().join("leases.db")).await.unwrap();
-        // SQLite's levels: 1 is NORMAL (no sync at commit), 2 is FULL.
-        let level = |c: &mut Connection, _: &Inner| c.query_row("PRAGMA synchronous", [], |r| r.get::<_, i64>(0));
-        let Acquire::Acquired(a) = store.try_acquire(&req("a", "x")).await.unwrap() else { panic!("a not won") };
-        assert_eq!(store.with_conn("probe", level).await.unwrap(), 2, "a grant was not synced");
+        let path = dir.path().join("leases.db");
+        let options = SqliteOptions { busy_timeout: Duration::from_millis(50), ..SqliteOptions::default() };
+        let store = SqliteStore::open_with(&path, options).await.unwrap();
+        assert_eq!(store.inner.release_durability, Durability::Visible, "this host's releases would be synced");
+        // The level the connection's last transaction ran with: 1 is NORMAL (no sync at
+        // commit), 2 is FULL.
+        let level = || store.with_conn("probe", |c, _| c.query_row("PRAGMA synchronous", [], |r| r.get::<_, i64>(0)));
+        let ttl = Duration::from_secs(30);
+        let won = |got: Acquire| match got {
+            Acquire::Acquired(l) => l,
+            Acquire::Held(r) => panic!("{} is held by {}", r.election, r.holder),
+        };
+        let renewed = |got: Renew| match got {
+            Renew::Renewed(l) => l,
+            Renew::Lost(_) => panic!("a renewal was lost"),
+        };
+        let a = won(store.try_acquire(&req("a", "x")).await.unwrap());
+        assert_eq!(level().await.unwrap(), 2, "a grant was not synced");
         store.release(&a).await.unwrap();
-        assert_eq!(store.with_conn("probe", level).await.unwrap(), 1, "the release waited for the disk");
-        let Acquire::Acquired(_) = store.try_acquire(&req("a", "y")).await.unwrap() else { panic!("a not won") };
-        assert_eq!(store.with_conn("probe", level).await.unwrap(), 2, "a grant after a release was not synced");
+        assert_eq!(level().await.unwrap(), 1, "the release waited for the disk");
+        let a = won(store.try_acquire(&req("a", "y")).await.unwrap());
+        assert_eq!(level().await.unwrap(), 2, "a grant after a release was not synced");
+        store.release_many(std::slice::from_ref(&a)).await.into_iter().for_each(|r| r.unwrap());
+        assert_eq!(level().await.unwrap(), 1, "the batch release waited for the disk");
+        let a = won(store.try_acquire(&req("a", "z")).await.unwrap());
+        let b = won(store.try_acquire(&req("b", "z")).await.unwrap());
+        store.release(&b).await.unwrap();
+        let a = renewed(store.renew(&a, ttl).await.unwrap());
+        assert_eq!(level().await.unwrap(), 2, "a renewal after a release was not synced");
+        store.release(&b).await.unwrap();
+        let mut many = store.renew_many(std::slice::from_ref(&a), ttl).await;
+        let a = renewed(many.pop().unwrap().unwrap());
+        assert_eq!(level().await.unwrap(), 2, "a batch renewal after a release was not synced");
+        for how in [Evict::AfterTerm, Evict::Now] {
+            store.release(&b).await.unwrap();
+            store.evict(&a.election, how).await.unwrap();
+            assert_eq!(level().await.unwrap(), 2, "an eviction ({how:?}) after a release was not synced");
+        }
+        // A release that fails (another connection holds the write lock) leaves the
+        // connection unsynced, and the next grant is synced all the same.
+        let b = won(store.try_acquire(&req("b", "w")).await.unwrap());
+        let other = Connection::open(&path).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        assert!(store.release(&b).await.is_err(), "the release went through a held write lock");
+        assert_eq!(level().await.unwrap(), 1);
+        other.execute_batch("COMMIT").unwrap();
+        won(store.try_acquire(&req("c", "w")).await.unwrap());
+        assert_eq!(level().await.unwrap(), 2, "a grant after a failed release was not synced");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
