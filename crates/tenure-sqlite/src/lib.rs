@@ -110,6 +110,9 @@ struct Inner {
     /// How releases are committed: [`Durability::Visible`] when the database is in WAL mode
     /// and the boot id is the host's, [`Durability::Full`] otherwise.
     release_durability: Durability,
+    /// Tests only: what each transaction was, and the `synchronous` level it ran with.
+    #[cfg(test)]
+    levels: std::sync::Mutex<Vec<(&'static str, i64)>>,
 }
 
 impl Inner {
@@ -175,7 +178,7 @@ impl SqliteStore {
         let wal = conn
             .query_row("PRAGMA journal_mode", [], |r| r.get::<_, String>(0))
             .is_ok_and(|m| m.eq_ignore_ascii_case("wal"));
-        let release_durability = if wal && boot_id != UNKNOWN_BOOT { Durability::Visible } else { Durability::Full };
+        let release_durability = release_durability(wal, &boot_id);
         let inner = Arc::new(Inner {
             path,
             jobs,
@@ -185,6 +188,8 @@ impl SqliteStore {
             poller: AtomicBool::new(false),
             wake,
             release_durability,
+            #[cfg(test)]
+            levels: Default::default(),
         });
         let weak = Arc::downgrade(&inner);
         std::thread::Builder::new()
@@ -243,6 +248,11 @@ impl SqliteStore {
         self.with_conn(what, move |conn, inner| {
             conn.prepare_cached(durability.pragma())?.execute([])?;
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            #[cfg(test)]
+            {
+                let level = tx.query_row("PRAGMA synchronous", [], |r| r.get::<_, i64>(0))?;
+                inner.levels.lock().unwrap().push((what, level));
+            }
             let now = Now { ns: monotonic_ns(), boot_id: &inner.boot_id };
             let before = tx.total_changes();
             let out = f(&tx, now)?;
@@ -315,6 +325,18 @@ enum Durability {
     /// releases the release itself would have failed, but a disk that loses writes makes
     /// no store safe.
     Visible,
+}
+
+/// How releases are committed on a database in WAL mode or not (`wal`), on a host whose
+/// boot id reads `boot_id`: unsynced only when the log is one file written in order and the
+/// boot id is a real one (a kernel's random UUID), so that a reboot ends every lease that
+/// a lost release could bring back.
+fn release_durability(wal: bool, boot_id: &str) -> Durability {
+    let uuid = boot_id.len() == 36
+        && boot_id
+            .char_indices()
+            .all(|(i, c)| if matches!(i, 8 | 13 | 18 | 23) { c == '-' } else { c.is_ascii_hexdigit() });
+    if wal && uuid { Durability::Visible } else { Durability::Full }
 }
 
 impl Durability {
@@ -850,10 +872,10 @@ fn monotonic_ns() -> i64 {
     t.tv_sec.saturating_mul(1_000_000_000).saturating_add(t.tv_nsec as i64)
 }
 
-/// The kernel's boot id: monotonic readings from another boot mean nothing.
 /// The boot id of a host whose own could not be read.
 const UNKNOWN_BOOT: &str = "unknown-boot";
 
+/// The kernel's boot id: monotonic readings from another boot mean nothing.
 fn boot_id() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .map(|s| s.trim().to_string())
@@ -975,18 +997,36 @@ mod tests {
         assert_eq!(parts(&changes[0]).1.unwrap().unwrap().token, a2.token);
     }
 
+    #[test]
+    fn releases_skip_the_sync_only_in_wal_mode_with_a_real_boot_id() {
+        let id = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+        assert_eq!(release_durability(true, id), Durability::Visible);
+        assert_eq!(release_durability(false, id), Durability::Full);
+        for bad in [
+            UNKNOWN_BOOT,
+            "",
+            "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f",
+            "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1fg",
+            "0f1e2d3c04b5a-6978-8796-a5b4c3d2e1f0",
+        ] {
+            assert_eq!(release_durability(true, bad), Durability::Full, "boot id {bad:?}");
+        }
+    }
+
     /// Releases are committed without waiting for the disk; every other write, even one
-    /// right after a release (or a failed one) on the same connection, waits for it.
+    /// right after a release (or a failed one) on the same connection, waits for it. The
+    /// level is read inside each transaction.
     #[tokio::test]
     async fn only_releases_skip_the_sync_and_every_other_write_is_synced() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("leases.db");
         let options = SqliteOptions { busy_timeout: Duration::from_millis(50), ..SqliteOptions::default() };
         let store = SqliteStore::open_with(&path, options).await.unwrap();
-        assert_eq!(store.inner.release_durability, Durability::Visible, "this host's releases would be synced");
-        // The level the connection's last transaction ran with: 1 is NORMAL (no sync at
-        // commit), 2 is FULL.
-        let level = || store.with_conn("probe", |c, _| c.query_row("PRAGMA synchronous", [], |r| r.get::<_, i64>(0)));
+        // SQLite's levels: 1 is NORMAL (no sync at commit), 2 is FULL. Releases on this
+        // host skip the sync unless its boot id cannot be read.
+        let release_level = if release_durability(true, &boot_id()) == Durability::Visible { 1 } else { 2 };
+        // The level each write since the last look ran with, one per transaction.
+        let ran = || std::mem::take(&mut *store.inner.levels.lock().unwrap());
         let ttl = Duration::from_secs(30);
         let won = |got: Acquire| match got {
             Acquire::Acquired(l) => l,
@@ -997,37 +1037,44 @@ mod tests {
             Renew::Lost(_) => panic!("a renewal was lost"),
         };
         let a = won(store.try_acquire(&req("a", "x")).await.unwrap());
-        assert_eq!(level().await.unwrap(), 2, "a grant was not synced");
+        assert_eq!(ran(), [("acquire", 2)]);
         store.release(&a).await.unwrap();
-        assert_eq!(level().await.unwrap(), 1, "the release waited for the disk");
+        assert_eq!(ran(), [("release", release_level)]);
         let a = won(store.try_acquire(&req("a", "y")).await.unwrap());
-        assert_eq!(level().await.unwrap(), 2, "a grant after a release was not synced");
         store.release_many(std::slice::from_ref(&a)).await.into_iter().for_each(|r| r.unwrap());
-        assert_eq!(level().await.unwrap(), 1, "the batch release waited for the disk");
+        assert_eq!(ran(), [("acquire", 2), ("release", release_level)]);
         let a = won(store.try_acquire(&req("a", "z")).await.unwrap());
         let b = won(store.try_acquire(&req("b", "z")).await.unwrap());
         store.release(&b).await.unwrap();
         let a = renewed(store.renew(&a, ttl).await.unwrap());
-        assert_eq!(level().await.unwrap(), 2, "a renewal after a release was not synced");
         store.release(&b).await.unwrap();
         let mut many = store.renew_many(std::slice::from_ref(&a), ttl).await;
         let a = renewed(many.pop().unwrap().unwrap());
-        assert_eq!(level().await.unwrap(), 2, "a batch renewal after a release was not synced");
+        assert_eq!(
+            ran(),
+            [
+                ("acquire", 2),
+                ("acquire", 2),
+                ("release", release_level),
+                ("renew", 2),
+                ("release", release_level),
+                ("renew", 2)
+            ]
+        );
         for how in [Evict::AfterTerm, Evict::Now] {
             store.release(&b).await.unwrap();
             store.evict(&a.election, how).await.unwrap();
-            assert_eq!(level().await.unwrap(), 2, "an eviction ({how:?}) after a release was not synced");
+            assert_eq!(ran(), [("release", release_level), ("evict", 2)], "{how:?}");
         }
         // A release that fails (another connection holds the write lock) leaves the
-        // connection unsynced, and the next grant is synced all the same.
+        // connection at its level, and the next grant is synced all the same.
         let b = won(store.try_acquire(&req("b", "w")).await.unwrap());
         let other = Connection::open(&path).unwrap();
         other.execute_batch("BEGIN IMMEDIATE").unwrap();
         assert!(store.release(&b).await.is_err(), "the release went through a held write lock");
-        assert_eq!(level().await.unwrap(), 1);
         other.execute_batch("COMMIT").unwrap();
         won(store.try_acquire(&req("c", "w")).await.unwrap());
-        assert_eq!(level().await.unwrap(), 2, "a grant after a failed release was not synced");
+        assert_eq!(ran(), [("acquire", 2), ("acquire", 2)], "the failed release began no transaction");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
