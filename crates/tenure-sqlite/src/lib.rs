@@ -107,8 +107,7 @@ struct Inner {
     /// already visible; None
     /// where it cannot be opened (the watches then find commits by looking again).
     wake: Option<std::fs::File>,
-    /// How releases are committed: [`Durability::Visible`] when the database is in WAL mode
-    /// and the boot id is the host's, [`Durability::Full`] otherwise.
+    /// How releases are committed: see [`release_durability`].
     release_durability: Durability,
     /// Tests only: what each transaction was, and the `synchronous` level it ran with.
     #[cfg(test)]
@@ -311,19 +310,15 @@ enum Durability {
     Full,
     /// Visible to every connection at once, and synced with the next synced commit on this
     /// database (`synchronous = NORMAL`: the write-ahead log is one file, written in order,
-    /// so syncing a later commit syncs this one too). For releases only, and only where
-    /// the database is in WAL mode and the host's boot id could be read (otherwise
-    /// releases are synced too). Only a crash of the operating system (or a power failure)
-    /// loses such a commit, and after the reboot that follows, every lease of the old boot
-    /// is over anyway (deadlines are on the boot's own clock, tagged with its id); a
-    /// release changes no token, so no later grant can repeat one; and a grant that
-    /// followed the release, synced, made the release durable too. A handover then waits
-    /// for one write to the disk (the successor's grant), not two. Left as it is: a disk
-    /// that fails to write a release's pages back (an I/O error) fails the next synced
-    /// commit once, and a retry of it succeeds; the log is then broken before that grant,
-    /// so after a reboot the grant can be lost and its token granted again. With synced
-    /// releases the release itself would have failed, but a disk that loses writes makes
-    /// no store safe.
+    /// so syncing a later commit syncs this one too). For releases only, where
+    /// [`release_durability`] allows it. Only a crash of the operating system (or a power
+    /// failure) loses such a commit, and after the reboot every lease of the old boot is
+    /// over anyway (deadlines are on the boot's own clock, tagged with its id); a release
+    /// changes no token; and a grant that followed the release, synced, made the release
+    /// durable too. A handover then waits for one write to the disk (the successor's
+    /// grant), not two. The one exception, recorded in docs/ARCHITECTURE.md: a disk that
+    /// fails to write a release's pages back fails the next synced commit once, its retry
+    /// succeeds, and a crash before the next checkpoint can then lose that grant.
     Visible,
 }
 
@@ -525,8 +520,8 @@ impl LeaseStore for SqliteStore {
         }
     }
 
-    /// Committed without waiting for the disk ([`Durability::Visible`]) where that is safe:
-    /// see there.
+    /// Committed without waiting for the disk where that is safe (see "Durability" in
+    /// docs/stores/sqlite.md).
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
         let held = held.clone();
         self.transact_with("release", self.inner.release_durability, move |tx, _now| release_in(tx, &held)).await
@@ -692,11 +687,11 @@ const COMMIT_VISIBLE_WITHIN: Duration = Duration::from_secs(5);
 /// look. Every tenure writer writes the wake-up file (`NAME-wake`) after each commit that
 /// changed a row, so that write wakes the thread when the commit is already visible (and
 /// asks for no looks after it). A write to the WAL comes before its commit is visible (a
-/// synced commit is synced first), and a writer without the wake-up file announces nothing else, so
-/// after each such write the thread also looks every millisecond, then every 10 ms, until
-/// [`COMMIT_VISIBLE_WITHIN`] has passed (a write cannot be told apart from the next
-/// commit's, so seeing a change does not end it). Without inotify the thread looks every
-/// watch interval.
+/// synced commit is synced first), and a writer without the wake-up file announces
+/// nothing else, so after each such write the thread also looks every millisecond, then
+/// every 10 ms, until [`COMMIT_VISIBLE_WITHIN`] has passed (a write cannot be told apart
+/// from the next commit's, so seeing a change does not end it). Without inotify the
+/// thread looks every watch interval.
 struct Wakeup {
     fd: rustix::fd::OwnedFd,
     /// The database's file name: its `-wal`, `-shm` and `-journal` files start with it.
