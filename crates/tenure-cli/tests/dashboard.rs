@@ -54,7 +54,7 @@ fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) ->
 fn leader(dir: &Path, election: &str, id: &str) -> Proc {
     let child = Command::new(TENURE)
         .env("TENURE_STORE", format!("sqlite:{}", dir.join("s.db").display()))
-        .env("RUST_LOG", "error")
+        .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .args(["run", election, "--id", id, "--ttl", "3s", "--metadata", &format!("{id}.example:8080")])
         .args(["--", "sleep", "600"])
@@ -106,7 +106,7 @@ fn the_dashboard_shows_a_change_of_leader_live() {
     let mut alpha = leader(dir.path(), "jobs/report", "alpha");
     let _beta = leader(dir.path(), "jobs/sweeper", "beta");
     let port = servers::free_port();
-    let _dash = Proc(
+    let dash = Proc(
         Command::new(TENURE)
             .env("TENURE_STORE", format!("sqlite:{}", dir.path().join("s.db").display()))
             .args(["dashboard", "--http", &format!("127.0.0.1:{port}")])
@@ -122,6 +122,11 @@ fn the_dashboard_shows_a_change_of_leader_live() {
     let _browser = Proc(
         Command::new(chromium)
             .args(["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--window-size=1100,640"])
+            // Nothing but the page: no updater, sync or QUIC connections, which a machine
+            // without outside network refuses or leaves hanging, and shared memory in
+            // files where /dev/shm is small.
+            .args(["--disable-background-networking", "--disable-component-update", "--disable-sync"])
+            .args(["--disable-quic", "--disable-dev-shm-usage"])
             .arg(format!("--remote-debugging-port={devtools}"))
             .arg(format!("--user-data-dir={}", dir.path().join("chromium").display()))
             .arg(format!("http://127.0.0.1:{port}/"))
@@ -162,11 +167,25 @@ fn the_dashboard_shows_a_change_of_leader_live() {
     let pid = rustix::process::Pid::from_raw(alpha.id() as i32).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
     alpha.wait().unwrap();
-    let _gamma = leader(dir.path(), "jobs/report", "gamma");
-    wait_for("the page to show gamma leading", Duration::from_secs(20), || {
+    let mut gamma = leader(dir.path(), "jobs/report", "gamma");
+    let t0 = Instant::now();
+    loop {
         let r = rows(&mut page);
-        (r.len() == 2 && r[0][1] == "gamma" && r[0][2] == "2").then_some(())
-    });
+        if r.len() == 2 && r[0][1] == "gamma" && r[0][2] == "2" {
+            break;
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            // What the page, the server and the candidate each say, to tell which lagged.
+            let status = page.eval("document.getElementById('status').textContent");
+            panic!(
+                "waited 20s for the page to show gamma leading; the page shows {r:?} ({status}); \
+                 the server answers {:?}; gamma {:?}",
+                get(port, "/api/elections"),
+                gamma.try_wait().map(|s| s.map_or("is running".to_string(), |s| format!("exited: {s}")))
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     // Clicking the election shows its metadata and the changes seen since the page opened.
     page.eval("document.querySelector('tr[data-election=\"jobs/report\"]').click()");
     let detail = wait_for("the detail", Duration::from_secs(5), || {
@@ -188,6 +207,22 @@ fn the_dashboard_shows_a_change_of_leader_live() {
     if let Ok(to) = std::env::var("TENURE_DASHBOARD_SCREENSHOT") {
         std::fs::write(to, &png).unwrap();
     }
+
+    // A server that stops answering (stopped here; a half-open connection looks the same
+    // to the page) is shown as down, not left looking live; the page reconnects once it
+    // answers again.
+    let status =
+        |page: &mut Page| page.eval("document.getElementById('status').textContent").as_str().map(String::from);
+    let dash_pid = rustix::process::Pid::from_raw(dash.id() as i32).unwrap();
+    rustix::process::kill_process(dash_pid, rustix::process::Signal::STOP).unwrap();
+    let down = wait_for("the page to say the server is silent", Duration::from_secs(15), || {
+        status(&mut page).filter(|s| s.contains("no word from the server"))
+    });
+    rustix::process::kill_process(dash_pid, rustix::process::Signal::CONT).unwrap();
+    assert!(rows(&mut page).first().is_some_and(|r| r[1] == "gamma"), "the last snapshot stays shown ({down})");
+    wait_for("the page to be live again", Duration::from_secs(15), || {
+        status(&mut page).filter(|s| s.starts_with("live"))
+    });
 }
 
 /// Standard base64, as DevTools sends images.
