@@ -157,15 +157,24 @@ impl PostgresStore {
             options.get_port(),
             options.get_database().unwrap_or("")
         );
-        // The pool pings each connection before a call (a round trip of its own). Without
-        // the ping, a pooled connection left half-open (a server that vanished without a
-        // reset) takes the next call, which times out, and then sqlx's ping on its return
-        // (no timeout) holds the pool slot until the kernel gives up on the socket.
+        // A connection is checked (a ping, a round trip of its own) before a call only
+        // after a quiet spell, when a middlebox may have dropped it silently. One that
+        // went half-open since its last use (a server that vanished without a reset)
+        // takes the next call, which times out and closes it (see [`Pooled`]).
         let pool_of = |n| {
             PgPoolOptions::new()
                 .max_connections(n)
                 .min_connections(0)
                 .acquire_timeout(Duration::from_secs(3))
+                .test_before_acquire(false)
+                .before_acquire(|conn, meta| {
+                    Box::pin(async move {
+                        if meta.idle_for >= CHECK_AFTER_IDLE {
+                            sqlx::Connection::ping(conn).await?;
+                        }
+                        Ok(true)
+                    })
+                })
                 .connect_lazy_with(options.clone())
         };
         let (pool, holders) = (pool_of(4), pool_of(2));
@@ -242,9 +251,9 @@ impl PostgresStore {
         binds: Binds<'_>,
     ) -> Result<Option<LeaseRecord>, StoreError> {
         self.ensure_schema().await?;
-        let row = binds.apply(sqlx::query(audited(sql))).fetch_optional(pool).await;
-        let row = self.check(what, row).await?;
-        row.map(|r| record(&r)).transpose()
+        let rows = fetch_all_on(pool, binds.apply(sqlx::query(audited(sql)))).await;
+        let rows = self.check(what, rows).await?;
+        rows.first().map(record).transpose()
     }
 
     /// Turns a driver error into a store error. When the pool gave up waiting for a
@@ -282,7 +291,7 @@ impl PostgresStore {
     /// missing).
     async fn get_many(&self, leases: &[&LeaseRecord]) -> Result<HashMap<String, LeaseRecord>, StoreError> {
         let names: Vec<String> = leases.iter().map(|l| l.election.to_string()).collect();
-        let rows = sqlx::query(audited(&self.inner.sql.get_many)).bind(names).fetch_all(&self.inner.holders).await;
+        let rows = fetch_all_on(&self.inner.holders, sqlx::query(audited(&self.inner.sql.get_many)).bind(names)).await;
         let rows = self.check("get", rows).await?;
         rows.iter().map(|r| record(r).map(|l| (l.election.to_string(), l))).collect()
     }
@@ -322,6 +331,70 @@ fn by_name(leases: &[LeaseRecord]) -> Vec<&LeaseRecord> {
     sorted
 }
 
+/// How long a pooled connection may sit unused and still take a call unchecked. Quiet
+/// connections are dropped silently by NAT tables and load balancers after minutes; a
+/// check before each call would add a round trip to every renewal, release and acquire.
+const CHECK_AFTER_IDLE: Duration = Duration::from_secs(30);
+
+/// A connection taken from a pool for one statement. If the call ends before the
+/// statement does (the runtime's request timeout), the connection is closed instead of
+/// going back: sqlx would check it with a ping that has no timeout, and a connection to
+/// a server that vanished would hold its pool slot until the kernel gave up on it.
+/// (sqlx also pings each connection given back after a finished call; a server that
+/// vanishes during that one round trip still holds the slot.)
+struct Pooled(Option<sqlx::pool::PoolConnection<sqlx::Postgres>>);
+
+impl Pooled {
+    async fn take(pool: &PgPool) -> Result<Self, sqlx::Error> {
+        Ok(Self(Some(pool.acquire().await?)))
+    }
+
+    fn conn(&mut self) -> &mut sqlx::PgConnection {
+        self.0.as_mut().expect("a connection until it is given back")
+    }
+
+    /// The statement finished, well or not: back to the pool.
+    fn give_back(mut self) {
+        self.0.take();
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.take() {
+            if mutant("pg-abandoned-connection-kept") {
+                return;
+            }
+            // Out of the pool (which may open another in its place) and closed at once.
+            drop(conn.detach());
+        }
+    }
+}
+
+/// Whether the planted bug `name` is switched on (`TENURE_MUTANT=name`), in a build with
+/// the `mutants` feature, for CI to prove its checks catch it.
+fn mutant(name: &str) -> bool {
+    cfg!(feature = "mutants") && std::env::var("TENURE_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
+}
+
+type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
+/// The rows of one statement, on a connection from `pool`.
+async fn fetch_all_on(pool: &PgPool, q: PgQuery<'_>) -> Result<Vec<PgRow>, sqlx::Error> {
+    let mut c = Pooled::take(pool).await?;
+    let rows = q.fetch_all(c.conn()).await;
+    c.give_back();
+    rows
+}
+
+/// One statement without rows, on a connection from `pool`.
+async fn execute_on(pool: &PgPool, q: PgQuery<'_>) -> Result<sqlx::postgres::PgQueryResult, sqlx::Error> {
+    let mut c = Pooled::take(pool).await?;
+    let done = q.execute(c.conn()).await;
+    c.give_back();
+    done
+}
+
 /// A statement built from our fixed text and the table name, which [`split_table`]
 /// restricts to letters, digits and underscores: nothing from outside reaches it.
 fn audited(sql: &str) -> sqlx::AssertSqlSafe<String> {
@@ -338,10 +411,7 @@ enum Binds<'a> {
 }
 
 impl Binds<'_> {
-    fn apply<'q>(
-        self,
-        q: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
-    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>
+    fn apply<'q>(self, q: PgQuery<'q>) -> PgQuery<'q>
     where
         Self: 'q,
     {
@@ -476,7 +546,7 @@ impl LeaseStore for PostgresStore {
                 .bind(sorted.iter().map(|l| l.holder.to_string()).collect::<Vec<_>>())
                 .bind(sorted.iter().map(|l| l.token.0 as i64).collect::<Vec<_>>())
                 .bind(ttl.as_millis() as i64);
-            let rows = q.fetch_all(&self.inner.holders).await;
+            let rows = fetch_all_on(&self.inner.holders, q).await;
             let rows = self.check("renew", rows).await?;
             rows.iter().map(record).collect::<Result<Vec<_>, _>>()
         };
@@ -507,10 +577,9 @@ impl LeaseStore for PostgresStore {
 
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
         self.ensure_schema().await?;
-        let r = Binds::Release(held)
-            .apply(sqlx::query(audited(&self.inner.sql.release)))
-            .execute(&self.inner.holders)
-            .await;
+        let r =
+            execute_on(&self.inner.holders, Binds::Release(held).apply(sqlx::query(audited(&self.inner.sql.release))))
+                .await;
         self.check("release", r).await?;
         Ok(())
     }
@@ -528,7 +597,7 @@ impl LeaseStore for PostgresStore {
                 .bind(sorted.iter().map(|l| l.holder.to_string()).collect::<Vec<_>>())
                 .bind(sorted.iter().map(|l| l.token.0 as i64).collect::<Vec<_>>())
                 .bind(sorted.iter().map(|l| l.revision.0 as i64).collect::<Vec<_>>());
-            let r = q.execute(&self.inner.holders).await;
+            let r = execute_on(&self.inner.holders, q).await;
             self.check("release", r).await.map(drop)
         };
         match released.await {
@@ -544,7 +613,8 @@ impl LeaseStore for PostgresStore {
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
         self.ensure_schema().await?;
         let rows =
-            Binds::Prefix(prefix).apply(sqlx::query(audited(&self.inner.sql.list))).fetch_all(&self.inner.pool).await;
+            fetch_all_on(&self.inner.pool, Binds::Prefix(prefix).apply(sqlx::query(audited(&self.inner.sql.list))))
+                .await;
         let rows = self.check("list", rows).await?;
         rows.iter().map(record).collect()
     }

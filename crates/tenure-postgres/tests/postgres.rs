@@ -141,3 +141,80 @@ async fn a_read_only_server_is_retried_and_served_again() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A server host that vanishes (no answer, no reset) while the store holds pooled
+/// connections to it, and the server comes back at the same address (a failover to a new
+/// host): each call on a stranded connection times out and that connection is closed, so
+/// the pools open new ones. Were a timed-out call's connection given back (sqlx checks it
+/// with a ping that has no timeout), it would hold its pool slot for good, and once every
+/// slot was held no call would be served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_to_a_vanished_server_do_not_hold_the_pools() {
+    use tenure_testkit::proxy::{Mode, Proxy};
+    let Some(pg) = Pg::launch() else { return };
+    let port = pg.server.lock().unwrap().port();
+    let proxy = Proxy::start(("127.0.0.1", port)).unwrap();
+    let url = pg.url.replace(&format!(":{port}/"), &format!(":{}/", proxy.port()));
+    let store = PostgresStore::connect(&url).await.unwrap();
+    let name = ElectionName::new("vanish/x").unwrap();
+    let req =
+        tenure::store::AcquireRequest::new(name.clone(), tenure::HolderId::new("a").unwrap(), Duration::from_secs(60));
+    let tenure::store::Acquire::Acquired(lease) = store.try_acquire(&req).await.unwrap() else {
+        panic!("not acquired")
+    };
+    let ttl = Duration::from_secs(60);
+
+    // Every slot of both pools holds a connection: calls that all wait for their answers
+    // at once each need one of their own (4 for reads and acquires, 2 for renewals).
+    proxy.set(Mode::HoldAnswers);
+    let mut calls = Vec::new();
+    for _ in 0..4 {
+        let (store, name) = (store.clone(), name.clone());
+        calls.push(tokio::spawn(async move { store.get(&name).await.map(drop) }));
+    }
+    for _ in 0..2 {
+        let (store, lease) = (store.clone(), lease.clone());
+        calls.push(tokio::spawn(async move { store.renew(&lease, ttl).await.map(drop) }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.set(Mode::Pass);
+    for call in calls {
+        call.await.unwrap().unwrap();
+    }
+    // sqlx checks each connection given back with a ping of its own, after the call has
+    // its answer. A strand that caught those pings would hold the slots for good (see
+    // `Pooled`), which no call of ours can prevent: let them finish first.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    proxy.set(Mode::Strand);
+    let limit = Duration::from_secs(1);
+    // Renewals (2 slots) and reads (4 slots): each is served again within one call per
+    // stranded connection, and stays served.
+    let mut timed_out = 0;
+    loop {
+        match tokio::time::timeout(limit, store.renew(&lease, ttl)).await {
+            Ok(r) => {
+                assert!(matches!(r.unwrap(), tenure::store::Renew::Renewed(_)));
+                break;
+            }
+            Err(_) => timed_out += 1,
+        }
+        assert!(timed_out <= 2, "renewals were not served again after {timed_out} timed out");
+    }
+    let mut timed_out = 0;
+    loop {
+        match tokio::time::timeout(limit, store.get(&name)).await {
+            Ok(r) => {
+                assert_eq!(r.unwrap().map(|l| l.token), Some(lease.token));
+                break;
+            }
+            Err(_) => timed_out += 1,
+        }
+        assert!(timed_out <= 4, "reads were not served again after {timed_out} timed out");
+    }
+    for _ in 0..5 {
+        let renewed = tokio::time::timeout(limit, store.renew(&lease, ttl)).await.expect("renewals stay served");
+        assert!(matches!(renewed.unwrap(), tenure::store::Renew::Renewed(_)));
+        tokio::time::timeout(limit, store.get(&name)).await.expect("reads stay served").unwrap();
+    }
+}

@@ -1,5 +1,5 @@
 //! A small TCP proxy for fault tests: pass traffic, cut it, black-hole it, delay it, hold
-//! the server's answers, or answer every request itself.
+//! the server's answers, strand the connections open now, or answer every request itself.
 //!
 //! It runs on a thread of its own, so that a test or tool without an async runtime can
 //! use it.
@@ -14,6 +14,7 @@
 //! ```
 
 use std::net::{SocketAddr, TcpListener as StdListener, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,6 +37,11 @@ pub enum Mode {
     /// changes: what a client sends before it has an answer reaches the server, what it
     /// would send after one does not.
     HoldAnswers,
+    /// Hold every connection open now forever (a server host that vanished: nothing
+    /// answers, nothing resets), and pass new ones (the server is back at the same
+    /// address, as after a failover to a new host). Connections stranded stay so when the
+    /// mode changes again; only a cut closes them.
+    Strand,
     /// Answer every request with these bytes (a whole HTTP response, with `Connection:
     /// close`) without passing it on, then close: a service that throttles or fails in
     /// front of a healthy one. Open connections are closed, so clients reconnect to it.
@@ -46,6 +52,9 @@ pub enum Mode {
 pub struct Proxy {
     port: u16,
     mode: Arc<Mutex<Mode>>,
+    /// How many times [`Mode::Strand`] was set: a connection opened before the last one
+    /// is stranded.
+    strands: Arc<AtomicU64>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
@@ -60,19 +69,20 @@ impl Proxy {
         listener.set_nonblocking(true)?;
         let port = listener.local_addr()?.port();
         let mode = Arc::new(Mutex::new(Mode::Pass));
+        let strands = Arc::new(AtomicU64::new(0));
         let (stop, stopped) = tokio::sync::oneshot::channel();
-        let m = mode.clone();
+        let (m, st) = (mode.clone(), strands.clone());
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         std::thread::Builder::new().name("tenure-proxy".into()).spawn(move || {
             rt.block_on(async move {
                 let Ok(listener) = TcpListener::from_std(listener) else { return };
                 tokio::select! {
                     _ = stopped => {}
-                    _ = accept_loop(listener, target, m) => {}
+                    _ = accept_loop(listener, target, m, st) => {}
                 }
             })
         })?;
-        Ok(Self { port, mode, stop: Some(stop) })
+        Ok(Self { port, mode, strands, stop: Some(stop) })
     }
 
     /// The port clients connect to.
@@ -82,7 +92,11 @@ impl Proxy {
 
     /// Changes what the proxy does, for open connections and new ones.
     pub fn set(&self, mode: Mode) {
-        *self.mode.lock().unwrap_or_else(|p| p.into_inner()) = mode;
+        let mut m = self.mode.lock().unwrap_or_else(|p| p.into_inner());
+        if mode == Mode::Strand {
+            self.strands.fetch_add(1, Ordering::SeqCst);
+        }
+        *m = mode;
     }
 
     /// What the proxy does now.
@@ -103,9 +117,10 @@ fn current(mode: &Mutex<Mode>) -> Mode {
     *mode.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-async fn accept_loop(listener: TcpListener, target: SocketAddr, mode: Arc<Mutex<Mode>>) {
+async fn accept_loop(listener: TcpListener, target: SocketAddr, mode: Arc<Mutex<Mode>>, strands: Arc<AtomicU64>) {
     loop {
         let Ok((client, _)) = listener.accept().await else { continue };
+        let conn = Conn { strands: strands.clone(), born: strands.load(Ordering::SeqCst) };
         match current(&mode) {
             Mode::Cut => {
                 drop(client);
@@ -123,8 +138,8 @@ async fn accept_loop(listener: TcpListener, target: SocketAddr, mode: Arc<Mutex<
             let (cr, cw) = client.into_split();
             let (sr, sw) = server.into_split();
             tokio::select! {
-                _ = pump(cr, sw, mode.clone(), false) => {}
-                _ = pump(sr, cw, mode, true) => {}
+                _ = pump(cr, sw, mode.clone(), &conn, false) => {}
+                _ = pump(sr, cw, mode, &conn, true) => {}
             }
         });
     }
@@ -144,12 +159,25 @@ async fn answer(mut client: TcpStream, reply: &'static [u8]) {
     let _ = client.shutdown().await;
 }
 
+/// One proxied connection: stranded once [`Mode::Strand`] is set after it was opened.
+struct Conn {
+    strands: Arc<AtomicU64>,
+    born: u64,
+}
+
+impl Conn {
+    fn stranded(&self) -> bool {
+        self.strands.load(Ordering::SeqCst) > self.born
+    }
+}
+
 /// Copies one direction (`answers`: the server's), applying the mode to every chunk;
 /// ends on a cut or a close.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mode: Arc<Mutex<Mode>>,
+    conn: &Conn,
     answers: bool,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
@@ -170,13 +198,16 @@ async fn pump(
         // retransmits them: they arrive late, in order, once it heals, or never if it is
         // cut. (Dropping them would corrupt the byte stream, which TCP never does, and
         // leave a pipelining client such as Redis's matching answers to the wrong requests.)
-        while current(&mode) == Mode::BlackHole || (answers && current(&mode) == Mode::HoldAnswers) {
+        while conn.stranded() || current(&mode) == Mode::BlackHole || (answers && current(&mode) == Mode::HoldAnswers) {
+            if current(&mode) == Mode::Cut {
+                return;
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         match current(&mode) {
             Mode::Cut | Mode::Answer(_) => return,
             Mode::Delay(d) => tokio::time::sleep(d).await,
-            Mode::Pass | Mode::BlackHole | Mode::HoldAnswers => {}
+            Mode::Pass | Mode::BlackHole | Mode::HoldAnswers | Mode::Strand => {}
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;

@@ -79,3 +79,27 @@ fn answers_requests_itself_without_passing_them_on_and_closes_open_connections()
     let mut s = TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
     roundtrip(&mut s).unwrap();
 }
+
+#[test]
+fn strands_open_connections_for_good_and_passes_new_ones() {
+    let proxy = Proxy::start(("127.0.0.1", echo())).unwrap();
+    let mut old = TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
+    old.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    roundtrip(&mut old).unwrap();
+    proxy.set(Mode::Strand);
+    assert!(roundtrip(&mut old).is_err(), "a stranded connection answers nothing");
+    let mut new = TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
+    new.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    roundtrip(&mut new).expect("a connection opened after the strand passes");
+    proxy.set(Mode::Pass);
+    let mut buf = [0u8; 8];
+    assert!(old.read(&mut buf).is_err(), "a stranded connection stays so when the mode changes");
+    roundtrip(&mut new).expect("the new one still passes");
+    proxy.set(Mode::Cut);
+    old.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let closed = match old.read(&mut buf) {
+        Ok(n) => n == 0,
+        Err(e) => !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+    };
+    assert!(closed, "a cut closes a stranded connection");
+}

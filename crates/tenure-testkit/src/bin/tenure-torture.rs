@@ -591,10 +591,13 @@ fn torture(a: Args) -> Result<bool, String> {
             add(&mut cands)?;
         }
         // moto keeps everything in memory: its restart would wipe the store, which no real
-        // S3 or DynamoDB does, so it is not one of the faults there.
+        // S3 or DynamoDB does, so it is not one of the faults there. Nor while the server
+        // refuses writes: MariaDB and Redis do not keep the refusal across a restart, so a
+        // leader would be elected before the refusal was over, and no election follow it.
         if let Some(s) = server.as_mut()
             && s.kind() != Kind::Moto
             && rng.usize(0..5) == 0
+            && refusing_until.is_none()
         {
             // The outage starts now: a server can take seconds to stop (Redis waits up to
             // its shutdown-timeout with clients paused when it refuses writes).
@@ -737,14 +740,21 @@ fn torture(a: Args) -> Result<bool, String> {
                 note(&mut faults, &dir, name);
             }
             5 => {
-                // A slow network to the leader: it may keep leading or lose the lease.
+                // A slow network to the leader, or the server's host vanishing under the
+                // leader's open connections (nothing answers on them, nothing resets them)
+                // while new connections reach it (a failover to a new host at the same
+                // address): it may keep leading or lose the lease.
                 let c = &mut cands[i];
-                let delay = a.ttl.mul_f64(0.05 + 0.2 * rng.f64());
+                let (mode, name) = if rng.bool() {
+                    (Mode::Delay(a.ttl.mul_f64(0.05 + 0.2 * rng.f64())), "network delay")
+                } else {
+                    (Mode::Strand, "open connections stranded")
+                };
                 if let Some(p) = &c.proxy {
-                    p.set(Mode::Delay(delay));
+                    p.set(mode);
                 }
                 c.network_fault_until = Some(Instant::now() + a.ttl * 2);
-                note(&mut faults, &dir, "network delay");
+                note(&mut faults, &dir, name);
             }
             0 => {
                 let mut c = cands.remove(i);
