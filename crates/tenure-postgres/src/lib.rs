@@ -299,7 +299,16 @@ impl PostgresStore {
     /// Starts the shared LISTEN connection, once.
     /// The change listener's feed: a `LISTEN` connection on the table's channel.
     async fn open_feed(inner: Arc<Inner>) -> Option<Box<dyn tenure::store::ChangeFeed>> {
-        let mut listener = PgListener::connect_with(&inner.pool)
+        // A pool of its own for each feed: a feed dropped because its connection stopped
+        // answering sends `UNLISTEN` and gives the connection back with a ping, neither
+        // timed, and so holds the slot for good; only this pool's one slot, which goes
+        // with it.
+        let own = PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .acquire_timeout(Duration::from_secs(3))
+            .connect_lazy_with(inner.options.clone());
+        let mut listener = PgListener::connect_with(&own)
             .await
             .inspect_err(|e| tracing::debug!(error = %e, "LISTEN connection failed; retrying"))
             .ok()?;
@@ -316,6 +325,15 @@ impl tenure::store::ChangeFeed for Notifications {
     async fn next(&mut self) -> Option<tenure::store::Change> {
         // Disconnected (None) or failed: the listener reconnects and resynchronises.
         self.0.try_recv().await.ok().flatten().map(|n| tenure::store::Change::parse(n.payload()))
+    }
+
+    /// `LISTEN` sends nothing while it waits: a statement on its connection shows whether
+    /// the server is still there. (Notifications that arrive meanwhile are kept.)
+    async fn answers(&mut self) -> bool {
+        if mutant("pg-listen-unchecked") {
+            return true;
+        }
+        sqlx::query("SELECT 1").execute(&mut self.0).await.is_ok()
     }
 }
 
@@ -337,7 +355,7 @@ fn by_name(leases: &[LeaseRecord]) -> Vec<&LeaseRecord> {
 const CHECK_AFTER_IDLE: Duration = Duration::from_secs(30);
 
 /// A connection taken from a pool for one statement. If the call ends before the
-/// statement does (the runtime's request timeout), the connection is closed instead of
+/// statement does (the runtime's request timeout, [`STATEMENT_LIMIT`]), the connection is closed instead of
 /// going back: sqlx would check it with a ping that has no timeout, and a connection to
 /// a server that vanished would hold its pool slot until the kernel gave up on it.
 /// (sqlx also pings each connection given back after a finished call; a server that
@@ -379,10 +397,21 @@ fn mutant(name: &str) -> bool {
 
 type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
 
+/// How long a statement may go unanswered before its connection is taken for lost (and
+/// closed) and the call fails as ambiguous. The runtime's calls give up sooner at most
+/// TTLs (its request timeout); this bounds the calls nothing else times (batches,
+/// watches' reads, status reads) on a connection to a server that vanished.
+const STATEMENT_LIMIT: Duration = Duration::from_secs(5);
+
+/// The error of a statement that had no answer within [`STATEMENT_LIMIT`].
+fn unanswered(_: tokio::time::error::Elapsed) -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer within 5 s"))
+}
+
 /// The rows of one statement, on a connection from `pool`.
 async fn fetch_all_on(pool: &PgPool, q: PgQuery<'_>) -> Result<Vec<PgRow>, sqlx::Error> {
     let mut c = Pooled::take(pool).await?;
-    let rows = q.fetch_all(c.conn()).await;
+    let rows = tokio::time::timeout(STATEMENT_LIMIT, q.fetch_all(c.conn())).await.map_err(unanswered)?;
     c.give_back();
     rows
 }
@@ -390,7 +419,7 @@ async fn fetch_all_on(pool: &PgPool, q: PgQuery<'_>) -> Result<Vec<PgRow>, sqlx:
 /// One statement without rows, on a connection from `pool`.
 async fn execute_on(pool: &PgPool, q: PgQuery<'_>) -> Result<sqlx::postgres::PgQueryResult, sqlx::Error> {
     let mut c = Pooled::take(pool).await?;
-    let done = q.execute(c.conn()).await;
+    let done = tokio::time::timeout(STATEMENT_LIMIT, q.execute(c.conn())).await.map_err(unanswered)?;
     c.give_back();
     done
 }

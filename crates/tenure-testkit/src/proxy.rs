@@ -40,7 +40,8 @@ pub enum Mode {
     /// Hold every connection open now forever (a server host that vanished: nothing
     /// answers, nothing resets), and pass new ones (the server is back at the same
     /// address, as after a failover to a new host). Connections stranded stay so when the
-    /// mode changes again; only a cut closes them.
+    /// mode changes again, and stay open when the server closes its end; a cut (or
+    /// `Answer`) closes them, and so does their client.
     Strand,
     /// Answer every request with these bytes (a whole HTTP response, with `Connection:
     /// close`) without passing it on, then close: a service that throttles or fails in
@@ -191,7 +192,14 @@ async fn pump(
             }
         };
         let n = match read {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => {
+                // A host that vanished sends no close: a stranded connection whose
+                // server closed stays open to its client.
+                while answers && conn.stranded() && !matches!(current(&mode), Mode::Cut | Mode::Answer(_)) {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                return;
+            }
             Ok(n) => n,
         };
         // A black hole holds the bytes, as a network that drops packets does while TCP
@@ -199,7 +207,7 @@ async fn pump(
         // cut. (Dropping them would corrupt the byte stream, which TCP never does, and
         // leave a pipelining client such as Redis's matching answers to the wrong requests.)
         while conn.stranded() || current(&mode) == Mode::BlackHole || (answers && current(&mode) == Mode::HoldAnswers) {
-            if current(&mode) == Mode::Cut {
+            if matches!(current(&mode), Mode::Cut | Mode::Answer(_)) {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;

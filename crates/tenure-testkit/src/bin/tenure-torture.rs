@@ -591,13 +591,14 @@ fn torture(a: Args) -> Result<bool, String> {
             add(&mut cands)?;
         }
         // moto keeps everything in memory: its restart would wipe the store, which no real
-        // S3 or DynamoDB does, so it is not one of the faults there. Nor while the server
-        // refuses writes: MariaDB and Redis do not keep the refusal across a restart, so a
-        // leader would be elected before the refusal was over, and no election follow it.
+        // S3 or DynamoDB does, so it is not one of the faults there. Nor on MariaDB and
+        // Redis while they refuse writes: they do not keep the refusal across a restart,
+        // so a leader would be elected before the refusal was over, and no election
+        // would follow it. (PostgreSQL keeps it: `ALTER SYSTEM`.)
         if let Some(s) = server.as_mut()
             && s.kind() != Kind::Moto
             && rng.usize(0..5) == 0
-            && refusing_until.is_none()
+            && (refusing_until.is_none() || s.kind() == Kind::Postgres)
         {
             // The outage starts now: a server can take seconds to stop (Redis waits up to
             // its shutdown-timeout with clients paused when it refuses writes).

@@ -274,6 +274,14 @@ pub trait ChangeFeed: Send {
     /// The next change. `None` when the feed has ended or failed: the listener then opens
     /// a new one (and tells every watcher to read again).
     async fn next(&mut self) -> Option<Change>;
+
+    /// Whether the feed's connection still answers, asked after 5 s without a change (and
+    /// given 2 s): a feed on a connection left half-open (a server host that vanished, no
+    /// reset) yields nothing and never fails, so its watchers would not hear of releases.
+    /// On `false` the listener opens a new feed. The default takes the feed's word.
+    async fn answers(&mut self) -> bool {
+        true
+    }
 }
 
 /// Routes a store's change notifications to the watchers of the election each concerns.
@@ -403,7 +411,8 @@ impl ChangeHub {
     /// Starts, once per hub, the listener that feeds it: it opens a feed with `open`,
     /// publishes [`Change::Everything`] whenever a feed has just opened (notifications may
     /// have been missed before), publishes every change the feed yields, and opens a new
-    /// feed when one ends, backing off from 100 ms to 2 s while opening fails. It holds
+    /// feed when one ends or stops answering ([`ChangeFeed::answers`]), backing off from
+    /// 100 ms to 2 s while opening fails. It holds
     /// `store` weakly and stops within 5 s of the store's last handle being dropped, so
     /// neither `open`'s result nor the feed may keep a strong handle on the store.
     pub fn listen<S, F, Fut>(&self, store: &Arc<S>, open: F)
@@ -437,7 +446,12 @@ impl ChangeHub {
                     match next {
                         Ok(Some(change)) => hub.publish(change),
                         Ok(None) => break,
-                        Err(_) => {}
+                        Err(_) => {
+                            let answers = tokio::time::timeout(Duration::from_secs(2), feed.answers()).await;
+                            if !matches!(answers, Ok(true)) {
+                                break;
+                            }
+                        }
                     }
                 }
             }
