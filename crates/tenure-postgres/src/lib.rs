@@ -312,7 +312,11 @@ impl PostgresStore {
             .await
             .inspect_err(|e| tracing::debug!(error = %e, "LISTEN connection failed; retrying"))
             .ok()?;
-        listener.listen(&inner.table).await.ok()?;
+        // A lost connection ends the feed (the hub opens a new one and every watcher reads
+        // again) instead of being made again inside the listener, where notifications
+        // sent meanwhile would be missed unnoticed.
+        listener.eager_reconnect(false);
+        tokio::time::timeout(STATEMENT_LIMIT, listener.listen(&inner.table)).await.ok()?.ok()?;
         Some(Box::new(Notifications(listener)))
     }
 }

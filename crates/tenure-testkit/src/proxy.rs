@@ -202,14 +202,15 @@ async fn pump(
             }
             Ok(n) => n,
         };
+        if conn.stranded() {
+            // Nothing gets through, ever; reading on notices the client's close.
+            continue;
+        }
         // A black hole holds the bytes, as a network that drops packets does while TCP
         // retransmits them: they arrive late, in order, once it heals, or never if it is
         // cut. (Dropping them would corrupt the byte stream, which TCP never does, and
         // leave a pipelining client such as Redis's matching answers to the wrong requests.)
-        while conn.stranded() || current(&mode) == Mode::BlackHole || (answers && current(&mode) == Mode::HoldAnswers) {
-            if matches!(current(&mode), Mode::Cut | Mode::Answer(_)) {
-                return;
-            }
+        while current(&mode) == Mode::BlackHole || (answers && current(&mode) == Mode::HoldAnswers) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         match current(&mode) {
