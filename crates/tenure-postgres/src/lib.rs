@@ -157,27 +157,7 @@ impl PostgresStore {
             options.get_port(),
             options.get_database().unwrap_or("")
         );
-        // A connection is checked (a ping, a round trip of its own) before a call only
-        // after a quiet spell, when a middlebox may have dropped it silently. One that
-        // went half-open since its last use (a server that vanished without a reset)
-        // takes the next call, which times out and closes it (see [`Pooled`]).
-        let pool_of = |n| {
-            PgPoolOptions::new()
-                .max_connections(n)
-                .min_connections(0)
-                .acquire_timeout(Duration::from_secs(3))
-                .test_before_acquire(false)
-                .before_acquire(|conn, meta| {
-                    Box::pin(async move {
-                        if meta.idle_for >= CHECK_AFTER_IDLE {
-                            sqlx::Connection::ping(conn).await?;
-                        }
-                        Ok(true)
-                    })
-                })
-                .connect_lazy_with(options.clone())
-        };
-        let (pool, holders) = (pool_of(4), pool_of(2));
+        let (pool, holders) = (pool_of(&options, 4), pool_of(&options, 2));
         Ok(Self {
             inner: Arc::new(Inner {
                 pool,
@@ -296,18 +276,13 @@ impl PostgresStore {
         rows.iter().map(|r| record(r).map(|l| (l.election.to_string(), l))).collect()
     }
 
-    /// Starts the shared LISTEN connection, once.
     /// The change listener's feed: a `LISTEN` connection on the table's channel.
     async fn open_feed(inner: Arc<Inner>) -> Option<Box<dyn tenure::store::ChangeFeed>> {
         // A pool of its own for each feed: a feed dropped because its connection stopped
         // answering sends `UNLISTEN` and gives the connection back with a ping, neither
         // timed, and so holds the slot for good; only this pool's one slot, which goes
         // with it.
-        let own = PgPoolOptions::new()
-            .max_connections(1)
-            .min_connections(0)
-            .acquire_timeout(Duration::from_secs(3))
-            .connect_lazy_with(inner.options.clone());
+        let own = pool_of(&inner.options, 1);
         let mut listener = PgListener::connect_with(&own)
             .await
             .inspect_err(|e| tracing::debug!(error = %e, "LISTEN connection failed; retrying"))
@@ -351,6 +326,28 @@ fn by_name(leases: &[LeaseRecord]) -> Vec<&LeaseRecord> {
     let mut sorted: Vec<&LeaseRecord> = leases.iter().collect();
     sorted.sort_by(|a, b| a.election.as_str().cmp(b.election.as_str()));
     sorted
+}
+
+/// A pool of up to `n` connections, opened as needed. A connection is checked (a ping, a
+/// round trip of its own) before a call only after a quiet spell, when a middlebox may
+/// have dropped it silently. One that went half-open since its last use (a server that
+/// vanished without a reset) takes the next call, which times out and closes it (see
+/// [`Pooled`]).
+fn pool_of(options: &PgConnectOptions, n: u32) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(n)
+        .min_connections(0)
+        .acquire_timeout(Duration::from_secs(3))
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= CHECK_AFTER_IDLE {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
+        .connect_lazy_with(options.clone())
 }
 
 /// How long a pooled connection may sit unused and still take a call unchecked. Quiet
@@ -409,7 +406,8 @@ const STATEMENT_LIMIT: Duration = Duration::from_secs(5);
 
 /// The error of a statement that had no answer within [`STATEMENT_LIMIT`].
 fn unanswered(_: tokio::time::error::Elapsed) -> sqlx::Error {
-    sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer within 5 s"))
+    let message = format!("no answer within {} s", STATEMENT_LIMIT.as_secs());
+    sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, message))
 }
 
 /// The rows of one statement, on a connection from `pool`.

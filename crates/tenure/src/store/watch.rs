@@ -412,9 +412,9 @@ impl ChangeHub {
     /// publishes [`Change::Everything`] whenever a feed has just opened (notifications may
     /// have been missed before), publishes every change the feed yields, and opens a new
     /// feed when one ends or stops answering ([`ChangeFeed::answers`]), backing off from
-    /// 100 ms to 2 s while opening fails. It holds
-    /// `store` weakly and stops within 7 s of the store's last handle being dropped, so
-    /// neither `open`'s result nor the feed may keep a strong handle on the store.
+    /// 100 ms to 2 s while opening fails. It holds `store` weakly and stops within 7 s of
+    /// the store's last handle being dropped, so neither `open`'s result nor the feed may
+    /// keep a strong handle on the store.
     pub fn listen<S, F, Fut>(&self, store: &Arc<S>, open: F)
     where
         S: Send + Sync + 'static,
