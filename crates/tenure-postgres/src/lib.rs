@@ -3,9 +3,10 @@
 //! One row per election in a lease table (default `tenure_leases`, created on first
 //! use). Every decision is one statement that judges expiry with the **server's** clock
 //! (`now()`, the start of the statement's transaction, which is after the server received
-//! the request). Tokens live in the row, which is never deleted, so they keep growing
-//! across release, eviction, expiry and server restarts. A trigger sends
-//! `NOTIFY <table>` on every change, so followers wait on `LISTEN` instead of polling.
+//! the request; a batch of renewals reads `clock_timestamp()`, see `Sql::new`). Tokens
+//! live in the row, which is never deleted, so they keep growing across release,
+//! eviction, expiry and server restarts. A trigger sends `NOTIFY <table>` on every
+//! change, so followers wait on `LISTEN` instead of polling.
 //!
 //! ```no_run
 //! # async fn t() -> Result<(), Box<dyn std::error::Error>> {
@@ -97,12 +98,23 @@ impl Sql {
                  WHERE election = $1 AND holder = $2 AND token = $3 AND NOT evicted AND expires_at > now()
                  RETURNING {COLUMNS}"
             ),
+            // Expiry is judged here with `clock_timestamp()`, not `now()`: the planner
+            // estimates `expires_at > now()` from the column's statistics, whose newest
+            // deadline is at most a TTL after the last ANALYZE, so a few seconds later it
+            // believes no lease is live and may join by rescanning the whole batch for
+            // every live row (thousands × thousands: seconds on the server, and every
+            // renewal in the batch late). It cannot estimate a volatile function, so its
+            // guess stays a fixed share of the table and the batch is read once. The
+            // clock it reads is at or after `now()`, so a lease at its very end is judged
+            // expired a little sooner: safe, a renewal refused is a term given up.
             renew_many: format!(
                 "UPDATE {t} AS l SET revision = l.revision + 1, ttl_ms = $4,
                    expires_at = now() + $4 * interval '1 millisecond', renewed_at = now()
                  FROM unnest($1::text[], $2::text[], $3::bigint[]) AS x(e, h, k)
-                 WHERE l.election = x.e AND l.holder = x.h AND l.token = x.k AND NOT l.evicted AND l.expires_at > now()
-                 RETURNING {COLUMNS}"
+                 WHERE l.election = x.e AND l.holder = x.h AND l.token = x.k AND NOT l.evicted
+                   AND l.expires_at > {renew_clock}
+                 RETURNING {COLUMNS}",
+                renew_clock = if mutant("pg-renew-estimated") { "now()" } else { "clock_timestamp()" }
             ),
             release: format!(
                 "UPDATE {t} SET holder = NULL, evicted = false, revision = revision + 1
@@ -170,6 +182,13 @@ impl PostgresStore {
                 changes: tenure::store::ChangeHub::new(),
             }),
         })
+    }
+
+    /// The statement that renews a batch of leases, as sent (`$1`–`$3`: elections,
+    /// holders, tokens; `$4`: TTL in milliseconds). For tests of its plan.
+    #[doc(hidden)]
+    pub fn renew_many_statement(&self) -> &str {
+        &self.inner.sql.renew_many
     }
 
     /// Creates the lease table, its notify trigger and function if they are missing.

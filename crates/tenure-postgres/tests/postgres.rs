@@ -262,3 +262,57 @@ async fn connections_to_a_vanished_server_do_not_hold_the_pools() {
     .await;
     assert!(heard.is_ok(), "the watch did not report the release within 20 s");
 }
+
+/// A batch of renewals is read once, whatever the table's statistics say. The planner
+/// judges `expires_at > now()` from the column's histogram, whose newest deadline is a
+/// TTL after the last ANALYZE: a few seconds later it believes no lease is live, and with
+/// the expiry judged by `now()` it joined 120,000 rows to a batch of 1,808 by reading the
+/// whole batch again for every live row (2.7 s of server time for 10,000 live rows;
+/// renewals missed their request timeout and 10,000 elections in one process lost
+/// 1,808 terms at once). Here every lease is expired when the table is analysed and
+/// 2,000 are made live after; the batch must be read once and every lease renewed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_batch_is_read_once_however_stale_the_statistics() {
+    let Some(pg) = Pg::launch() else { return };
+    let store = PostgresStore::connect(&format!("{}?table=stale_stats", pg.url)).await.unwrap();
+    store.ensure_schema().await.unwrap();
+    let pool = sqlx::PgPool::connect(&pg.url).await.unwrap();
+    sqlx::raw_sql(
+        "ALTER TABLE stale_stats SET (autovacuum_enabled = false);
+         ALTER TABLE stale_stats DISABLE TRIGGER stale_stats_notify;
+         INSERT INTO stale_stats (election, holder, token, revision, ttl_ms, expires_at)
+           SELECT 'stale/' || i, 'h' || i, 1, 1, 60000, now() - interval '1 hour' FROM generate_series(1, 120000) i;
+         ANALYZE stale_stats;
+         UPDATE stale_stats SET expires_at = now() + interval '1 hour' WHERE split_part(election, '/', 2)::int <= 2000;
+         ALTER TABLE stale_stats ENABLE TRIGGER stale_stats_notify;",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let live = store.list("stale/").await.unwrap();
+    assert_eq!(live.len(), 2000, "the live leases");
+    let held = &live[..1808];
+
+    // The plan, run (and rolled back) with the statement and a batch as the store sends them.
+    let mut tx = pool.begin().await.unwrap();
+    let explain = format!("EXPLAIN (ANALYZE, TIMING OFF) {}", store.renew_many_statement());
+    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(explain))
+        .bind(held.iter().map(|l| l.election.to_string()).collect::<Vec<_>>())
+        .bind(held.iter().map(|l| l.holder.to_string()).collect::<Vec<_>>())
+        .bind(held.iter().map(|l| l.token.0 as i64).collect::<Vec<_>>())
+        .bind(60_000i64)
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let scans: Vec<&String> = plan.iter().filter(|l| l.contains("Function Scan")).collect();
+    assert!(!scans.is_empty(), "no scan of the batch in the plan:\n{}", plan.join("\n"));
+    for scan in scans {
+        assert!(scan.contains("loops=1)"), "the batch is read more than once:\n{}", plan.join("\n"));
+    }
+
+    let renewed = store.renew_many(held, Duration::from_secs(60)).await;
+    let all = renewed.iter().filter(|r| matches!(r, Ok(tenure::store::Renew::Renewed(_)))).count();
+    assert_eq!(all, held.len(), "every live lease in the batch is renewed");
+    pool.close().await;
+}
