@@ -75,6 +75,19 @@ const COLUMNS: &str = "election, holder, token, revision, ttl_ms, evicted, metad
 impl Sql {
     fn new(t: &str) -> Self {
         let live = "holder IS NOT NULL AND expires_at > now()";
+        // A renewal never moves a live lease's expiry earlier. `now()` is when the
+        // statement's transaction began, and a batch that began, then waited on another
+        // row's lock past its caller's request timeout, reaches a lease after the renewal
+        // sent again for it (later, on another connection) has committed: written as
+        // `now() + ttl`, its grant would end before the one the holder now dates its term
+        // from, and another candidate could take the lease while the holder still leads.
+        let extended = |old: &str, ttl: &str| {
+            let grant = format!("now() + {ttl} * interval '1 millisecond'");
+            if mutant("pg-renew-shortens") { grant } else { format!("GREATEST({old}, {grant})") }
+        };
+        let renewed = extended("expires_at", "$4");
+        let renewed_l = extended("l.expires_at", "$4");
+        let reacquired = extended("l.expires_at", "EXCLUDED.ttl_ms");
         Self {
             acquire: format!(
                 "INSERT INTO {t} AS l (election, holder, token, revision, ttl_ms, expires_at, acquired_at, renewed_at, evicted, metadata)
@@ -85,7 +98,7 @@ impl Sql {
                    holder = EXCLUDED.holder,
                    revision = l.revision + 1,
                    ttl_ms = EXCLUDED.ttl_ms,
-                   expires_at = EXCLUDED.expires_at,
+                   expires_at = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > now() THEN {reacquired} ELSE EXCLUDED.expires_at END,
                    renewed_at = now(),
                    evicted = false,
                    metadata = EXCLUDED.metadata
@@ -93,8 +106,7 @@ impl Sql {
                  RETURNING {COLUMNS}"
             ),
             renew: format!(
-                "UPDATE {t} SET revision = revision + 1, ttl_ms = $4,
-                   expires_at = now() + $4 * interval '1 millisecond', renewed_at = now()
+                "UPDATE {t} SET revision = revision + 1, ttl_ms = $4, expires_at = {renewed}, renewed_at = now()
                  WHERE election = $1 AND holder = $2 AND token = $3 AND NOT evicted AND expires_at > now()
                  RETURNING {COLUMNS}"
             ),
@@ -105,11 +117,11 @@ impl Sql {
             // every live row (thousands × thousands: seconds on the server, and every
             // renewal in the batch late). It cannot estimate a volatile function, so its
             // guess stays a fixed share of the table and the batch is read once. The
-            // clock it reads is at or after `now()`, so a lease at its very end is judged
-            // expired a little sooner: safe, a renewal refused is a term given up.
+            // clock it reads is at or after `now()` (while the server's clock does not
+            // step back), so a lease at its very end is judged expired a little sooner:
+            // safe, a renewal refused is a term given up.
             renew_many: format!(
-                "UPDATE {t} AS l SET revision = l.revision + 1, ttl_ms = $4,
-                   expires_at = now() + $4 * interval '1 millisecond', renewed_at = now()
+                "UPDATE {t} AS l SET revision = l.revision + 1, ttl_ms = $4, expires_at = {renewed_l}, renewed_at = now()
                  FROM unnest($1::text[], $2::text[], $3::bigint[]) AS x(e, h, k)
                  WHERE l.election = x.e AND l.holder = x.h AND l.token = x.k AND NOT l.evicted
                    AND l.expires_at > {renew_clock}
@@ -335,12 +347,13 @@ impl tenure::store::ChangeFeed for Notifications {
     }
 }
 
-/// `leases` by election name. With the plan PostgreSQL takes for a batch statement (a
-/// nested loop over the arrays, one primary-key lookup each), it locks its rows in the
-/// order of its arrays, so batches that overlap (a renewal sent again while its first
-/// batch still runs, a release beside a renewal) take their common rows in one order
-/// rather than each holding a row the other waits for. Another plan can still deadlock;
-/// the server then aborts one statement, which applies nothing and is retried.
+/// `leases` by election name. When PostgreSQL plans a batch statement as a nested loop
+/// over the arrays (one primary-key lookup each: small batches, and the generic plan), it
+/// locks its rows in the order of its arrays, so batches that overlap (a renewal sent
+/// again while its first batch still runs, a release beside a renewal) take their common
+/// rows in one order rather than each holding a row the other waits for. A large batch
+/// planned as a hash join locks rows in the table's order, and overlapping ones can
+/// deadlock; the server then aborts one statement, which applies nothing and is retried.
 fn by_name(leases: &[LeaseRecord]) -> Vec<&LeaseRecord> {
     let mut sorted: Vec<&LeaseRecord> = leases.iter().collect();
     sorted.sort_by(|a, b| a.election.as_str().cmp(b.election.as_str()));

@@ -311,8 +311,90 @@ async fn a_renewal_batch_is_read_once_however_stale_the_statistics() {
         assert!(scan.contains("loops=1)"), "the batch is read more than once:\n{}", plan.join("\n"));
     }
 
+    // The statement still refuses a lease that has expired (its clock is not the planner's).
+    sqlx::query("UPDATE stale_stats SET expires_at = now() - interval '1 second' WHERE election = $1")
+        .bind(held[0].election.as_str())
+        .execute(&pool)
+        .await
+        .unwrap();
     let renewed = store.renew_many(held, Duration::from_secs(60)).await;
-    let all = renewed.iter().filter(|r| matches!(r, Ok(tenure::store::Renew::Renewed(_)))).count();
-    assert_eq!(all, held.len(), "every live lease in the batch is renewed");
+    assert!(
+        matches!(renewed[0], Ok(tenure::store::Renew::Lost(None))),
+        "an expired lease is not renewed: {:?}",
+        renewed[0]
+    );
+    let all = renewed[1..].iter().filter(|r| matches!(r, Ok(tenure::store::Renew::Renewed(_)))).count();
+    assert_eq!(all, held.len() - 1, "every live lease in the batch is renewed");
+    pool.close().await;
+}
+
+/// A renewal never moves a live lease's expiry earlier. A batch's transaction begins
+/// (its `now()`), then waits on the lock of one of its rows; the holder of another lease
+/// in it gives up on the batch and renews again, and that renewal commits; then the
+/// batch goes on and reaches that lease. Written as its own `now() + ttl`, the batch's
+/// grant would end before the one the holder now dates its term from (by as long as the
+/// batch waited: seconds when a batch is slow), and another candidate could take the
+/// lease while the holder still leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_batch_does_not_shorten_a_renewal_made_after_it_began() {
+    use tenure::store::{Acquire, AcquireRequest, Renew};
+    let Some(pg) = Pg::launch() else { return };
+    let store = PostgresStore::connect(&pg.url).await.unwrap();
+    let ttl = Duration::from_secs(60);
+    let holder = tenure::HolderId::new("a").unwrap();
+    let mut held = Vec::new();
+    for name in ["late/w", "late/x"] {
+        let req = AcquireRequest::new(ElectionName::new(name).unwrap(), holder.clone(), ttl);
+        let Acquire::Acquired(l) = store.try_acquire(&req).await.unwrap() else { panic!("not acquired") };
+        held.push(l);
+    }
+    let pool = sqlx::PgPool::connect(&pg.url).await.unwrap();
+    let expiry = async |name: &str| -> f64 {
+        sqlx::query_scalar("SELECT extract(epoch FROM expires_at)::float8 FROM tenure_leases WHERE election = $1")
+            .bind(name)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+
+    // Another transaction holds late/w's row, so the batch stops there.
+    let mut blocker = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM tenure_leases WHERE election = 'late/w' FOR UPDATE")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let batch = tokio::spawn({
+        let (store, held) = (store.clone(), held.clone());
+        async move { store.renew_many(&held, ttl).await }
+    });
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE tenure_leases AS l%'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            if waiting > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the batch waits on the locked row");
+
+    // late/x renewed again on its own, after the batch began.
+    let Renew::Renewed(_) = store.renew(&held[1], ttl).await.unwrap() else { panic!("not renewed") };
+    let renewed_alone = expiry("late/x").await;
+    blocker.commit().await.unwrap();
+    let answers = batch.await.unwrap();
+    assert!(answers.iter().all(|a| matches!(a, Ok(Renew::Renewed(_)))), "the batch renews both: {answers:?}");
+    let after_batch = expiry("late/x").await;
+    assert!(
+        after_batch >= renewed_alone,
+        "the late batch moved late/x's expiry {:.3} s earlier than the renewal made after it began",
+        renewed_alone - after_batch
+    );
     pool.close().await;
 }
