@@ -1,9 +1,10 @@
 //! MySQL/MariaDB lease store for tenure.
 //!
 //! One row per election in a lease table (default `tenure_leases`, created on first use).
-//! Every decision is one transaction: the row is locked with `SELECT … FOR UPDATE`, the
-//! server's clock is read under that lock (`UNIX_TIMESTAMP(NOW(6))`, after the server
-//! received the request), and the new state is written. Tokens live in the row, which is
+//! Every decision is one transaction: the row is locked with `SELECT … FOR UPDATE`, which
+//! also reads the server's clock (`UNIX_TIMESTAMP(NOW(6))`, the time that statement began,
+//! after the server received the request and before any wait for the row's lock), and
+//! the new state is written. Tokens live in the row, which is
 //! never deleted. MariaDB has no `UPDATE … RETURNING` and no notifications, so the record
 //! is computed from the locked row. Every write also moves a one-row change counter
 //! (`TABLE_seq`) and stamps the row with its new value (`seq`), in the same transaction;
