@@ -184,7 +184,7 @@ async fn first_ready<T, F: std::future::Future<Output = T> + Unpin>(futs: &mut [
     .await
 }
 
-/// A graceful handover, `min(samples, 50)` times: from `resign()` until the other
+/// A graceful handover, `--handovers` times: from `resign()` until the other
 /// candidate's `Elected`. Each sample is also cut into its steps, from the candidates'
 /// own calls and watch events: until the leader sends its release, the release's round
 /// trip, until the follower hears of it (from the release being sent: a store may tell
@@ -202,7 +202,7 @@ pub(super) async fn handover(open: &Opener<'_>, s: &Settings, run: &str) -> Resu
     let mut v = Vec::new();
     let mut steps: [Vec<Duration>; STEPS.len()] = Default::default();
     let mut regained = 0;
-    for _ in 0..s.samples.min(50) {
+    for _ in 0..s.handovers {
         let l = cands[leader].0.current().context("the leader has no leadership")?;
         stamps.clear();
         let t0 = Instant::now();
