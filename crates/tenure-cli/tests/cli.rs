@@ -461,6 +461,8 @@ fn bench_runs_every_scenario_and_reports_json() {
             "rtt,acquire,handover,crash,load,scale,contest,run",
             "--samples",
             "5",
+            "--handovers",
+            "5",
             "--elections",
             "2",
             "--candidates",
