@@ -4,13 +4,13 @@
 //! Every decision is one transaction: the row is locked with `SELECT … FOR UPDATE`, which
 //! also reads the server's clock (`UNIX_TIMESTAMP(NOW(6))`, the time that statement began,
 //! after the server received the request and before any wait for the row's lock), and
-//! the new state is written. Tokens live in the row, which is
-//! never deleted. MariaDB has no `UPDATE … RETURNING` and no notifications, so the record
-//! is computed from the locked row. Every write also moves a one-row change counter
-//! (`TABLE_seq`) and stamps the row with its new value (`seq`), in the same transaction;
-//! a store handle with watchers looks at the counter every 100 ms and reads only the rows
-//! changed since it last looked, so a process's followers share one cheap query instead
-//! of polling each election.
+//! the new state is written. Tokens live in the row, which is never deleted. MariaDB has
+//! no `UPDATE … RETURNING` and no notifications, so the record is computed from the
+//! locked row. Every write also moves a one-row change counter (`TABLE_seq`) and stamps
+//! the row with its new value (`seq`), in the same transaction; a store handle with
+//! watchers looks at the counter every 100 ms and reads only the rows changed since it
+//! last looked, so a process's followers share one cheap query instead of polling each
+//! election.
 //!
 //! ```no_run
 //! # async fn t() -> Result<(), Box<dyn std::error::Error>> {
