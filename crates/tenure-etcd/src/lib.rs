@@ -31,7 +31,10 @@
 //!
 //! **Compare-and-set.** Renewal and release are transactions that compare the create
 //! revision and the stored value (holder, TTL, eviction flag, metadata), so a record of
-//! another grant, of another holder, or an evicted one never matches. Eviction after
+//! another grant, of another holder, or an evicted one never matches. A renewal also
+//! compares the etcd lease the key is bound to, so one applied late cannot put the key
+//! back on a lease the store has retired; a key found on an older lease is moved onto the
+//! current one. Eviction after
 //! term marks the value and moves the key to a fresh etcd lease of the record's TTL,
 //! granted after the record was read, so the key outlives the holder's deadline but no
 //! longer lives as long as the holder's process.
@@ -146,6 +149,29 @@ impl Lease {
             }
         }
     }
+}
+
+/// What one renewal transaction came to.
+enum Step {
+    Done(Renew),
+    /// Renewed on a lease nothing vouches for (see [`Proof`]): the record as written.
+    Unvouched(LeaseRecord),
+    /// Still our grant, but bound to the lease `from`, not the one renewed on.
+    Move {
+        from: i64,
+    },
+}
+
+/// How many transactions one renewal may take: a move onto the current lease, and a
+/// write on a granted lease after a keep-alive nothing vouches for, may each add one.
+const RENEW_ROUNDS: usize = 3;
+
+/// The key a transaction's `get` answered, if it exists.
+fn txn_kv(resp: &pb::TxnResponse) -> Option<&pb::KeyValue> {
+    resp.responses.iter().find_map(|op| match &op.response {
+        Some(pb::Response::Range(g)) => g.kvs.first(),
+        _ => None,
+    })
 }
 
 /// What one acquire attempt came to.
@@ -397,12 +423,7 @@ impl EtcdStore {
 
     /// The record a transaction's `get` answered, if the key exists.
     fn txn_record(&self, resp: &pb::TxnResponse) -> Result<Option<LeaseRecord>, StoreError> {
-        for op in &resp.responses {
-            if let Some(pb::Response::Range(g)) = &op.response {
-                return g.kvs.first().map(|kv| self.record(kv)).transpose();
-            }
-        }
-        Ok(None)
+        txn_kv(resp).map(|kv| self.record(kv)).transpose()
     }
 
     async fn txn(&self, what: &str, t: pb::TxnRequest) -> Result<pb::TxnResponse, StoreError> {
@@ -718,8 +739,16 @@ impl EtcdStore {
     }
 
     /// The renewal of `held` as one transaction: if the key is still that grant (create
-    /// revision and value), rewrite it on `lease` (moving its revision), and read it.
-    fn renew_txn(&self, held: &LeaseRecord, ttl: Duration, lease: i64) -> pb::TxnRequest {
+    /// revision and value) and bound to the etcd lease `on`, rewrite it on `lease` (moving
+    /// its revision), and read it.
+    ///
+    /// The lease is compared because a renewal can be applied long after it was sent (its
+    /// caller gave up on it): by then the store may have granted a new etcd lease, moved
+    /// the key onto it, and stopped keeping the old one alive. Without the compare, that
+    /// late renewal would put the key back on the old lease, which ends before the term
+    /// the holder dates from its later renewals. A retired lease never becomes the one a
+    /// store renews on again, so a key only ever moves forward.
+    fn renew_txn(&self, held: &LeaseRecord, ttl: Duration, on: i64, lease: i64) -> pb::TxnRequest {
         let key = self.key(held.election.as_str());
         let k = key.as_bytes();
         let put = if ttl == held.ttl {
@@ -729,11 +758,37 @@ impl EtcdStore {
             let v = Value { ttl, ..Value::of(held) };
             txn::put(k, Some(v.encode()), lease)
         };
-        pb::TxnRequest {
-            compare: vec![txn::create_revision_is(k, held.token.0 as i64), txn::value_is(k, Value::of(held).encode())],
-            success: vec![put, txn::get(k)],
-            failure: vec![txn::get(k)],
+        let mut compare =
+            vec![txn::create_revision_is(k, held.token.0 as i64), txn::value_is(k, Value::of(held).encode())];
+        if !mutant("etcd-renew-ignores-lease") {
+            compare.push(txn::lease_is(k, on));
         }
+        pb::TxnRequest { compare, success: vec![put, txn::get(k)], failure: vec![txn::get(k)] }
+    }
+
+    /// What the answer `t` to a [`EtcdStore::renew_txn`] of `held` on `lease` means;
+    /// `vouched` tells whether the write may count on the lease (see [`Lease::vouched`]).
+    fn renew_step(
+        &self,
+        held: &LeaseRecord,
+        t: &pb::TxnResponse,
+        vouched: bool,
+        lease: i64,
+    ) -> Result<Step, StoreError> {
+        Ok(match (t.succeeded, self.txn_record(t)?) {
+            (true, Some(rec)) if vouched => Step::Done(Renew::Renewed(rec)),
+            (true, Some(rec)) => Step::Unvouched(rec),
+            // Still our grant, bound to another (older) lease: move it onto this one.
+            (false, Some(_))
+                if let Some(kv) = txn_kv(t)
+                    && kv.create_revision == held.token.0 as i64
+                    && kv.value == Value::of(held).encode()
+                    && kv.lease != lease =>
+            {
+                Step::Move { from: kv.lease }
+            }
+            (_, cur) => Step::Done(Renew::Lost(cur)),
+        })
     }
 
     /// Acquires for a call that began at `since`: on a lease refreshed no earlier.
@@ -767,9 +822,12 @@ impl EtcdStore {
         let mut seen = std::collections::HashSet::new();
         let mut todo: Vec<usize> =
             (0..held.len()).filter(|&i| !held[i].evicted && seen.insert(held[i].election.clone())).collect();
-        // What the first round wrote, for the second to compare with.
+        // A copy written on a lease nothing vouches for, to compare with in the next round.
         let mut written: HashMap<usize, LeaseRecord> = HashMap::new();
-        for grant in [false, true] {
+        // The lease a key is bound to, where it is not the one the round renews on.
+        let mut on: HashMap<usize, i64> = HashMap::new();
+        let mut grant = false;
+        for _ in 0..RENEW_ROUNDS {
             if todo.is_empty() {
                 break;
             }
@@ -783,7 +841,8 @@ impl EtcdStore {
             let round = std::mem::take(&mut todo);
             let answers = self
                 .nested_in_chunks("renew", &round, |i| {
-                    self.renew_txn(written.get(&i).unwrap_or(&held[i]), ttl, lease.id)
+                    let from = on.get(&i).copied().unwrap_or(lease.id);
+                    self.renew_txn(written.get(&i).unwrap_or(&held[i]), ttl, from, lease.id)
                 })
                 .await;
             for (chunk, answer) in answers {
@@ -796,24 +855,26 @@ impl EtcdStore {
                 };
                 let vouched = lease.vouched(resp.header.as_ref());
                 for (&i, r) in chunk.iter().zip(resp.responses) {
-                    let t = match r.response {
-                        Some(pb::Response::Txn(t)) => t,
-                        _ => {
-                            out[i] = Some(Err(StoreError::ambiguous(
-                                "etcd answered a nested transaction with something else",
-                            )));
-                            continue;
-                        }
+                    let Some(pb::Response::Txn(t)) = r.response else {
+                        out[i] =
+                            Some(Err(StoreError::ambiguous("etcd answered a nested transaction with something else")));
+                        continue;
                     };
-                    out[i] = Some(match (t.succeeded, self.txn_record(&t)) {
-                        (true, Ok(Some(rec))) if vouched => Ok(Renew::Renewed(rec)),
-                        (true, Ok(Some(rec))) => {
+                    match self.renew_step(written.get(&i).unwrap_or(&held[i]), &t, vouched, lease.id) {
+                        Ok(Step::Done(r)) => out[i] = Some(Ok(r)),
+                        Ok(Step::Unvouched(rec)) => {
+                            // Once more, on a granted lease.
+                            grant = true;
+                            on.insert(i, lease.id);
                             written.insert(i, rec);
                             todo.push(i);
-                            continue;
                         }
-                        (_, cur) => cur.map(Renew::Lost),
-                    });
+                        Ok(Step::Move { from }) => {
+                            on.insert(i, from);
+                            todo.push(i);
+                        }
+                        Err(e) => out[i] = Some(Err(e)),
+                    }
                 }
             }
         }
@@ -829,21 +890,24 @@ impl EtcdStore {
 
     /// Renews `held` on a lease refreshed no earlier than `since`.
     async fn renew_from(&self, held: &LeaseRecord, ttl: Duration, since: Instant) -> Result<Renew, StoreError> {
-        let lease = self.lease(ttl, since, false).await?;
-        let resp = self.txn("renew", self.renew_txn(held, ttl, lease.id)).await?;
-        Ok(match (resp.succeeded, self.txn_record(&resp)?) {
-            (true, Some(rec)) if lease.vouched(resp.header.as_ref()) => Renew::Renewed(rec),
-            // Renewed on a lease nothing vouches for: once more on a granted one.
-            (true, Some(rec)) => {
-                let lease = self.lease(ttl, since, true).await?;
-                let resp = self.txn("renew", self.renew_txn(&rec, ttl, lease.id)).await?;
-                match (resp.succeeded, self.txn_record(&resp)?) {
-                    (true, Some(rec)) => Renew::Renewed(rec),
-                    (_, cur) => Renew::Lost(cur),
+        let mut held = std::borrow::Cow::Borrowed(held);
+        let mut grant = false;
+        let mut on = None;
+        for _ in 0..RENEW_ROUNDS {
+            let lease = self.lease(ttl, since, grant).await?;
+            let resp = self.txn("renew", self.renew_txn(&held, ttl, on.unwrap_or(lease.id), lease.id)).await?;
+            match self.renew_step(&held, &resp, lease.vouched(resp.header.as_ref()), lease.id)? {
+                Step::Done(r) => return Ok(r),
+                // Renewed on a lease nothing vouches for: once more on a granted one.
+                Step::Unvouched(rec) => {
+                    grant = true;
+                    on = Some(lease.id);
+                    held = std::borrow::Cow::Owned(rec);
                 }
+                Step::Move { from } => on = Some(from),
             }
-            (_, cur) => Renew::Lost(cur),
-        })
+        }
+        Err(StoreError::unavailable("etcd: the record kept moving during the renewal; retrying"))
     }
 
     async fn get_key(&self, election: &str) -> Result<Option<LeaseRecord>, StoreError> {
@@ -1098,6 +1162,71 @@ mod tests {
                 "{}: the term taken back must outlive the sweep",
                 again.election
             );
+        }
+    }
+
+    /// A renewal can be applied by the cluster long after it was sent, when its caller
+    /// has given up on it (the runtime's request timeout). Meanwhile the store may have
+    /// granted a new etcd lease (after a keep-alive nothing vouched for), moved the key
+    /// onto it with a later renewal, and stopped keeping the old lease alive. The late
+    /// renewal must not put the key back on the old lease: that lease ends before the
+    /// term the holder dates from its later renewal, and another candidate could take the
+    /// election while the holder still leads.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_renewal_applied_late_does_not_put_the_key_back_on_a_retired_lease() {
+        use tenure::HolderId;
+        use tenure_testkit::servers::{self, Kind};
+        let Some(server) = servers::launch(Kind::Etcd) else { return };
+        let store = EtcdStore::connect(&format!("etcd://127.0.0.1:{}", server.port())).await.unwrap();
+        let ttl = Duration::from_secs(3);
+        let mut held = Vec::new();
+        for name in ["late/single", "late/batch"] {
+            let req = AcquireRequest::new(ElectionName::new(name).unwrap(), HolderId::new("p").unwrap(), ttl);
+            let Acquire::Acquired(h) = store.try_acquire(&req).await.unwrap() else { panic!("held by another") };
+            held.push(h);
+        }
+        // Renewals sent on the process's lease, refreshed now; the cluster applies them
+        // below, after everything that follows.
+        let old = store.lease(ttl, Instant::now(), false).await.unwrap();
+        let late_single = store.renew_txn(&held[0], ttl, old.id, old.id);
+        let late_batch = pb::TxnRequest {
+            compare: Vec::new(),
+            success: vec![txn::nested(store.renew_txn(&held[1], ttl, old.id, old.id))],
+            failure: Vec::new(),
+        };
+        // The old lease now ends well before a TTL from the renewals below.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // A keep-alive found wanting makes the store grant a new lease; the old one is no
+        // longer kept alive.
+        let new = store.lease(ttl, Instant::now(), true).await.unwrap();
+        assert_ne!(new.id, old.id, "no new lease was granted");
+        let since = Instant::now();
+        let mut renewed = Vec::new();
+        match store.renew(&held[0], ttl).await {
+            Ok(Renew::Renewed(r)) => renewed.push(r),
+            other => panic!("the renewal should move the key onto the new lease: {other:?}"),
+        }
+        match store.renew_many(&held[1..], ttl).await.remove(0) {
+            Ok(Renew::Renewed(r)) => renewed.push(r),
+            other => panic!("the batch should move the key onto the new lease: {other:?}"),
+        }
+        store.txn("renew", late_single).await.unwrap();
+        store.txn("renew", late_batch).await.unwrap();
+        // The holder counts on each key for a TTL from `since`, less its margin; the old
+        // lease, which nothing keeps alive, ends about 1.5 s before that.
+        while since.elapsed() < ttl - Duration::from_millis(400) {
+            for rec in &renewed {
+                let now = store.get(&rec.election).await.unwrap().map(|r| r.token);
+                assert_eq!(
+                    now,
+                    Some(rec.token),
+                    "{}: the key renewed {:?} ago (TTL {ttl:?}) is gone: a renewal applied late \
+                     put it back on a lease nothing keeps alive",
+                    rec.election,
+                    since.elapsed()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 

@@ -475,6 +475,11 @@ pub mod txn {
         cmp(key, CompareTarget::Mod, TargetUnion::ModRevision(rev))
     }
 
+    /// Compares the etcd lease the key is bound to (0: none, or no key).
+    pub fn lease_is(key: &[u8], lease: i64) -> pb::Compare {
+        cmp(key, CompareTarget::Lease, TargetUnion::Lease(lease))
+    }
+
     /// Compares the key's value.
     pub fn value_is(key: &[u8], value: Vec<u8>) -> pb::Compare {
         cmp(key, CompareTarget::Value, TargetUnion::Value(value))

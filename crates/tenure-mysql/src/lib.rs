@@ -125,6 +125,40 @@ fn audited(sql: String) -> sqlx::AssertSqlSafe<String> {
     sqlx::AssertSqlSafe(sql)
 }
 
+/// How long a store connection may sit idle inside a transaction before MariaDB ends
+/// it (`idle_transaction_timeout`), and how long a statement waits for a row lock
+/// (`innodb_lock_wait_timeout`). A process frozen in the middle of a transaction (a paused
+/// VM, SIGSTOP, a stalled host) otherwise keeps its rows, and a batch's change counter,
+/// locked until the server's `wait_timeout` (8 hours by default): every write to the
+/// table waits behind it, and no candidate can take its elections. A store's
+/// transactions are a few statements sent back to back, idle for milliseconds.
+const LOCK_HOLD: Duration = Duration::from_secs(2);
+
+/// MySQL has no timeout for a transaction left idle; its connections get this
+/// `wait_timeout` instead, which ends a connection idle for that long in or out of a
+/// transaction (the pool closes idle ones before that).
+const IDLE_CONNECTION: Duration = Duration::from_secs(60);
+
+/// Limits how long a store connection can hold locks it no longer uses: see
+/// [`LOCK_HOLD`]. Run once on every new connection.
+async fn limit_lock_holding(conn: &mut sqlx::MySqlConnection) -> Result<(), sqlx::Error> {
+    use sqlx::Executor;
+    if mutant("mysql-idle-transaction-kept") {
+        return Ok(());
+    }
+    let hold = LOCK_HOLD.as_secs();
+    let mariadb = format!("SET SESSION idle_transaction_timeout = {hold}, SESSION innodb_lock_wait_timeout = {hold}");
+    match conn.execute(audited(mariadb)).await {
+        // MySQL: no such variable (unknown system variable).
+        Err(e) if error_number(&e) == Some(1193) => {
+            let idle = IDLE_CONNECTION.as_secs();
+            let mysql = format!("SET SESSION wait_timeout = {idle}, SESSION innodb_lock_wait_timeout = {hold}");
+            conn.execute(audited(mysql)).await.map(drop)
+        }
+        other => other.map(drop),
+    }
+}
+
 /// The server's clock in microseconds (`NOW(6)` is the statement's start).
 const NOW_US: &str = "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)";
 
@@ -150,6 +184,9 @@ impl MysqlStore {
             .max_connections(4)
             .min_connections(0)
             .acquire_timeout(Duration::from_secs(3))
+            // Closed by the pool before a MySQL server's `wait_timeout` (set below) would.
+            .idle_timeout(Some(IDLE_CONNECTION - Duration::from_secs(10)))
+            .after_connect(|conn, _| Box::pin(limit_lock_holding(conn)))
             .connect_lazy_with(options);
         let inner = Inner { pool, table, described, schema: OnceCell::new(), changes: ChangeHub::new() };
         Ok(Self { inner: Arc::new(inner) })
@@ -414,7 +451,7 @@ impl MysqlStore {
                     let next = LockedRow {
                         revision: r.revision + 1,
                         ttl_ms,
-                        expires_us: now_us + ttl_ms * 1000,
+                        expires_us: renewed_expiry(r, ttl_ms),
                         renewed_ms: Some(now_us / 1000),
                         holder: r.holder.clone(),
                         metadata: r.metadata.clone(),
@@ -430,7 +467,7 @@ impl MysqlStore {
         if !renewed.is_empty() {
             let marks = vec!["?"; renewed.len()].join(", ");
             let update = format!(
-                "UPDATE {t} SET revision = revision + 1, ttl_ms = ?, expires_us = ?, renewed_ms = ?,
+                "UPDATE {t} SET revision = revision + 1, ttl_ms = ?, expires_us = GREATEST(expires_us, ?), renewed_ms = ?,
                     seq = LAST_INSERT_ID()
                  WHERE election IN ({marks})"
             );
@@ -464,6 +501,15 @@ impl MysqlStore {
             .collect::<Result<Vec<_>, sqlx::Error>>()
             .map_err(|e| my_error(what, e))
     }
+}
+
+/// The expiry a renewal of the live lease in `row` writes: a TTL from the server's clock,
+/// but never earlier than the expiry the row has (the store contract). The clock is read
+/// when the locking `SELECT` begins, before any wait for the row's lock; a transaction
+/// whose caller stopped waiting never commits (nothing sends its `COMMIT`), so no renewal
+/// that waited can land behind a later one today, and this keeps it so.
+fn renewed_expiry(row: &LockedRow, ttl_ms: i64) -> i64 {
+    row.expires_us.max(row.now_us + ttl_ms * 1000)
 }
 
 /// The new state of a row.
@@ -559,7 +605,7 @@ impl LeaseStore for MysqlStore {
                     holder: Some(holder.clone()),
                     token: if ours { row.token } else { row.token + 1 },
                     ttl_ms,
-                    expires_us: row.now_us + ttl_ms * 1000,
+                    expires_us: if ours { renewed_expiry(row, ttl_ms) } else { row.now_us + ttl_ms * 1000 },
                     acquired_ms: if ours { row.acquired_ms } else { None },
                     renewed: true,
                     evicted: false,
@@ -591,7 +637,7 @@ impl LeaseStore for MysqlStore {
                 if !same {
                     return (None, false);
                 }
-                let w = Write { ttl_ms, expires_us: row.now_us + ttl_ms * 1000, renewed: true, ..Write::keep(row) };
+                let w = Write { ttl_ms, expires_us: renewed_expiry(row, ttl_ms), renewed: true, ..Write::keep(row) };
                 (Some(w), true)
             })
             .await?;
@@ -831,6 +877,12 @@ impl tenure::store::ChangeFeed for Changes {
     }
 }
 
+/// Whether the planted bug `name` is switched on (`TENURE_MUTANT=name`), in a build with
+/// the `mutants` feature, for CI to prove its checks catch it.
+fn mutant(name: &str) -> bool {
+    cfg!(feature = "mutants") && std::env::var("TENURE_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -840,5 +892,45 @@ mod tests {
         let (url, t) = split_table("mariadb://u:p@h/db?table=leases&ssl-mode=disabled").unwrap();
         assert_eq!((url.as_str(), t.as_str()), ("mysql://u:p@h/db?ssl-mode=disabled", "leases"));
         assert_eq!(split_table("mysql://h/db?table=a-b").unwrap_err().kind(), ErrorKind::Invalid);
+    }
+
+    /// A process frozen in the middle of a store transaction (a paused VM, SIGSTOP, a
+    /// stalled host) leaves its connection idle on the server with the election's row
+    /// and the change counter locked. The server must end that transaction soon: until
+    /// it does, no candidate can take the election, and every write to the table waits.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_transaction_left_open_by_a_frozen_process_does_not_hold_its_row() {
+        use tenure::store::{Acquire, AcquireRequest};
+        use tenure_testkit::servers::{self, Kind};
+        let Some(server) = servers::launch(Kind::MariaDb) else { return };
+        let frozen = MysqlStore::connect(&server.url()).await.unwrap();
+        let other = MysqlStore::connect(&server.url()).await.unwrap();
+        let name = ElectionName::new("frozen/row").unwrap();
+        let ttl = Duration::from_secs(1);
+        let req = |h: &str| AcquireRequest::new(name.clone(), HolderId::new(h).unwrap(), ttl);
+        assert!(matches!(frozen.try_acquire(&req("a")).await.unwrap(), Acquire::Acquired(_)));
+        // A renewal that has locked the row and moved the change counter when its process
+        // freezes: nothing more is sent on its connection.
+        let mut tx = frozen.inner.pool.begin().await.unwrap();
+        frozen.lock_row(&mut tx, name.as_str()).await.unwrap();
+        frozen.count_change(&mut tx).await.unwrap();
+        // The other candidate campaigns as the runtime does: each try given up on after a
+        // request timeout, then tried again.
+        let t0 = std::time::Instant::now();
+        let limit = ttl + LOCK_HOLD + Duration::from_secs(5);
+        loop {
+            let tried = tokio::time::timeout(Duration::from_millis(500), other.try_acquire(&req("b"))).await;
+            if let Ok(Ok(Acquire::Acquired(_))) = tried {
+                break;
+            }
+            assert!(
+                t0.elapsed() < limit,
+                "the election was not taken within {limit:?} of its holder freezing mid-transaction \
+                 (TTL {ttl:?}); the last try: {tried:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // The frozen transaction was ended by the server: it can commit nothing.
+        assert!(tx.commit().await.is_err(), "the frozen transaction outlived the takeover");
     }
 }
