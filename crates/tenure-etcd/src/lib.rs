@@ -152,6 +152,7 @@ impl Lease {
 }
 
 /// What one renewal transaction came to.
+#[derive(Debug)]
 enum Step {
     Done(Renew),
     /// Renewed on a lease nothing vouches for (see [`Proof`]): the record as written.
@@ -162,9 +163,10 @@ enum Step {
     },
 }
 
-/// How many transactions one renewal may take: a move onto the current lease, and a
-/// write on a granted lease after a keep-alive nothing vouches for, may each add one.
-const RENEW_ROUNDS: usize = 3;
+/// How many transactions one renewal may take: a move onto the current lease, a write on
+/// a granted lease after a keep-alive nothing vouches for, and a transaction sent earlier
+/// that moved the key meanwhile, may each add one.
+const RENEW_ROUNDS: usize = 4;
 
 /// The key a transaction's `get` answered, if it exists.
 fn txn_kv(resp: &pb::TxnResponse) -> Option<&pb::KeyValue> {
@@ -766,24 +768,20 @@ impl EtcdStore {
         pb::TxnRequest { compare, success: vec![put, txn::get(k)], failure: vec![txn::get(k)] }
     }
 
-    /// What the answer `t` to a [`EtcdStore::renew_txn`] of `held` on `lease` means;
-    /// `vouched` tells whether the write may count on the lease (see [`Lease::vouched`]).
-    fn renew_step(
-        &self,
-        held: &LeaseRecord,
-        t: &pb::TxnResponse,
-        vouched: bool,
-        lease: i64,
-    ) -> Result<Step, StoreError> {
+    /// What the answer `t` to a [`EtcdStore::renew_txn`] of `held` means; `vouched` tells
+    /// whether the write may count on the lease it was made on (see [`Lease::vouched`]).
+    fn renew_step(&self, held: &LeaseRecord, t: &pb::TxnResponse, vouched: bool) -> Result<Step, StoreError> {
         Ok(match (t.succeeded, self.txn_record(t)?) {
             (true, Some(rec)) if vouched => Step::Done(Renew::Renewed(rec)),
             (true, Some(rec)) => Step::Unvouched(rec),
-            // Still our grant, bound to another (older) lease: move it onto this one.
+            // Still our grant, but not on the lease compared: bound to an older one (move
+            // it onto the current one), or already moved onto the current one by a
+            // transaction sent earlier and applied meanwhile (the next round is then a
+            // plain renewal).
             (false, Some(_))
                 if let Some(kv) = txn_kv(t)
                     && kv.create_revision == held.token.0 as i64
-                    && kv.value == Value::of(held).encode()
-                    && kv.lease != lease =>
+                    && kv.value == Value::of(held).encode() =>
             {
                 Step::Move { from: kv.lease }
             }
@@ -860,7 +858,7 @@ impl EtcdStore {
                             Some(Err(StoreError::ambiguous("etcd answered a nested transaction with something else")));
                         continue;
                     };
-                    match self.renew_step(written.get(&i).unwrap_or(&held[i]), &t, vouched, lease.id) {
+                    match self.renew_step(written.get(&i).unwrap_or(&held[i]), &t, vouched) {
                         Ok(Step::Done(r)) => out[i] = Some(Ok(r)),
                         Ok(Step::Unvouched(rec)) => {
                             // Once more, on a granted lease.
@@ -882,7 +880,8 @@ impl EtcdStore {
         for (i, slot) in out.into_iter().enumerate() {
             answers.push(match slot {
                 Some(a) => a,
-                None => self.renew(&held[i], ttl).await,
+                // Rounds ran out: once more alone, from the copy last written.
+                None => self.renew(written.get(&i).unwrap_or(&held[i]), ttl).await,
             });
         }
         answers
@@ -896,7 +895,7 @@ impl EtcdStore {
         for _ in 0..RENEW_ROUNDS {
             let lease = self.lease(ttl, since, grant).await?;
             let resp = self.txn("renew", self.renew_txn(&held, ttl, on.unwrap_or(lease.id), lease.id)).await?;
-            match self.renew_step(&held, &resp, lease.vouched(resp.header.as_ref()), lease.id)? {
+            match self.renew_step(&held, &resp, lease.vouched(resp.header.as_ref()))? {
                 Step::Done(r) => return Ok(r),
                 // Renewed on a lease nothing vouches for: once more on a granted one.
                 Step::Unvouched(rec) => {
@@ -1212,6 +1211,15 @@ mod tests {
         }
         store.txn("renew", late_single).await.unwrap();
         store.txn("renew", late_batch).await.unwrap();
+        // A renewal's later round compares the lease its first round found the key on; a
+        // transaction sent earlier has moved the key onto the current lease meanwhile.
+        // Still this holder's term, to renew once more: not lost.
+        let resp = store.txn("renew", store.renew_txn(&renewed[0], ttl, old.id, new.id)).await.unwrap();
+        let step = store.renew_step(&renewed[0], &resp, true).unwrap();
+        assert!(
+            matches!(step, Step::Move { from } if from == new.id),
+            "a key moved meanwhile was taken for lost: {step:?}"
+        );
         // The holder counts on each key for a TTL from `since`, less its margin; the old
         // lease, which nothing keeps alive, ends about 1.5 s before that.
         while since.elapsed() < ttl - Duration::from_millis(400) {

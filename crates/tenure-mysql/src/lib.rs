@@ -126,13 +126,20 @@ fn audited(sql: String) -> sqlx::AssertSqlSafe<String> {
 }
 
 /// How long a store connection may sit idle inside a transaction before MariaDB ends
-/// it (`idle_transaction_timeout`), and how long a statement waits for a row lock
-/// (`innodb_lock_wait_timeout`). A process frozen in the middle of a transaction (a paused
-/// VM, SIGSTOP, a stalled host) otherwise keeps its rows, and a batch's change counter,
-/// locked until the server's `wait_timeout` (8 hours by default): every write to the
-/// table waits behind it, and no candidate can take its elections. A store's
-/// transactions are a few statements sent back to back, idle for milliseconds.
-const LOCK_HOLD: Duration = Duration::from_secs(2);
+/// it (`idle_transaction_timeout`). A process frozen in the middle of a transaction (a
+/// paused VM, SIGSTOP, a stalled host) otherwise keeps its election's row, and perhaps
+/// the change counter that every write takes, locked until the server's `wait_timeout`
+/// (8 hours by default): no candidate could take its elections, and every write to the
+/// table would wait. A store's transactions are a few statements sent back to back, idle
+/// for milliseconds.
+const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(1);
+
+/// How long a statement waits for a row lock (`innodb_lock_wait_timeout`, 50 s by
+/// default) before it fails, retryably: longer than [`IDLE_IN_TRANSACTION`], so that a
+/// statement queued behind a frozen transaction gets the lock when the server ends it,
+/// and short enough that one stuck behind something else does not hold its own locks
+/// (a batch holds the change counter) for long.
+const LOCK_WAIT: Duration = Duration::from_secs(2);
 
 /// MySQL has no timeout for a transaction left idle; its connections get this
 /// `wait_timeout` instead, which ends a connection idle for that long in or out of a
@@ -140,19 +147,19 @@ const LOCK_HOLD: Duration = Duration::from_secs(2);
 const IDLE_CONNECTION: Duration = Duration::from_secs(60);
 
 /// Limits how long a store connection can hold locks it no longer uses: see
-/// [`LOCK_HOLD`]. Run once on every new connection.
+/// [`IDLE_IN_TRANSACTION`] and [`LOCK_WAIT`]. Run once on every new connection.
 async fn limit_lock_holding(conn: &mut sqlx::MySqlConnection) -> Result<(), sqlx::Error> {
     use sqlx::Executor;
     if mutant("mysql-idle-transaction-kept") {
         return Ok(());
     }
-    let hold = LOCK_HOLD.as_secs();
-    let mariadb = format!("SET SESSION idle_transaction_timeout = {hold}, SESSION innodb_lock_wait_timeout = {hold}");
+    let (idle, wait) = (IDLE_IN_TRANSACTION.as_secs(), LOCK_WAIT.as_secs());
+    let mariadb = format!("SET SESSION idle_transaction_timeout = {idle}, SESSION innodb_lock_wait_timeout = {wait}");
     match conn.execute(audited(mariadb)).await {
         // MySQL: no such variable (unknown system variable).
         Err(e) if error_number(&e) == Some(1193) => {
             let idle = IDLE_CONNECTION.as_secs();
-            let mysql = format!("SET SESSION wait_timeout = {idle}, SESSION innodb_lock_wait_timeout = {hold}");
+            let mysql = format!("SET SESSION wait_timeout = {idle}, SESSION innodb_lock_wait_timeout = {wait}");
             conn.execute(audited(mysql)).await.map(drop)
         }
         other => other.map(drop),
@@ -917,7 +924,7 @@ mod tests {
         // The other candidate campaigns as the runtime does: each try given up on after a
         // request timeout, then tried again.
         let t0 = std::time::Instant::now();
-        let limit = ttl + LOCK_HOLD + Duration::from_secs(5);
+        let limit = ttl + IDLE_IN_TRANSACTION + Duration::from_secs(5);
         loop {
             let tried = tokio::time::timeout(Duration::from_millis(500), other.try_acquire(&req("b"))).await;
             if let Ok(Ok(Acquire::Acquired(_))) = tried {
