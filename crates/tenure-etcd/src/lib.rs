@@ -1211,15 +1211,6 @@ mod tests {
         }
         store.txn("renew", late_single).await.unwrap();
         store.txn("renew", late_batch).await.unwrap();
-        // A renewal's later round compares the lease its first round found the key on; a
-        // transaction sent earlier has moved the key onto the current lease meanwhile.
-        // Still this holder's term, to renew once more: not lost.
-        let resp = store.txn("renew", store.renew_txn(&renewed[0], ttl, old.id, new.id)).await.unwrap();
-        let step = store.renew_step(&renewed[0], &resp, true).unwrap();
-        assert!(
-            matches!(step, Step::Move { from } if from == new.id),
-            "a key moved meanwhile was taken for lost: {step:?}"
-        );
         // The holder counts on each key for a TTL from `since`, less its margin; the old
         // lease, which nothing keeps alive, ends about 1.5 s before that.
         while since.elapsed() < ttl - Duration::from_millis(400) {
@@ -1236,6 +1227,16 @@ mod tests {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        // A renewal's later round compares the lease its first round found the key on; a
+        // transaction sent earlier has moved the key onto the current lease meanwhile.
+        // Still this holder's term, to renew once more: not lost.
+        assert_eq!(store.lease(ttl, Instant::now(), false).await.unwrap().id, new.id, "the new lease ran out");
+        let resp = store.txn("renew", store.renew_txn(&renewed[0], ttl, old.id, new.id)).await.unwrap();
+        let step = store.renew_step(&renewed[0], &resp, true).unwrap();
+        assert!(
+            matches!(step, Step::Move { from } if from == new.id),
+            "a key moved meanwhile was taken for lost: {step:?}"
+        );
     }
 
     /// A member's own ID and the leader it knows of (0: none), or `None` if it does not

@@ -1212,27 +1212,47 @@ fn lost(lease: &mut LeaseRecord, cur: Option<LeaseRecord>) -> StepDownReason {
 
 /// Releases `lease` and checks: a renewal that timed out may still have been applied and
 /// moved the revision, which makes the release match nothing; then the record as it
-/// stands is released. The check is made even when the release failed (it may have timed
-/// out, or gone in a batch that failed), so that the lease does not live on, which on a
-/// store whose elections share one lease per process lasts as long as the process. True
-/// if the lease is gone.
+/// stands is released, and read again, until it is gone or no longer this term: a store
+/// may apply more than one renewal late (a batch goes on with its rounds after its
+/// caller gave up), each just before a release. The check is made even when the release
+/// failed (it may have timed out, or gone in a batch that failed), so that the lease does
+/// not live on, which on a store whose elections share one lease per process lasts as
+/// long as the process. All of it within [`RELEASE_TIMEOUTS`] request timeouts. True if
+/// the lease is gone.
 async fn release(shared: &Shared, lease: &LeaseRecord) -> Result<bool, StoreError> {
-    let until = shared.clock.now() + shared.cfg.request_timeout;
-    let first = call(shared, "release", until, shared.store.release(lease)).await;
-    let until = shared.clock.now() + shared.cfg.request_timeout;
-    let now = match call(shared, "get", until, shared.store.get(&lease.election)).await {
-        Ok(now) => now,
-        Err(e) => return Err(first.err().unwrap_or(e)),
-    };
-    match now {
-        Some(cur) if cur.holder == lease.holder && cur.token == lease.token => {
-            let until = shared.clock.now() + shared.cfg.request_timeout;
-            call(shared, "release", until, shared.store.release(&cur)).await?;
-            Ok(true)
+    let timeout = shared.cfg.request_timeout;
+    let end = shared.clock.now() + timeout * RELEASE_TIMEOUTS;
+    let until = || (shared.clock.now() + timeout).min(end);
+    let mut released = call(shared, "release", until(), shared.store.release(lease)).await;
+    let checks = if mutant("release-checked-once") { 1 } else { RELEASE_CHECKS };
+    for _ in 0..checks {
+        let now = match call(shared, "get", until(), shared.store.get(&lease.election)).await {
+            Ok(now) => now,
+            Err(e) => return Err(released.err().unwrap_or(e)),
+        };
+        match now {
+            Some(cur) if cur.holder == lease.holder && cur.token == lease.token => {
+                released = call(shared, "release", until(), shared.store.release(&cur)).await;
+            }
+            Some(_) => return Ok(false),
+            None => return Ok(true),
         }
-        Some(_) => Ok(false),
-        None => Ok(true),
     }
+    // Released as last read; not read again.
+    released.map(|()| true)
+}
+
+/// How many times a release reads the record again, and releases it if it is still the
+/// term: each late renewal that lands just before a release costs one.
+const RELEASE_CHECKS: usize = 3;
+
+/// How many request timeouts a release may take in all, whatever the store does.
+const RELEASE_TIMEOUTS: u32 = 3;
+
+/// Whether the planted bug `name` is switched on (`TENURE_MUTANT=name`), in a build with
+/// the `mutants` feature, for CI to prove its checks catch it.
+fn mutant(name: &str) -> bool {
+    cfg!(feature = "mutants") && std::env::var("TENURE_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
 }
 
 /// When a follower that saw `rec` should try again: when the record would expire,

@@ -754,13 +754,16 @@ async fn a_proclamation_sent_as_the_term_ends_is_answered_and_does_not_hold_up_t
 }
 
 /// A memory store without a watch that notes, at each release, whether the term it was
-/// told of had already ended, and refuses the first `refuse_releases` releases.
+/// told of had already ended, refuses the first `refuse_releases` releases, and applies a
+/// renewal of the record as it stands just before each of the next `renewed_before_releases`
+/// releases (a renewal whose caller gave up, landing late).
 #[derive(Default)]
 struct ReleaseOrder {
     inner: MemoryStore,
     term: Mutex<Option<tenure::CancellationToken>>,
     released_while_valid: Mutex<Vec<bool>>,
     refuse_releases: Mutex<u32>,
+    renewed_before_releases: Mutex<u32>,
 }
 
 #[async_trait::async_trait]
@@ -789,6 +792,15 @@ impl LeaseStore for ReleaseOrder {
         };
         if refused {
             return Err(tenure::StoreError::unavailable("refused by the test"));
+        }
+        let late = {
+            let mut late = self.renewed_before_releases.lock().unwrap();
+            let l = *late > 0;
+            *late = late.saturating_sub(1);
+            l
+        };
+        if late && let Some(cur) = self.inner.get(&held.election).await? {
+            self.inner.renew(&cur, cur.ttl).await?;
         }
         self.inner.release(held).await
     }
@@ -824,6 +836,29 @@ async fn a_failed_release_is_followed_by_a_read_and_a_release_of_the_record_as_i
     a.shutdown().await;
     assert_eq!(store.released_while_valid.lock().unwrap().len(), 2, "released, refused, then released again");
     assert_eq!(store.get(&election).await.unwrap(), None, "the election is free at once");
+}
+
+/// Renewals whose caller gave up can land late, more than one of them (a batch goes on
+/// with its rounds without its caller): here one just before the release, and another
+/// just before the release of the record as read. Each moves the revision, so each of
+/// those releases matches nothing; the runtime reads again and releases again until the
+/// record is gone, so standbys need not wait a TTL (nor, on a store whose processes share
+/// one lease, as long as that lives).
+#[tokio::test(start_paused = true)]
+async fn renewals_landing_just_before_each_release_do_not_keep_the_lease() {
+    let store = Arc::new(ReleaseOrder::default());
+    let a = elector(store.clone(), "a");
+    let l = a.leadership().await.unwrap();
+    let election = l.election().clone();
+    drop(l);
+    *store.renewed_before_releases.lock().unwrap() = 2;
+    a.shutdown().await;
+    assert_eq!(
+        store.get(&election).await.unwrap().map(|r| r.holder),
+        None,
+        "the election is free at once, though a late renewal moved the record before each release"
+    );
+    assert_eq!(store.released_while_valid.lock().unwrap().len(), 3, "released, read and released twice");
 }
 
 #[tokio::test(start_paused = true)]
