@@ -766,6 +766,17 @@ struct ReleaseOrder {
     renewed_before_releases: Mutex<u32>,
 }
 
+impl ReleaseOrder {
+    /// A store with a candidate that has led once and whose work has stopped: its
+    /// shutdown is the release to watch.
+    async fn led() -> (Arc<Self>, Elector, tenure::ElectionName) {
+        let store = Arc::new(Self::default());
+        let a = elector(store.clone(), "a");
+        let election = a.leadership().await.unwrap().election().clone();
+        (store, a, election)
+    }
+}
+
 #[async_trait::async_trait]
 impl LeaseStore for ReleaseOrder {
     async fn try_acquire(
@@ -827,11 +838,7 @@ impl LeaseStore for ReleaseOrder {
 /// wait a TTL (nor, on a store whose processes share one lease, as long as it lives).
 #[tokio::test(start_paused = true)]
 async fn a_failed_release_is_followed_by_a_read_and_a_release_of_the_record_as_it_stands() {
-    let store = Arc::new(ReleaseOrder::default());
-    let a = elector(store.clone(), "a");
-    let l = a.leadership().await.unwrap();
-    let election = l.election().clone();
-    drop(l);
+    let (store, a, election) = ReleaseOrder::led().await;
     *store.refuse_releases.lock().unwrap() = 1;
     a.shutdown().await;
     assert_eq!(store.released_while_valid.lock().unwrap().len(), 2, "released, refused, then released again");
@@ -846,11 +853,7 @@ async fn a_failed_release_is_followed_by_a_read_and_a_release_of_the_record_as_i
 /// one lease, as long as that lives).
 #[tokio::test(start_paused = true)]
 async fn renewals_landing_just_before_each_release_do_not_keep_the_lease() {
-    let store = Arc::new(ReleaseOrder::default());
-    let a = elector(store.clone(), "a");
-    let l = a.leadership().await.unwrap();
-    let election = l.election().clone();
-    drop(l);
+    let (store, a, election) = ReleaseOrder::led().await;
     *store.renewed_before_releases.lock().unwrap() = 2;
     a.shutdown().await;
     assert_eq!(
