@@ -144,7 +144,10 @@ impl ElectorBuilder {
         self
     }
 
-    /// This candidate's id (default [`HolderId::generate`]).
+    /// This candidate's id (default [`HolderId::generate`]). An id names one candidate at
+    /// a time: shut a candidate down before building another with the same id, since a
+    /// store takes a record of the same holder for the same candidate's (its own live
+    /// lease is a renewal to it, and a stopping candidate releases it).
     pub fn holder(mut self, holder: impl AsRef<str>) -> Self {
         self.holder = Some(HolderId::new(holder));
         self
@@ -1212,38 +1215,49 @@ fn lost(lease: &mut LeaseRecord, cur: Option<LeaseRecord>) -> StepDownReason {
 
 /// Releases `lease` and checks: a renewal that timed out may still have been applied and
 /// moved the revision, which makes the release match nothing; then the record as it
-/// stands is released, and read again, until it is gone or no longer this term: a store
-/// may apply more than one renewal late (a batch goes on with its rounds after its
-/// caller gave up), each just before a release. The check is made even when the release
-/// failed (it may have timed out, or gone in a batch that failed), so that the lease does
-/// not live on, which on a store whose elections share one lease per process lasts as
-/// long as the process. All of it within [`RELEASE_TIMEOUTS`] request timeouts. True if
-/// the lease is gone.
+/// stands is released, and read again, until it is gone or another's: a store may apply
+/// more than one renewal late (a batch goes on with its rounds after its caller gave up),
+/// each just before a release. A record of this holder with another token is a grant of
+/// ours that landed late (a proclamation's acquire): released too, since this candidate
+/// leads nothing while it releases. The check is made even when the release failed (it
+/// may have timed out, or gone in a batch that failed), so that the lease does not live
+/// on, which on a store whose elections share one lease per process lasts as long as the
+/// process. All of it within [`RELEASE_TIMEOUTS`] request timeouts, and every path ends on
+/// a read. True if the lease is gone; false if another holds it, or if it still stood
+/// when the checks ran out (logged).
 async fn release(shared: &Shared, lease: &LeaseRecord) -> Result<bool, StoreError> {
     let timeout = shared.cfg.request_timeout;
     let end = shared.clock.now() + timeout * RELEASE_TIMEOUTS;
     let until = || (shared.clock.now() + timeout).min(end);
     let mut released = call(shared, "release", until(), shared.store.release(lease)).await;
-    let checks = if mutant("release-checked-once") { 1 } else { RELEASE_CHECKS };
-    for _ in 0..checks {
+    let mut checks = if mutant("release-checked-once") { 1 } else { RELEASE_CHECKS };
+    loop {
+        if shared.clock.now() >= end {
+            return Err(StoreError::timed_out("release and its check", timeout * RELEASE_TIMEOUTS));
+        }
         let now = match call(shared, "get", until(), shared.store.get(&lease.election)).await {
             Ok(now) => now,
             Err(e) => return Err(released.err().unwrap_or(e)),
         };
         match now {
-            Some(cur) if cur.holder == lease.holder && cur.token == lease.token => {
+            Some(cur) if cur.holder == lease.holder => {
+                if checks == 0 {
+                    tracing::warn!(election = %lease.election, token = %cur.token,
+                        "the lease still stands after releasing it {} times (renewals given up on kept landing late); it will expire on its own",
+                        RELEASE_CHECKS + 1);
+                    return Ok(false);
+                }
+                checks -= 1;
                 released = call(shared, "release", until(), shared.store.release(&cur)).await;
             }
             Some(_) => return Ok(false),
             None => return Ok(true),
         }
     }
-    // Released as last read; not read again.
-    released.map(|()| true)
 }
 
-/// How many times a release reads the record again, and releases it if it is still the
-/// term: each late renewal that lands just before a release costs one.
+/// How many times a release releases the record again after reading it still ours: each
+/// late renewal that lands just before a release costs one.
 const RELEASE_CHECKS: usize = 3;
 
 /// How many request timeouts a release may take in all, whatever the store does.
@@ -1542,8 +1556,8 @@ async fn lead(
     match (&reason, &shared.presence) {
         (StepDownReason::ShuttingDown, Some(p)) => {
             p.shared.shutdown.cancel();
-            // Its release and the read that confirms it.
-            let until = shared.clock.now() + cfg.request_timeout * 2;
+            // Its release and the reads that confirm it (see `release`), and a little more.
+            let until = shared.clock.now() + cfg.request_timeout * (RELEASE_TIMEOUTS + 1);
             tokio::select! {
                 biased;
                 _ = Box::pin(p.stopped()) => {}
@@ -1554,7 +1568,7 @@ async fn lead(
             let hold = cfg.resign_backoff.max(stand_aside).saturating_mul(2u32.pow((*unhealthy).clamp(1, 7) - 1));
             if let Some(presence) = p.current() {
                 tracing::debug!(%election, ?hold, "standing aside: no longer announced meanwhile");
-                let until = shared.clock.now() + cfg.request_timeout * 2;
+                let until = shared.clock.now() + cfg.request_timeout * (RELEASE_TIMEOUTS + 1);
                 tokio::select! {
                     biased;
                     _ = Box::pin(presence.resign_for(hold)) => {}
@@ -1569,7 +1583,7 @@ async fn lead(
             Ok(true) => view.saw(None),
             Ok(false) => {}
             Err(e) => {
-                tracing::warn!(%election, error = %e, "release failed; the lease will expire on its own")
+                tracing::warn!(%election, error = %e, "release failed or could not be confirmed; the lease will expire on its own")
             }
         }
     }
@@ -1622,7 +1636,7 @@ async fn reserve(shared: &Shared, to: &HolderId) {
 /// Releases a lease under which no work ran.
 async fn give_back(shared: &Shared, lease: &LeaseRecord) {
     if let Err(e) = release(shared, lease).await {
-        tracing::warn!(election = %shared.req.election, error = %e, "release failed; the lease will expire on its own");
+        tracing::warn!(election = %shared.req.election, error = %e, "release failed or could not be confirmed; the lease will expire on its own");
     }
 }
 

@@ -764,6 +764,9 @@ struct ReleaseOrder {
     released_while_valid: Mutex<Vec<bool>>,
     refuse_releases: Mutex<u32>,
     renewed_before_releases: Mutex<u32>,
+    /// A grant of the same holder (a proclamation's acquire, landing late) just after the
+    /// next release.
+    granted_after_release: Mutex<bool>,
 }
 
 impl ReleaseOrder {
@@ -813,7 +816,12 @@ impl LeaseStore for ReleaseOrder {
         if late && let Some(cur) = self.inner.get(&held.election).await? {
             self.inner.renew(&cur, cur.ttl).await?;
         }
-        self.inner.release(held).await
+        self.inner.release(held).await?;
+        if std::mem::take(&mut *self.granted_after_release.lock().unwrap()) {
+            let req = tenure::store::AcquireRequest::new(held.election.clone(), held.holder.clone(), held.ttl);
+            self.inner.try_acquire(&req).await?;
+        }
+        Ok(())
     }
     async fn get(&self, election: &tenure::ElectionName) -> Result<Option<tenure::LeaseRecord>, tenure::StoreError> {
         self.inner.get(election).await
@@ -854,14 +862,25 @@ async fn a_failed_release_is_followed_by_a_read_and_a_release_of_the_record_as_i
 #[tokio::test(start_paused = true)]
 async fn renewals_landing_just_before_each_release_do_not_keep_the_lease() {
     let (store, a, election) = ReleaseOrder::led().await;
-    *store.renewed_before_releases.lock().unwrap() = 2;
+    *store.renewed_before_releases.lock().unwrap() = 3;
     a.shutdown().await;
     assert_eq!(
         store.get(&election).await.unwrap().map(|r| r.holder),
         None,
         "the election is free at once, though a late renewal moved the record before each release"
     );
-    assert_eq!(store.released_while_valid.lock().unwrap().len(), 3, "released, read and released twice");
+    assert_eq!(store.released_while_valid.lock().unwrap().len(), 4, "released, then read and released three times");
+}
+
+/// A grant of this holder's that lands after its release (a proclamation's acquire that
+/// timed out as the term ended) is a term nobody works in: the runtime releases it too.
+#[tokio::test(start_paused = true)]
+async fn a_grant_of_its_own_landing_after_the_release_is_released_too() {
+    let (store, a, election) = ReleaseOrder::led().await;
+    *store.granted_after_release.lock().unwrap() = true;
+    a.shutdown().await;
+    assert_eq!(store.get(&election).await.unwrap().map(|r| r.token), None, "the late grant was left to expire");
+    assert_eq!(store.released_while_valid.lock().unwrap().len(), 2, "the term released, then the late grant");
 }
 
 #[tokio::test(start_paused = true)]
