@@ -170,6 +170,19 @@ impl Body {
     }
 }
 
+/// What a handle remembers a sighting by: the service's version, and the term and write
+/// the body names. A version alone can come back: DynamoDB numbers an item's writes from 1
+/// again after the item is deleted and made anew, and a handle that saw that number long
+/// ago (and missed the deletion) would count a new term as seen for as long, and take it
+/// over at once.
+fn sighting(version: &str, body: &Body) -> String {
+    if crate::mutant("sighting-is-version") {
+        return version.to_string();
+    }
+    let holder = body.holder.as_deref().unwrap_or("");
+    format!("{version}/{}/{}/{}/{holder}", body.token, body.rev, body.acquired_ms)
+}
+
 /// A lease store over [`Objects`], judging expiry as an observer
 /// ([`ExpiryJudge::ByObserver`]): see [`ObservedExpiry`].
 pub struct ObservedStore<O> {
@@ -194,7 +207,11 @@ impl<O: Objects> ObservedStore<O> {
         let key = self.key(election);
         match self.objects.read(&key).await? {
             Some(s) => Ok(Some((s.version, Body::parse(&key, &s.body)?))),
-            None => Ok(None),
+            None => {
+                // No object (deleted): whatever comes next is new to this handle.
+                self.seen.forget(election);
+                Ok(None)
+            }
         }
     }
 
@@ -204,7 +221,7 @@ impl<O: Objects> ObservedStore<O> {
             self.seen.forget(election);
             return Ok(None);
         }
-        match self.seen.saw(election, version, body.ttl()) {
+        match self.seen.saw(election, &sighting(version, body), body.ttl()) {
             Judgement::Expired => Ok(None),
             Judgement::Live { remaining } => body.record(election, Some(remaining)),
         }
@@ -220,7 +237,7 @@ impl<O: Objects> ObservedStore<O> {
         let version = self.objects.write(&self.key(election), expected, body.rev, &body.encode()).await?;
         if let Some(v) = &version {
             if body.holder.is_some() {
-                self.seen.wrote(election, v, sent);
+                self.seen.wrote(election, &sighting(v, body), sent);
             } else {
                 self.seen.forget(election);
             }
@@ -343,6 +360,76 @@ impl<O: Objects> LeaseStore for ObservedStore<O> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+
+    /// Objects versioned by the record's revision number, as DynamoDB's items are, in
+    /// memory, shared by every handle made on them; `delete` removes one as an operator
+    /// (or a lifecycle rule) would.
+    #[derive(Clone, Default)]
+    struct Numbered(Arc<Mutex<HashMap<String, KeptObject>>>);
+
+    /// One object: its version number and its content.
+    type KeptObject = (u64, Vec<u8>);
+
+    impl Numbered {
+        fn delete(&self, key: &str) {
+            self.0.lock().unwrap().remove(key);
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Objects for Numbered {
+        async fn read(&self, key: &str) -> Result<Option<Stored>, StoreError> {
+            let objects = self.0.lock().unwrap();
+            Ok(objects.get(key).map(|(v, b)| Stored { version: v.to_string(), body: b.clone() }))
+        }
+        async fn write(
+            &self,
+            key: &str,
+            at: Option<&str>,
+            rev: u64,
+            body: &[u8],
+        ) -> Result<Option<String>, StoreError> {
+            let mut objects = self.0.lock().unwrap();
+            if objects.get(key).map(|(v, _)| v.to_string()).as_deref() != at {
+                return Ok(None);
+            }
+            objects.insert(key.to_string(), (rev, body.to_vec()));
+            Ok(Some(rev.to_string()))
+        }
+        async fn list(&self, _: &str) -> Result<Vec<(String, Stored)>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn describe(&self) -> String {
+            "numbered objects".into()
+        }
+    }
+
+    /// A handle saw version 1 of an election a TTL ago and nothing since. Meanwhile the
+    /// object was deleted and a new term granted, which a service that numbers versions
+    /// numbers 1 again. That handle must count the new term from now, not take it over.
+    #[tokio::test(start_paused = true)]
+    async fn a_version_number_that_comes_back_after_a_deletion_is_a_new_sighting() {
+        let objects = Numbered::default();
+        let handle = || ObservedStore::new(objects.clone(), "", ObservedExpiry::new());
+        let (holder, observer, newcomer) = (handle(), handle(), handle());
+        let e = ElectionName::new("jobs/a").unwrap();
+        let ttl = Duration::from_secs(2);
+        let req = |h: &str| AcquireRequest::new(e.clone(), HolderId::new(h).unwrap(), ttl);
+        assert!(matches!(holder.try_acquire(&req("h")).await.unwrap(), Acquire::Acquired(_)));
+        assert!(observer.get(&e).await.unwrap().is_some(), "the observer sees the term");
+        tokio::time::advance(ttl * 2).await;
+        objects.delete("jobs/a");
+        let Acquire::Acquired(granted) = newcomer.try_acquire(&req("n")).await.unwrap() else {
+            panic!("the newcomer should be granted the deleted election")
+        };
+        assert_eq!(granted.revision, Revision(1), "the new term is numbered 1 again");
+        match observer.try_acquire(&req("o")).await.unwrap() {
+            Acquire::Held(r) => assert_eq!(r.holder.as_str(), "n"),
+            Acquire::Acquired(_) => panic!("the observer took over a term granted a moment ago"),
+        }
+    }
 
     #[test]
     fn bodies_round_trip_and_foreign_objects_are_refused() {

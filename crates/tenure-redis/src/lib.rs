@@ -92,7 +92,14 @@ local function guard_wait(guard_ms)
   local known = tonumber(e[3] or '0')
   local longest = math.max(known, tonumber(guard_ms))
   local since = tonumber(e[2] or '0')
-  if e[1] ~= id then
+  local same_run = e[1] and string.match(e[1], '^(%x*)/') == string.match(id, '^(%x*)/')
+  if e[1] ~= id and same_run and string.match(rep, 'master_replid2:0+[\r\n]') then
+    -- The same server process (same run id), whose new replication id was not taken over
+    -- from another primary (no second id): a primary that made itself a new one when its
+    -- first replica attached, or when it freed its backlog long after its last replica
+    -- left. The same writer: the guard goes on as it was.
+    redis.call('HSET', epoch_key, 'id', id)
+  elseif e[1] ~= id then
     -- No guard state at all, on a server that never took over from another primary: a
     -- first use, or a restart that lost everything; the server holds only what it
     -- granted since it started, and the guard counts from its start: the latest its
@@ -226,13 +233,17 @@ struct Scripts {
 
 impl Scripts {
     fn new() -> Self {
-        let lib = if mutant("failover-invisible") {
+        let mut lib = LIB.to_string();
+        if mutant("failover-invisible") {
             // Planted: the guard counts from the server's start whatever changed, blind to
             // a takeover (a promoted replica has run for a while), as it did before.
-            LIB.replace("if not e[1] and string.match(rep, 'master_replid2:0+[\\r\\n]') then", "if true then")
-        } else {
-            LIB.to_string()
-        };
+            lib = lib.replace("if not e[1] and string.match(rep, 'master_replid2:0+[\\r\\n]') then", "if true then");
+        }
+        if mutant("guard-on-new-replid") {
+            // Planted: any new replication id starts the guard, as it did before, though a
+            // primary makes one itself when its first replica attaches.
+            lib = lib.replace("if e[1] ~= id and same_run", "if false and same_run");
+        }
         let s = |body: &str| Script::new(&format!("{lib}{body}"));
         Self { acquire: s(ACQUIRE), renew: s(RENEW), release: s(RELEASE), evict: s(EVICT), get: s(GET) }
     }

@@ -371,6 +371,44 @@ async fn a_promoted_replica_that_lacks_the_newest_grant_grants_nothing_for_the_l
     assert!(matches!(b.renew(&mine, short).await, Ok(tenure::store::Renew::Renewed(_))));
 }
 
+/// A primary makes itself a new replication id, with no failover, when its first
+/// replica attaches (it has no backlog yet; a `redis-cli --rdb` backup attaches as a
+/// replica too), and again when it frees its backlog long after its last replica left.
+/// Same server, same writer: its leaders go on renewing, and it goes on granting. Taken
+/// for a takeover, every leader would step down and nothing be granted for a TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_attaching_to_a_primary_in_use_does_not_start_the_restart_guard() {
+    let Some(primary) = servers::launch(Kind::Redis) else { return };
+    let ttl = Duration::from_secs(3);
+    let req = |e: &str, h: &str| AcquireRequest::new(ElectionName::new(e).unwrap(), HolderId::new(h).unwrap(), ttl);
+    let a = RedisStore::connect(&primary.url()).await.unwrap();
+    let held = granted(&a, &req("replica/attach", "a")).await;
+    let replid = || {
+        let info = servers::redis_command(primary.port(), &["INFO", "replication"]).unwrap_or_default();
+        info.lines().find_map(|l| l.strip_prefix("master_replid:")).map(|s| s.trim().to_string())
+    };
+    let before = replid();
+    let port = primary.port().to_string();
+    let Some(_replica) = servers::launch_configured(Kind::Redis, None, &["--replicaof", "127.0.0.1", &port]) else {
+        return;
+    };
+    let t0 = std::time::Instant::now();
+    while replid() == before {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the primary kept its replication id");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let renewed = a.renew(&held, ttl).await;
+    assert!(
+        matches!(renewed, Ok(tenure::store::Renew::Renewed(_))),
+        "the leader could not renew once a replica attached: {renewed:?}"
+    );
+    let other = a.try_acquire(&req("replica/other", "b")).await;
+    assert!(
+        matches!(other, Ok(tenure::store::Acquire::Acquired(_))),
+        "nothing was granted once a replica attached: {other:?}"
+    );
+}
+
 /// What `Batched` asks of a process that leads 10,000 elections: their renewals in one
 /// call, then their releases in one. Each must get its own answer; as one pipeline of
 /// 10,000 scripts, the call ran past the client's 500 ms per request and failed whole.

@@ -50,9 +50,13 @@ async fn worker_process() {
         term.recv().await;
         stopper.shutdown().await;
     });
+    // Each line goes out in one write: `writeln!` on a file makes a write for each piece
+    // of the line, and a worker killed between them (the test SIGKILLs the leader as it
+    // ticks) left half a line, onto which the next leader's `start` line was appended,
+    // unreadable.
     let log = move |what: &str, token: u64| {
         let mut f = std::fs::OpenOptions::new().append(true).create(true).open(&log_path).unwrap();
-        writeln!(f, "{what} {token} {} {}", std::process::id(), now_ns()).unwrap();
+        f.write_all(format!("{what} {token} {} {}\n", std::process::id(), now_ns()).as_bytes()).unwrap();
     };
     let ended = elector
         .run_while_leader(|l| {

@@ -31,6 +31,10 @@ pub trait Clock: Send + Sync + 'static {
 /// `Instant`, so deadlines judged by it pass during a suspend, as the store's do; a
 /// timer set before a suspend still fires late (tokio's timers follow the monotonic
 /// clock), but every check of [`Clock::now`] after the resume sees the time that passed.
+/// The gap is read between two monotonic readings, and counts only if they lie within a
+/// millisecond of each other: a thread stalled between the readings (a frozen process, a
+/// paused vCPU) would otherwise count the stall as a suspend, and the clock would run
+/// ahead for good, which for an observer judging expiry by it means taking over early.
 /// A frozen VM that the hypervisor does not report as suspended keeps its clocks running
 /// or not as the hypervisor chooses: there only fencing tokens protect the resource.
 #[derive(Clone, Copy, Debug, Default)]
@@ -52,43 +56,130 @@ impl Clock for TokioClock {
 pub fn host_suspended() -> Duration {
     static BASE: OnceLock<u64> = OnceLock::new();
     static COUNTED: AtomicU64 = AtomicU64::new(0);
-    let gap = boottime_gap_ns();
-    let base = *BASE.get_or_init(|| gap);
+    let counted = match boottime_gap() {
+        // Every try was stalled: what was counted stands.
+        None => COUNTED.load(Ordering::SeqCst),
+        Some(gap) => {
+            let base = *BASE.get_or_init(|| gap.low);
+            let grown = suspended_growth(base, gap.high);
+            COUNTED.fetch_max(grown, Ordering::SeqCst).max(grown)
+        }
+    };
+    Duration::from_nanos(counted)
+}
+
+/// The suspend counted from a reading: growth of the gap since `base` (its first reading),
+/// only past [`SUSPEND_THRESHOLD_NS`]. Never less than before is kept by the caller, so
+/// the clock never steps back.
+fn suspended_growth(base: u64, gap: u64) -> u64 {
     let grown = gap.saturating_sub(base);
-    // Reading two clocks one after the other makes the gap jitter by the time between the
-    // readings (well under a millisecond); a suspend lasts seconds. Count growth only past
-    // a threshold, and never less than before, so the clock never steps back.
-    let grown = if grown < SUSPEND_THRESHOLD_NS { 0 } else { grown };
-    Duration::from_nanos(COUNTED.fetch_max(grown, Ordering::SeqCst).max(grown))
+    if grown < SUSPEND_THRESHOLD_NS { 0 } else { grown }
 }
 
 /// Growth of `CLOCK_BOOTTIME - CLOCK_MONOTONIC` below this is reading jitter, not a suspend.
 const SUSPEND_THRESHOLD_NS: u64 = 10_000_000;
 
-/// `CLOCK_BOOTTIME - CLOCK_MONOTONIC` in nanoseconds: the time the host has spent
-/// suspended since it booted.
+/// The widest the two monotonic readings around a boot-time reading may lie apart for the
+/// gap to count: a thread descheduled between the readings (a frozen process, a paused
+/// vCPU, a busy host) would otherwise add its stall to the gap, and the clock would run
+/// ahead for good, by as long as the stall.
+const BRACKET_NS: i128 = 1_000_000;
+
+/// `CLOCK_BOOTTIME - CLOCK_MONOTONIC`, the time the host has spent suspended since it
+/// booted, within the width of the bracket around it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Gap {
+    /// At most the true gap (what a first reading, counted from, takes).
+    low: u64,
+    /// At least the true gap (what a later reading counts: deadlines pass early, never late).
+    high: u64,
+}
+
+/// Reads the gap between a monotonic reading before and one after the boot-time reading,
+/// tried a few times; `None` if every try was stalled (the caller keeps what it counted).
+fn bracketed(mut read: impl FnMut(Which) -> i128) -> Option<Gap> {
+    for _ in 0..3 {
+        let before = read(Which::Monotonic);
+        let boot = read(Which::Boottime);
+        let after = read(Which::Monotonic);
+        if (after - before).abs() <= BRACKET_NS || crate::mutant("clock-unbracketed") {
+            let gap = |mono: i128| (boot - mono).max(0) as u64;
+            return Some(Gap { low: gap(after), high: gap(before) });
+        }
+    }
+    None
+}
+
+/// Which clock to read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Which {
+    Monotonic,
+    Boottime,
+}
+
 #[cfg(any(target_os = "linux", target_os = "android"))]
-fn boottime_gap_ns() -> u64 {
+fn boottime_gap() -> Option<Gap> {
     use rustix::time::{ClockId, clock_gettime};
-    let ns = |id| {
-        let t = clock_gettime(id);
+    bracketed(|which| {
+        let t = clock_gettime(match which {
+            Which::Monotonic => ClockId::Monotonic,
+            Which::Boottime => ClockId::Boottime,
+        });
         t.tv_sec as i128 * 1_000_000_000 + t.tv_nsec as i128
-    };
-    // The monotonic clock first: a suspend between the two readings then makes the gap
-    // look larger, never smaller (deadlines pass early, never late).
-    let mono = ns(ClockId::Monotonic);
-    let boot = ns(ClockId::Boottime);
-    (boot - mono).max(0) as u64
+    })
 }
 
 #[cfg(not(any(target_os = "linux", target_os = "android")))]
-fn boottime_gap_ns() -> u64 {
-    0
+fn boottime_gap() -> Option<Gap> {
+    Some(Gap { low: 0, high: 0 })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A reader of clocks that tell of a host suspended for `suspended` ns, and that stall
+    /// the reading thread for `stall` ns after each monotonic reading on the `stalled`
+    /// first tries (a frozen process, a paused vCPU).
+    fn reader(suspended: i128, stall: i128, mut stalled: usize) -> impl FnMut(Which) -> i128 {
+        let mut now = 5_000_000_000i128;
+        let mut reads = 0;
+        move |which| {
+            reads += 1;
+            let t = match which {
+                Which::Monotonic => now,
+                Which::Boottime => now + suspended,
+            };
+            // A try is three reads; the stall falls between its first two.
+            if reads % 3 == 1 && stalled > 0 {
+                stalled -= 1;
+                now += stall;
+            }
+            now += 1_000;
+            t
+        }
+    }
+
+    /// The thread stalls for two seconds between the monotonic and the boot-time reading:
+    /// that stall is not time the host spent suspended. Counted as such, the clock would
+    /// run two seconds ahead for good, and an observer judging a lease by it (the object
+    /// stores) would take it over two seconds before its holder's term ends.
+    #[test]
+    fn a_stall_between_the_readings_is_not_a_suspend() {
+        let second = 1_000_000_000;
+        // Stalled once, then read cleanly: the suspend as it was, within the bracket.
+        let gap = bracketed(reader(3 * second, 2 * second, 1)).expect("the second try is clean");
+        assert!(gap.low <= (3 * second) as u64 && gap.high >= (3 * second) as u64, "{gap:?}");
+        assert!(gap.high - (3 * second) as u64 <= BRACKET_NS as u64, "the stall was counted: {gap:?}");
+        // Stalled on every try: no reading, so nothing more is counted.
+        assert_eq!(bracketed(reader(3 * second, 2 * second, 3)), None, "a stalled reading was taken");
+        // A suspend is counted, from the first reading as the base.
+        let base = bracketed(reader(0, 0, 0)).unwrap().low;
+        let later = bracketed(reader(3 * second, 0, 0)).unwrap().high;
+        assert!(suspended_growth(base, later).abs_diff((3 * second) as u64) <= BRACKET_NS as u64 * 2);
+        // Jitter within the bracket is not.
+        assert_eq!(suspended_growth(base, base + BRACKET_NS as u64), 0);
+    }
 
     #[test]
     fn reading_jitter_is_not_a_suspend() {

@@ -1018,7 +1018,7 @@ async fn follow(shared: &Shared, view: &mut View<'_>, mut defer: Option<Instant>
     view.vacant_since = None;
     loop {
         if shared.shutdown.is_cancelled() {
-            return None;
+            return Box::pin(stop_following(shared, unresolved)).await;
         }
         if attempt {
             attempt = false;
@@ -1137,7 +1137,7 @@ async fn follow(shared: &Shared, view: &mut View<'_>, mut defer: Option<Instant>
         }
         tokio::select! {
             biased;
-            _ = shared.shutdown.cancelled() => return None,
+            _ = shared.shutdown.cancelled() => return Box::pin(stop_following(shared, unresolved)).await,
             _ = shared.clock.sleep_until(wake_at) => attempt = true,
             ev = next_event(&mut watch) => match ev {
                 Some(Ok(None)) => {
@@ -1169,6 +1169,23 @@ async fn follow(shared: &Shared, view: &mut View<'_>, mut defer: Option<Instant>
             },
         }
     }
+}
+
+/// A follower stops. With an acquire whose answer never came (it may have been granted,
+/// and nothing runs under it), the record is read, and released if it is this holder's,
+/// so that the next candidate need not wait a TTL for it (nor, on a store whose elections
+/// share one lease per process, as long as the process keeps that alive).
+async fn stop_following(shared: &Shared, unresolved: bool) -> Option<(LeaseRecord, Instant)> {
+    if unresolved && !crate::mutant("stop-leaves-unresolved-grant") {
+        let until = shared.clock.now() + shared.cfg.request_timeout;
+        match call(shared, "get", until, shared.store.get(&shared.req.election)).await {
+            Ok(Some(rec)) if rec.holder == shared.req.holder => give_back(shared, &rec).await,
+            Ok(_) => {}
+            Err(e) => tracing::debug!(election = %shared.req.election, error = %e,
+                "stopping: could not read what an unanswered acquire did; a grant it made will expire on its own"),
+        }
+    }
+    None
 }
 
 /// Logs store failures: a warning for the first of a run, then at debug level, so that a
@@ -1230,7 +1247,7 @@ async fn release(shared: &Shared, lease: &LeaseRecord) -> Result<bool, StoreErro
     let end = shared.clock.now() + timeout * RELEASE_TIMEOUTS;
     let until = || (shared.clock.now() + timeout).min(end);
     let mut released = call(shared, "release", until(), shared.store.release(lease)).await;
-    let mut checks = if mutant("release-checked-once") { 1 } else { RELEASE_CHECKS };
+    let mut checks = if crate::mutant("release-checked-once") { 1 } else { RELEASE_CHECKS };
     loop {
         if shared.clock.now() >= end {
             return Err(StoreError::timed_out("release and its check", timeout * RELEASE_TIMEOUTS));
@@ -1262,12 +1279,6 @@ const RELEASE_CHECKS: usize = 3;
 
 /// How many request timeouts a release may take in all, whatever the store does.
 const RELEASE_TIMEOUTS: u32 = 3;
-
-/// Whether the planted bug `name` is switched on (`TENURE_MUTANT=name`), in a build with
-/// the `mutants` feature, for CI to prove its checks catch it.
-fn mutant(name: &str) -> bool {
-    cfg!(feature = "mutants") && std::env::var("TENURE_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
-}
 
 /// When a follower that saw `rec` should try again: when the record would expire,
 /// and no later than one poll period if the store cannot tell it of changes.

@@ -69,3 +69,9 @@ pub use presence::{Candidate, Health, RESERVED_PREFIX, candidates, reserve};
 pub use record::{Evict, FencingToken, Leader, LeaseRecord};
 pub use store::{ErrorKind, LeaseStore, StoreError};
 pub use tokio_util::sync::CancellationToken;
+
+/// Whether the planted bug `name` is switched on (`TENURE_MUTANT=name`), in a build with
+/// the `mutants` feature, for CI to prove its checks catch it.
+pub(crate) fn mutant(name: &str) -> bool {
+    cfg!(feature = "mutants") && std::env::var("TENURE_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
+}

@@ -371,6 +371,29 @@ async fn release_after_renewals_that_were_applied_but_unanswered_still_clears_th
     );
 }
 
+/// An acquire that was applied but whose answer was lost, then a shutdown before the
+/// runtime read the record to resolve it: the grant is nobody's work. It is released, so
+/// the next candidate need not wait a TTL for it (nor, on a store whose elections share
+/// one lease per process, as long as the process lives).
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_while_an_acquire_is_unresolved_releases_what_it_was_granted() {
+    let inner = Arc::new(MemoryStore::new());
+    let store = FaultyStore::new(inner.clone()).only(&[Op::Acquire]).without_watch();
+    store.set(Fault::LoseResponse);
+    let a = elector(Arc::new(store.clone()), "a");
+    a.start();
+    while store.calls_of(Op::Acquire) == 0 {
+        tokio::task::yield_now().await;
+    }
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    let election: tenure::ElectionName = "jobs/sweeper".parse().unwrap();
+    assert!(inner.get(&election).await.unwrap().is_some(), "the acquire was applied");
+    a.shutdown().await;
+    assert_eq!(inner.get(&election).await.unwrap(), None, "the unanswered grant was left to expire");
+}
+
 /// tokio's paused clock plus an offset that a test moves forward at once, as a process
 /// sees time after it was frozen (SIGSTOP, a stalled VM): the runtime did not run
 /// while the time passed.

@@ -72,9 +72,14 @@ impl ObservedExpiry {
     }
 
     /// How long a version must be seen unchanged before it counts as expired:
-    /// `ttl * (1 + 2 * rate_bound)`.
+    /// `ttl * (1 + rate_bound) / (1 - rate_bound)`, rounded up. The holder's deadline, at
+    /// most a TTL on a clock that may run `rate_bound` slow, passes within
+    /// `ttl / (1 - rate_bound)` of real time; this wait, on a clock that may run
+    /// `rate_bound` fast, lasts at least that long. (About `ttl * (1 + 2 * rate_bound)`,
+    /// which falls short by `2 * rate_bound²` of a TTL when the holder keeps no margin.)
     pub fn wait(&self, ttl: Duration) -> Duration {
-        ttl.mul_f64(1.0 + 2.0 * self.rate_bound)
+        let rho = self.rate_bound;
+        ttl.mul_f64((1.0 + rho) / (1.0 - rho)) + Duration::from_nanos(1)
     }
 
     /// The current instant on this memory's clock: take it before sending a write.
@@ -133,14 +138,16 @@ mod tests {
     async fn a_version_expires_only_after_being_seen_unchanged_for_the_ttl_plus_margin() {
         let m = ObservedExpiry::new();
         let ttl = Duration::from_secs(10);
-        assert_eq!(m.wait(ttl), Duration::from_millis(10_200));
-        assert_eq!(m.saw(&e(), "v1", ttl), Judgement::Live { remaining: Duration::from_millis(10_200) });
+        let wait = m.wait(ttl);
+        // TTL × 1.01 / 0.99: 10,202.02 ms.
+        assert!(wait > Duration::from_micros(10_202_020) && wait < Duration::from_micros(10_202_021), "{wait:?}");
+        assert_eq!(m.saw(&e(), "v1", ttl), Judgement::Live { remaining: wait });
         tokio::time::advance(Duration::from_secs(10)).await;
-        assert_eq!(m.saw(&e(), "v1", ttl), Judgement::Live { remaining: Duration::from_millis(200) });
-        tokio::time::advance(Duration::from_millis(200)).await;
+        assert_eq!(m.saw(&e(), "v1", ttl), Judgement::Live { remaining: wait - Duration::from_secs(10) });
+        tokio::time::advance(wait - Duration::from_secs(10)).await;
         assert_eq!(m.saw(&e(), "v1", ttl), Judgement::Expired);
         // A new version starts the count again.
-        assert_eq!(m.saw(&e(), "v2", ttl), Judgement::Live { remaining: Duration::from_millis(10_200) });
+        assert_eq!(m.saw(&e(), "v2", ttl), Judgement::Live { remaining: wait });
     }
 
     #[tokio::test(start_paused = true)]
@@ -150,9 +157,9 @@ mod tests {
         let sent = m.now();
         tokio::time::advance(Duration::from_millis(300)).await;
         m.wrote(&e(), "v7", sent);
-        assert_eq!(m.saw(&e(), "v7", ttl), Judgement::Live { remaining: Duration::from_millis(720) });
+        assert_eq!(m.saw(&e(), "v7", ttl), Judgement::Live { remaining: m.wait(ttl) - Duration::from_millis(300) });
         // Forgotten, the same version is new again.
         m.forget(&e());
-        assert_eq!(m.saw(&e(), "v7", ttl), Judgement::Live { remaining: Duration::from_millis(1020) });
+        assert_eq!(m.saw(&e(), "v7", ttl), Judgement::Live { remaining: m.wait(ttl) });
     }
 }
