@@ -88,16 +88,20 @@ local function guard_wait(guard_ms)
   local id = (string.match(srv, 'run_id:(%x+)') or '') .. '/' .. (string.match(rep, 'master_replid:(%x+)') or '')
   local up = tonumber(string.match(srv, 'uptime_in_seconds:(%d+)')) or 0
   local now = tonumber(now_ms())
-  local e = redis.call('HMGET', epoch_key, 'id', 'since', 'longest')
+  local e = redis.call('HMGET', epoch_key, 'id', 'since', 'longest', 'seen')
   local known = tonumber(e[3] or '0')
   local longest = math.max(known, tonumber(guard_ms))
   local since = tonumber(e[2] or '0')
-  local same_run = e[1] and string.match(e[1], '^(%x*)/') == string.match(id, '^(%x*)/')
-  if e[1] ~= id and same_run and string.match(rep, 'master_replid2:0+[\r\n]') then
-    -- The same server process (same run id), whose new replication id was not taken over
-    -- from another primary (no second id): a primary that made itself a new one when its
-    -- first replica attached, or when it freed its backlog long after its last replica
-    -- left. The same writer: the guard goes on as it was.
+  local seen = tonumber(e[4] or '0')
+  local function run_of(x) return string.match(x, '^(%x+)/') end
+  local same_run = e[1] and run_of(e[1]) and run_of(e[1]) == run_of(id)
+  if e[1] ~= id and same_run and now - seen <= longest and string.match(rep, 'master_replid2:0+[\r\n]') then
+    -- The same server process (same run id), serving tenure all along (a call within the
+    -- longest TTL), whose new replication id was not taken over from another primary (no
+    -- second id): a primary that made itself a new one when its first replica attached,
+    -- or when it freed its backlog after its last replica left. The same writer: the
+    -- guard goes on as it was. (A primary cut off for longer than that may have been
+    -- replaced meanwhile, and is guarded.)
     redis.call('HSET', epoch_key, 'id', id)
   elseif e[1] ~= id then
     -- No guard state at all, on a server that never took over from another primary: a
@@ -115,6 +119,8 @@ local function guard_wait(guard_ms)
     redis.call('HSET', epoch_key, 'id', id, 'since', string.format('%.0f', since))
   end
   if longest > known then redis.call('HSET', epoch_key, 'longest', string.format('%.0f', longest)) end
+  -- When the server last served tenure, to a quarter of the longest TTL.
+  if now - seen > longest / 4 then redis.call('HSET', epoch_key, 'seen', string.format('%.0f', now)) end
   return math.max(since + longest - now, 0), id
 end
 local function reply(status)
@@ -548,20 +554,35 @@ impl RedisStore {
         let client = inner.target.client().await.ok()?;
         let mut pubsub = client.get_async_pubsub().await.inspect_err(|e| inner.target.failed(e)).ok()?;
         pubsub.subscribe(&channel).await.ok()?;
-        Some(Box::new(Messages(Box::pin(pubsub.into_on_message()))))
+        let (sink, stream) = pubsub.split();
+        Some(Box::new(Messages { stream: Box::pin(stream), sink }))
     }
 }
 
-/// The messages on the store's pub/sub channel.
-struct Messages(std::pin::Pin<Box<dyn tokio_stream::Stream<Item = redis::Msg> + Send>>);
+/// The messages on the store's pub/sub channel, and the connection's sending half.
+struct Messages {
+    stream: std::pin::Pin<Box<dyn tokio_stream::Stream<Item = redis::Msg> + Send>>,
+    sink: redis::aio::PubSubSink,
+}
 
 #[async_trait::async_trait]
 impl tenure::store::ChangeFeed for Messages {
     async fn next(&mut self) -> Option<tenure::store::Change> {
         use tokio_stream::StreamExt;
         // None: disconnected; the listener subscribes again.
-        let msg = self.0.next().await?;
+        let msg = self.stream.next().await?;
         Some(tenure::store::Change::parse(&msg.get_payload::<String>().unwrap_or_default()))
+    }
+
+    /// A subscription sends nothing while it waits: a `PING` on its connection shows
+    /// whether the server is still there. One to a host that vanished without a reset
+    /// would otherwise stay silent for good, and the process's watches would miss every
+    /// release. (Messages that arrive meanwhile are kept.)
+    async fn answers(&mut self) -> bool {
+        if mutant("redis-feed-unchecked") {
+            return true;
+        }
+        self.sink.ping::<Value>().await.is_ok()
     }
 }
 
@@ -638,7 +659,7 @@ fn acks_of(reply: Option<Value>) -> u64 {
 
 /// Whether the planted bug `name` is switched on (`TENURE_MUTANT=NAME[,NAME…]`); only a
 /// build with the `mutants` feature has any, for CI to prove its checks catch them.
-fn mutant(name: &str) -> bool {
+pub(crate) fn mutant(name: &str) -> bool {
     cfg!(feature = "mutants") && std::env::var("TENURE_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
 }
 

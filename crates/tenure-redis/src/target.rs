@@ -6,7 +6,6 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use tenure::{ErrorKind, StoreError};
-use tokio::sync::OnceCell;
 
 use crate::{has_code, redis_error};
 
@@ -16,8 +15,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// One server, or a primary found through sentinels.
 #[allow(clippy::large_enum_variant)] // one per store
 pub(crate) enum Target {
-    /// One server, always the same.
-    Direct { client: redis::Client, conn: OnceCell<ConnectionManager> },
+    /// One server, always the same address; its connection is made again after a request
+    /// on it fails as one to a server that moved would (see [`Target::failed`]).
+    Direct { client: redis::Client, conn: std::sync::Mutex<Option<ConnectionManager>> },
     /// The primary the sentinels name for a master name.
     Sentinel(Sentinel),
 }
@@ -130,21 +130,23 @@ impl Target {
         let client = redis::Client::open(url)
             .map_err(|e| StoreError::new(ErrorKind::Misconfigured, "the Redis URL is not valid").with_source(e))?;
         let described = format!("redis://{}", client.get_connection_info().addr());
-        Ok((Target::Direct { client, conn: OnceCell::new() }, described))
+        Ok((Target::Direct { client, conn: std::sync::Mutex::new(None) }, described))
     }
 
     /// A connection to the server (the current primary, behind sentinels).
     pub(crate) async fn conn(&self) -> Result<ConnectionManager, StoreError> {
         match self {
-            Target::Direct { client, conn } => conn
-                .get_or_try_init(|| async {
-                    client
-                        .get_connection_manager_with_config(connection_config())
-                        .await
-                        .map_err(|e| redis_error("connecting", e))
-                })
-                .await
-                .cloned(),
+            Target::Direct { client, conn } => {
+                if let Some(c) = conn.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+                    return Ok(c);
+                }
+                let made = client
+                    .get_connection_manager_with_config(connection_config())
+                    .await
+                    .map_err(|e| redis_error("connecting", e))?;
+                // Calls that found no connection at once each made one; the first kept wins.
+                Ok(conn.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(made).clone())
+            }
             Target::Sentinel(s) => Ok(s.primary().await?.1),
         }
     }
@@ -157,18 +159,28 @@ impl Target {
         }
     }
 
-    /// Called with every failed request: behind sentinels, a primary that cannot be
-    /// reached or refuses writes (a failover demoted it) is asked for again next time.
+    /// Called with every failed request. A server that cannot be reached, does not
+    /// answer, or refuses writes (a failover demoted it) is connected to again next time:
+    /// behind sentinels, to the primary they name then; on one address, afresh, since the
+    /// client makes a connection again only once it has dropped, and one to a host that
+    /// vanished without a reset (its address now served by a new host, as after a
+    /// failover behind a virtual IP or a DNS name) never drops, nor does one to an old
+    /// primary that still serves as a replica.
     pub(crate) fn failed(&self, e: &redis::RedisError) {
-        if let Target::Sentinel(s) = self {
-            let moved = e.is_io_error()
-                || e.is_connection_dropped()
-                || e.is_connection_refusal()
-                || e.is_timeout()
-                || ["READONLY", "MASTERDOWN", "LOADING"].iter().any(|c| has_code(e, c));
-            if moved {
-                *s.current.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        let moved = e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || e.is_timeout()
+            || ["READONLY", "MASTERDOWN", "LOADING"].iter().any(|c| has_code(e, c));
+        if !moved {
+            return;
+        }
+        match self {
+            Target::Sentinel(s) => *s.current.lock().unwrap_or_else(|p| p.into_inner()) = None,
+            Target::Direct { conn, .. } if !crate::mutant("redis-connection-kept") => {
+                *conn.lock().unwrap_or_else(|p| p.into_inner()) = None
             }
+            Target::Direct { .. } => {}
         }
     }
 }

@@ -392,10 +392,16 @@ async fn a_replica_attaching_to_a_primary_in_use_does_not_start_the_restart_guar
     let Some(_replica) = servers::launch_configured(Kind::Redis, None, &["--replicaof", "127.0.0.1", &port]) else {
         return;
     };
+    // The leader renews meanwhile, as it would every third of its TTL.
     let t0 = std::time::Instant::now();
+    let mut held = held;
     while replid() == before {
         assert!(t0.elapsed() < Duration::from_secs(10), "the primary kept its replication id");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        match a.renew(&held, ttl).await {
+            Ok(tenure::store::Renew::Renewed(r)) => held = r,
+            other => panic!("the leader could not renew once a replica attached: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let renewed = a.renew(&held, ttl).await;
     assert!(
@@ -407,6 +413,63 @@ async fn a_replica_attaching_to_a_primary_in_use_does_not_start_the_restart_guar
         matches!(other, Ok(tenure::store::Acquire::Acquired(_))),
         "nothing was granted once a replica attached: {other:?}"
     );
+}
+
+/// The server's host vanishes under the store's open connections (nothing answers,
+/// nothing resets them) and the server comes back at the same address, as after a
+/// failover behind a virtual IP or a DNS name. The store's requests, which time out on
+/// the old connection, must go out on a new one; and its watches, whose subscription
+/// sends nothing, must notice and subscribe again, or they would miss every release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_vanished_under_open_connections_is_reached_again() {
+    use tenure::store::Renew;
+    use tenure_testkit::proxy::{Mode, Proxy};
+    use tokio_stream::StreamExt;
+    let Some(r) = R::launch() else { return };
+    let port = r.server.lock().unwrap().port();
+    let proxy = Proxy::start(("127.0.0.1", port)).unwrap();
+    let url = r.url.replacen(&format!(":{port}"), &format!(":{}", proxy.port()), 1);
+    let store = RedisStore::connect(&format!("{url}?restart_guard=off")).await.unwrap();
+    let other = RedisStore::connect(&format!("{}?restart_guard=off", r.url)).await.unwrap();
+    let name = ElectionName::new("vanish/x").unwrap();
+    let ttl = Duration::from_secs(60);
+    let lease = acquire(&store, &AcquireRequest::new(name.clone(), HolderId::new("a").unwrap(), ttl)).await;
+    let mut watch = store.watch(&name).expect("the Redis store watches");
+    // A renewal's message, so that the subscription is open before the strand.
+    let Ok(Renew::Renewed(renewed)) = store.renew(&lease, ttl).await else { panic!("not renewed") };
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(event) = watch.next().await {
+            if event.unwrap().is_some_and(|l| l.revision == renewed.revision) {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("the watch reports the renewal");
+
+    proxy.set(Mode::Strand);
+    let mut timed_out = 0;
+    let lease = loop {
+        match tokio::time::timeout(Duration::from_secs(2), store.renew(&renewed, ttl)).await {
+            Ok(Ok(Renew::Renewed(l))) => break l,
+            other => {
+                timed_out += 1;
+                assert!(timed_out <= 3, "renewals were not served again after {timed_out} failed: {other:?}");
+            }
+        }
+    };
+    // Released by another process: the watch must tell of it.
+    other.release(&lease).await.unwrap();
+    let heard = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(event) = watch.next().await {
+            if matches!(event, Ok(None)) {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert!(matches!(heard, Ok(true)), "the watch did not report the release once the connections were stranded");
 }
 
 /// What `Batched` asks of a process that leads 10,000 elections: their renewals in one

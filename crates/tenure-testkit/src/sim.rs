@@ -694,9 +694,10 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
         after_crash: crash_bound.as_nanos() as u64,
         // The release and the next acquire (four legs), plus, for a leader stopped while
         // its grant was still on its way back, that answer and its shutdown (two more).
-        // An announcing leader withdraws its presence (a release and a read, four more
-        // legs) before it releases the election.
-        after_stop: (world.max_latency * if prioritised { 10 } else { 6 } + Duration::from_millis(5)).as_nanos() as u64,
+        // An announcing leader withdraws its presence before it releases the election: a
+        // release and a read (four more legs); or, when the presence's acquire went
+        // unanswered, the call it has in flight, then a read, a release and a read (eight).
+        after_stop: (world.max_latency * if prioritised { 14 } else { 6 } + Duration::from_millis(5)).as_nanos() as u64,
         until,
     });
     let summary = history::check(&records, liveness);

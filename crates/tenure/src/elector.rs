@@ -1567,8 +1567,10 @@ async fn lead(
     match (&reason, &shared.presence) {
         (StepDownReason::ShuttingDown, Some(p)) => {
             p.shared.shutdown.cancel();
-            // Its release and the reads that confirm it (see `release`), and a little more.
-            let until = shared.clock.now() + cfg.request_timeout * (RELEASE_TIMEOUTS + 1);
+            // Its release and the reads that confirm it (see `release`), a read before them when
+            // it stops as a follower with an acquire unanswered (`stop_following`), and a
+            // little more.
+            let until = shared.clock.now() + cfg.request_timeout * (RELEASE_TIMEOUTS + 2);
             tokio::select! {
                 biased;
                 _ = Box::pin(p.stopped()) => {}
@@ -1579,7 +1581,7 @@ async fn lead(
             let hold = cfg.resign_backoff.max(stand_aside).saturating_mul(2u32.pow((*unhealthy).clamp(1, 7) - 1));
             if let Some(presence) = p.current() {
                 tracing::debug!(%election, ?hold, "standing aside: no longer announced meanwhile");
-                let until = shared.clock.now() + cfg.request_timeout * (RELEASE_TIMEOUTS + 1);
+                let until = shared.clock.now() + cfg.request_timeout * (RELEASE_TIMEOUTS + 2);
                 tokio::select! {
                     biased;
                     _ = Box::pin(presence.resign_for(hold)) => {}

@@ -72,14 +72,17 @@ impl ObservedExpiry {
     }
 
     /// How long a version must be seen unchanged before it counts as expired:
-    /// `ttl * (1 + rate_bound) / (1 - rate_bound)`, rounded up. The holder's deadline, at
-    /// most a TTL on a clock that may run `rate_bound` slow, passes within
+    /// `ttl * (1 + rate_bound) / (1 - rate_bound)`, rounded up, plus 2 ms. The holder's
+    /// deadline, at most a TTL on a clock that may run `rate_bound` slow, passes within
     /// `ttl / (1 - rate_bound)` of real time; this wait, on a clock that may run
     /// `rate_bound` fast, lasts at least that long. (About `ttl * (1 + 2 * rate_bound)`,
     /// which falls short by `2 * rate_bound²` of a TTL when the holder keeps no margin.)
+    /// The 2 ms: after a suspend of its host, an observer's clock can count up to two
+    /// readings' brackets more than the suspend lasted (see [`crate::TokioClock`]).
     pub fn wait(&self, ttl: Duration) -> Duration {
         let rho = self.rate_bound;
-        ttl.mul_f64((1.0 + rho) / (1.0 - rho)) + Duration::from_nanos(1)
+        let brackets = Duration::from_nanos(2 * crate::clock::BRACKET_NS as u64);
+        ttl.mul_f64((1.0 + rho) / (1.0 - rho)) + Duration::from_nanos(1) + brackets
     }
 
     /// The current instant on this memory's clock: take it before sending a write.
@@ -139,8 +142,8 @@ mod tests {
         let m = ObservedExpiry::new();
         let ttl = Duration::from_secs(10);
         let wait = m.wait(ttl);
-        // TTL × 1.01 / 0.99: 10,202.02 ms.
-        assert!(wait > Duration::from_micros(10_202_020) && wait < Duration::from_micros(10_202_021), "{wait:?}");
+        // TTL × 1.01 / 0.99 + 2 ms: 10,204.02 ms.
+        assert!(wait > Duration::from_micros(10_204_020) && wait < Duration::from_micros(10_204_021), "{wait:?}");
         assert_eq!(m.saw(&e(), "v1", ttl), Judgement::Live { remaining: wait });
         tokio::time::advance(Duration::from_secs(10)).await;
         assert_eq!(m.saw(&e(), "v1", ttl), Judgement::Live { remaining: wait - Duration::from_secs(10) });
