@@ -355,14 +355,15 @@ impl RedisStore {
         format!("{}:changes", self.inner.prefix)
     }
 
-    async fn conn(&self) -> Result<ConnectionManager, StoreError> {
+    async fn conn(&self) -> Result<(u64, ConnectionManager), StoreError> {
         self.inner.target.conn().await
     }
 
-    /// Maps a failed request's error, and behind sentinels asks for the primary again
-    /// next time if this one cannot be reached or no longer takes writes.
-    fn failed(&self, what: &str, e: redis::RedisError) -> StoreError {
-        self.inner.target.failed(&e);
+    /// Maps the error of a request that failed on connection number `on`, and makes a
+    /// connection again next time if that one cannot reach a primary (see
+    /// [`target::Target::failed`]).
+    fn failed(&self, on: u64, what: &str, e: redis::RedisError) -> StoreError {
+        self.inner.target.failed(Some(on), &e);
         redis_error(what, e)
     }
 
@@ -376,14 +377,14 @@ impl RedisStore {
     }
 
     async fn run(&self, what: &str, script: &Script, election: &str, args: &[&[u8]]) -> Result<Reply, StoreError> {
-        let mut conn = self.conn().await?;
+        let (on, mut conn) = self.conn().await?;
         let mut inv = self.invocation(script, election);
         for a in args {
             inv.arg(*a);
         }
         let waits = self.inner.min_replicas > 0 && (what == "acquire" || what == "renew");
         let (v, acks) = if !waits {
-            (inv.invoke_async(&mut conn).await.map_err(|e| self.failed(what, e))?, None)
+            (inv.invoke_async(&mut conn).await.map_err(|e| self.failed(on, what, e))?, None)
         } else {
             // The script and its `WAIT` in one pipeline, so on one connection: `WAIT`
             // counts the replicas that acknowledged its own connection's writes, and sent
@@ -393,12 +394,12 @@ impl RedisStore {
             pipe.invoke_script(&inv);
             pipe.cmd("WAIT").arg(self.inner.min_replicas).arg(WAIT_MS);
             let mut values = if mutant("redis-wait-apart") {
-                let v: Value = inv.invoke_async(&mut conn).await.map_err(|e| self.failed(what, e))?;
+                let v: Value = inv.invoke_async(&mut conn).await.map_err(|e| self.failed(on, what, e))?;
                 let acks: redis::RedisResult<Value> =
                     redis::cmd("WAIT").arg(self.inner.min_replicas).arg(WAIT_MS).query_async(&mut conn).await;
-                vec![v, acks.map_err(|e| self.failed(what, e))?]
+                vec![v, acks.map_err(|e| self.failed(on, what, e))?]
             } else {
-                self.query_pipeline(what, &mut conn, &pipe, script).await?
+                self.query_pipeline(what, (on, &mut conn), &pipe, script).await?
             };
             let acks = acks_of(values.pop());
             let v =
@@ -453,17 +454,17 @@ impl RedisStore {
     async fn query_pipeline(
         &self,
         what: &str,
-        conn: &mut ConnectionManager,
+        (on, conn): (u64, &mut ConnectionManager),
         pipe: &redis::Pipeline,
         script: &Script,
     ) -> Result<Vec<Value>, StoreError> {
         match pipe.query_async(conn).await {
             Ok(v) => Ok(v),
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                script.prepare_invoke().load_async(conn).await.map_err(|e| self.failed(what, e))?;
-                pipe.query_async(conn).await.map_err(|e| self.failed(what, e))
+                script.prepare_invoke().load_async(conn).await.map_err(|e| self.failed(on, what, e))?;
+                pipe.query_async(conn).await.map_err(|e| self.failed(on, what, e))
             }
-            Err(e) => Err(self.failed(what, e)),
+            Err(e) => Err(self.failed(on, what, e)),
         }
     }
 
@@ -473,7 +474,7 @@ impl RedisStore {
         if held.is_empty() {
             return Ok(());
         }
-        let mut conn = self.conn().await?;
+        let (on, mut conn) = self.conn().await?;
         let chan = self.channel();
         let script = &self.inner.scripts.release;
         let mut pipe = redis::pipe();
@@ -486,7 +487,7 @@ impl RedisStore {
                 .arg(l.election.as_str());
             pipe.invoke_script(&inv);
         }
-        let values = self.query_pipeline("release", &mut conn, &pipe, script).await?;
+        let values = self.query_pipeline("release", (on, &mut conn), &pipe, script).await?;
         if values.len() != held.len() {
             return Err(StoreError::ambiguous("Redis answered a release pipeline with the wrong number of replies"));
         }
@@ -502,7 +503,7 @@ impl RedisStore {
         if held.is_empty() {
             return Ok(Vec::new());
         }
-        let mut conn = self.conn().await?;
+        let (on, mut conn) = self.conn().await?;
         let guard = self.guard_arg(ttl);
         let (ttl, chan) = (ttl.as_millis().to_string(), self.channel());
         let script = &self.inner.scripts.renew;
@@ -524,7 +525,7 @@ impl RedisStore {
         if self.inner.min_replicas > 0 {
             pipe.cmd("WAIT").arg(self.inner.min_replicas).arg(WAIT_MS);
         }
-        let mut values = self.query_pipeline("renew", &mut conn, &pipe, script).await?;
+        let mut values = self.query_pipeline("renew", (on, &mut conn), &pipe, script).await?;
         if self.inner.min_replicas > 0
             && let Err(e) = self.check_acks("renew", acks_of(values.pop()))
         {
@@ -552,9 +553,14 @@ impl RedisStore {
         // Behind sentinels, the primary of the moment (a replica would do too: it passes
         // on what is published on its primary).
         let client = inner.target.client().await.ok()?;
-        let mut pubsub = client.get_async_pubsub().await.inspect_err(|e| inner.target.failed(e)).ok()?;
-        pubsub.subscribe(&channel).await.ok()?;
-        let (sink, stream) = pubsub.split();
+        // Bounded: a new connection to a frozen server (accepted by the kernel, never
+        // answered) would otherwise wait for good, and every watch with it.
+        let subscribed = tokio::time::timeout(target::CONNECT_TIMEOUT, async {
+            let mut pubsub = client.get_async_pubsub().await.inspect_err(|e| inner.target.failed(None, e)).ok()?;
+            pubsub.subscribe(&channel).await.ok()?;
+            Some(pubsub)
+        });
+        let (sink, stream) = subscribed.await.ok()??.split();
         Some(Box::new(Messages { stream: Box::pin(stream), sink }))
     }
 }
@@ -803,7 +809,7 @@ impl LeaseStore for RedisStore {
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
-        let mut conn = self.conn().await?;
+        let (on, mut conn) = self.conn().await?;
         // Glob characters in the prefix are literal.
         let escaped: String =
             prefix.chars().flat_map(|c| if "*?[]\\".contains(c) { vec!['\\', c] } else { vec![c] }).collect();
@@ -820,7 +826,7 @@ impl LeaseStore for RedisStore {
                 .arg(500)
                 .query_async(&mut conn)
                 .await
-                .map_err(|e| self.failed("list", e))?;
+                .map_err(|e| self.failed(on, "list", e))?;
             names.extend(keys.into_iter().filter_map(|k| k.strip_prefix(&lease_prefix).map(String::from)));
             cursor = next;
             if cursor == 0 {

@@ -10,14 +10,15 @@ use tenure::{ErrorKind, StoreError};
 use crate::{has_code, redis_error};
 
 /// How long finding the primary through the sentinels, or connecting to it, may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// One server, or a primary found through sentinels.
 #[allow(clippy::large_enum_variant)] // one per store
 pub(crate) enum Target {
     /// One server, always the same address; its connection is made again after a request
-    /// on it fails as one to a server that moved would (see [`Target::failed`]).
-    Direct { client: redis::Client, conn: std::sync::Mutex<Option<ConnectionManager>> },
+    /// on it fails as one to a server that moved would (see [`Target::failed`]). The
+    /// connection kept, and how many have been made (its number).
+    Direct { client: redis::Client, conn: std::sync::Mutex<(u64, Option<ConnectionManager>)> },
     /// The primary the sentinels name for a master name.
     Sentinel(Sentinel),
 }
@@ -130,24 +131,29 @@ impl Target {
         let client = redis::Client::open(url)
             .map_err(|e| StoreError::new(ErrorKind::Misconfigured, "the Redis URL is not valid").with_source(e))?;
         let described = format!("redis://{}", client.get_connection_info().addr());
-        Ok((Target::Direct { client, conn: std::sync::Mutex::new(None) }, described))
+        Ok((Target::Direct { client, conn: std::sync::Mutex::new((0, None)) }, described))
     }
 
-    /// A connection to the server (the current primary, behind sentinels).
-    pub(crate) async fn conn(&self) -> Result<ConnectionManager, StoreError> {
+    /// A connection to the server (the current primary, behind sentinels), and its number,
+    /// to name it to [`Target::failed`] should a request on it fail.
+    pub(crate) async fn conn(&self) -> Result<(u64, ConnectionManager), StoreError> {
         match self {
             Target::Direct { client, conn } => {
-                if let Some(c) = conn.lock().unwrap_or_else(|p| p.into_inner()).clone() {
-                    return Ok(c);
+                let mut kept = conn.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(c) = &kept.1 {
+                    return Ok((kept.0, c.clone()));
                 }
+                // Made under the lock, and lazily: the manager connects on its first use, in
+                // a future of its own that a caller giving up does not cancel, and calls that
+                // find no connection at once share the one made.
                 let made = client
-                    .get_connection_manager_with_config(connection_config())
-                    .await
+                    .get_connection_manager_lazy(connection_config())
                     .map_err(|e| redis_error("connecting", e))?;
-                // Calls that found no connection at once each made one; the first kept wins.
-                Ok(conn.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(made).clone())
+                kept.0 += 1;
+                kept.1 = Some(made.clone());
+                Ok((kept.0, made))
             }
-            Target::Sentinel(s) => Ok(s.primary().await?.1),
+            Target::Sentinel(s) => Ok((0, s.primary().await?.1)),
         }
     }
 
@@ -159,14 +165,15 @@ impl Target {
         }
     }
 
-    /// Called with every failed request. A server that cannot be reached, does not
-    /// answer, or refuses writes (a failover demoted it) is connected to again next time:
-    /// behind sentinels, to the primary they name then; on one address, afresh, since the
-    /// client makes a connection again only once it has dropped, and one to a host that
-    /// vanished without a reset (its address now served by a new host, as after a
-    /// failover behind a virtual IP or a DNS name) never drops, nor does one to an old
-    /// primary that still serves as a replica.
-    pub(crate) fn failed(&self, e: &redis::RedisError) {
+    /// Called with every failed request, made on connection number `on` (`None`: not on a
+    /// kept one). A server that cannot be reached, does not answer, or refuses writes (a
+    /// failover demoted it) is connected to again next time: behind sentinels, to the
+    /// primary they name then; on one address, afresh, since the client makes a connection
+    /// again only once it has dropped, and one to a host that vanished without a reset
+    /// (its address now served by a new host, as after a failover behind a virtual IP or a
+    /// DNS name) never drops, nor does one to an old primary that still serves as a
+    /// replica. A failure on a connection older than the one kept drops nothing.
+    pub(crate) fn failed(&self, on: Option<u64>, e: &redis::RedisError) {
         let moved = e.is_io_error()
             || e.is_connection_dropped()
             || e.is_connection_refusal()
@@ -178,7 +185,10 @@ impl Target {
         match self {
             Target::Sentinel(s) => *s.current.lock().unwrap_or_else(|p| p.into_inner()) = None,
             Target::Direct { conn, .. } if !crate::mutant("redis-connection-kept") => {
-                *conn.lock().unwrap_or_else(|p| p.into_inner()) = None
+                let mut kept = conn.lock().unwrap_or_else(|p| p.into_inner());
+                if on.is_none_or(|n| n == kept.0) {
+                    kept.1 = None;
+                }
             }
             Target::Direct { .. } => {}
         }
