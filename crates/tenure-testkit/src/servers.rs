@@ -1,8 +1,8 @@
 //! Throwaway servers for tests: started from the installed binary on a free loopback
 //! port with a temporary data directory of their own, stopped by process id.
 //!
-//! A missing binary makes [`launch`] return `None` after saying so on stderr, so the
-//! test can return early; with `TENURE_REQUIRE_SERVERS=1` (as CI sets it) it panics
+//! A missing binary makes [`launch`] return `None` after saying so on stderr ([`skip`]), so
+//! the test can return early; with `TENURE_REQUIRE_SERVERS=1` (as CI sets it) it panics
 //! instead, naming the Debian package to install.
 //!
 //! ```no_run
@@ -167,6 +167,21 @@ pub fn servers_required() -> bool {
     std::env::var("TENURE_REQUIRE_SERVERS").is_ok_and(|v| v == "1")
 }
 
+/// Says that a test does not run because `missing` (what is not installed, and the
+/// package to install) is missing, then returns so that the test can end early; panics
+/// instead when servers are required ([`servers_required`]).
+///
+/// The line goes straight to standard error, where `cargo test` shows it: the test
+/// harness keeps back what `eprintln!` writes from a test that passes, so a skipped test
+/// would look like one that ran.
+pub fn skip(missing: &str) {
+    if servers_required() {
+        panic!("{missing} (TENURE_REQUIRE_SERVERS=1)");
+    }
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "skipping: {missing}");
+}
+
 /// A free TCP port on 127.0.0.1.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("no free loopback port")
@@ -213,12 +228,7 @@ fn server_program(kind: Kind) -> Option<PathBuf> {
         _ => find_program(kind.program()),
     };
     if found.is_none() {
-        let msg =
-            format!("{} is not installed ({} not found); install {}", kind.name(), kind.program(), kind.package());
-        if servers_required() {
-            panic!("{msg} (TENURE_REQUIRE_SERVERS=1)");
-        }
-        eprintln!("skipping: {msg}");
+        skip(&format!("{} is not installed ({} not found); install {}", kind.name(), kind.program(), kind.package()));
     }
     found
 }
@@ -274,9 +284,7 @@ impl EtcdCluster {
 /// why) when they are missing and servers are not required, as [`launch`] does.
 pub fn cut_off(members: &[Server], i: usize) -> Option<PeerCut> {
     let (Some(nft), Some(ss)) = (find_program("nft"), find_program("ss")) else {
-        let msg = "nft or ss not found (Debian packages nftables and iproute2)";
-        assert!(!servers_required(), "{msg}, and TENURE_REQUIRE_SERVERS=1");
-        eprintln!("skipping: {msg}");
+        skip("nft or ss not found (Debian packages nftables and iproute2)");
         return None;
     };
     let m = &members[i];

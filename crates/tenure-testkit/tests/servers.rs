@@ -1,6 +1,7 @@
 //! Each launcher starts its server, which answers; restarts keep the port.
 
 use std::net::TcpStream;
+use std::process::Command;
 
 use tenure_testkit::servers::{self, Kind};
 
@@ -96,4 +97,37 @@ fn moto_launcher() {
 #[test]
 fn fake_gcs_launcher() {
     exercise_http(Kind::FakeGcs, "/storage/v1/b", "200");
+}
+
+/// Run by the test below, in a process of its own.
+#[test]
+#[ignore = "run by a_test_skipped_for_a_missing_program_says_so_where_cargo_test_shows_it"]
+fn skips_for_a_missing_program() {
+    servers::skip("frobd is not installed (frobd not found); install frob-server");
+}
+
+#[test]
+fn a_test_skipped_for_a_missing_program_says_so_where_cargo_test_shows_it() {
+    let run = |required: Option<&str>| {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args(["--ignored", "--exact", "skips_for_a_missing_program"]).env_remove("TENURE_REQUIRE_SERVERS");
+        if let Some(v) = required {
+            cmd.env("TENURE_REQUIRE_SERVERS", v);
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // The harness shows nothing a passing test printed with eprintln!; the skip must
+    // still reach the terminal.
+    let (passed, stdout, stderr) = run(None);
+    assert!(passed, "{stdout}{stderr}");
+    assert!(stderr.contains("skipping: frobd is not installed (frobd not found); install frob-server"), "{stderr}");
+    // In CI a missing server fails the test, naming what to install.
+    let (passed, stdout, stderr) = run(Some("1"));
+    assert!(!passed, "{stdout}{stderr}");
+    assert!(stdout.contains("install frob-server (TENURE_REQUIRE_SERVERS=1)"), "{stdout}{stderr}");
 }
