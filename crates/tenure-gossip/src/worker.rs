@@ -74,8 +74,9 @@ impl Config {
 
     /// How long a worker may go without running before it counts itself as stalled (a
     /// frozen process, a paused VM, a publish that hung): half of [`Config::lost_after`].
-    /// It wakes at least every half heartbeat, and a shorter stall leaves the others no
-    /// time to lose it. It then gives up the elections under way and joins again.
+    /// It wakes at least every half heartbeat. It then gives up the elections under way
+    /// and joins again. A shorter stall that kept its messages from the broker long enough
+    /// for the others to lose it is caught by [`Config::echo_limit`] instead.
     pub fn stall_limit(&self) -> Duration {
         self.lost_after / 2
     }
@@ -85,6 +86,22 @@ impl Config {
     /// the others could lose it. It then gives up the elections under way and joins again.
     pub fn echo_limit(&self) -> Duration {
         self.lost_after.saturating_sub(self.heartbeat / 2)
+    }
+
+    /// How long after a member's last word this worker must have sent a message of its
+    /// own, and read it back, before it may count the member lost: a quarter heartbeat past
+    /// [`Config::echo_limit`]. The broker then delivered nothing from the member for that
+    /// long, and a member that runs checks, before it acts on anything, whether anything
+    /// of its own came back within `echo_limit`: so a member lost this way has cut itself
+    /// off (given up its elections), or will before it acts again. The quarter heartbeat
+    /// covers two hosts' clocks running at slightly different rates.
+    pub fn lost_proof(&self) -> Duration {
+        if mutant("lost-on-short-silence") {
+            // Planted: the proof this rule replaced, a heartbeat short of lost_after, which
+            // is shorter than a silence a running member can keep without noticing.
+            return self.lost_after.saturating_sub(self.heartbeat);
+        }
+        self.echo_limit() + self.heartbeat / 4
     }
 
     fn check(&self) -> Result<(), GossipError> {
@@ -360,6 +377,10 @@ pub(crate) fn checked_request(id: &str, topic: &str, action: &str) -> Result<Req
 
 struct Member {
     last_seen: Instant,
+    /// The process behind the id: the incarnation of its first message heard, then of its
+    /// latest `hello` (a restarted process says `hello` first). A `leave` from another
+    /// incarnation (a late or duplicated one from before a restart) does not remove it.
+    incarnation: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -423,7 +444,8 @@ struct Actor {
     members: BTreeMap<String, Member>,
     /// Members that said goodbye, and when.
     left: HashMap<String, Instant>,
-    /// Standing in elections: the join wait is over and the latest `hello` came back.
+    /// Standing in elections: a message of its own sent at the end of the join wait
+    /// (`join_done`) has come back, and with it the latest `hello`.
     joined: bool,
     join_done: Instant,
     /// The clock of the latest `hello`, and whether the broker has delivered it back:
@@ -737,7 +759,7 @@ impl Actor {
             env.body,
             Body::Hello | Body::Heartbeat | Body::Candidate { .. } | Body::Abstain { .. } | Body::Outcome(_)
         ) {
-            self.saw_worker(&from);
+            self.saw_worker(&from, env.incarnation, matches!(env.body, Body::Hello));
         }
         match env.body {
             Body::Hello | Body::Probe => {
@@ -745,6 +767,11 @@ impl Actor {
             }
             Body::Heartbeat => {}
             Body::Leave => {
+                let earlier_process = self.members.get(&from).is_some_and(|m| m.incarnation != env.incarnation);
+                if earlier_process && !mutant("leave-any-incarnation") {
+                    debug!(member = %from, "ignoring a leave from an earlier process with this id");
+                    return;
+                }
                 if self.members.remove(&from).is_some() {
                     info!(member = %from, "member left");
                     self.emit(Event::MemberLeft(from.clone()));
@@ -790,13 +817,18 @@ impl Actor {
         }
     }
 
-    fn saw_worker(&mut self, from: &str) {
+    fn saw_worker(&mut self, from: &str, incarnation: u64, hello: bool) {
         let now = Instant::now();
         self.left.remove(from);
         match self.members.get_mut(from) {
-            Some(m) => m.last_seen = now,
+            Some(m) => {
+                m.last_seen = now;
+                if hello {
+                    m.incarnation = incarnation;
+                }
+            }
             None => {
-                self.members.insert(from.to_string(), Member { last_seen: now });
+                self.members.insert(from.to_string(), Member { last_seen: now, incarnation });
                 if self.joined {
                     info!(member = %from, "member joined");
                     self.emit(Event::MemberJoined(from.to_string()));
@@ -1058,7 +1090,10 @@ impl Actor {
             return;
         }
         let Some(f) = self.finished.get(&outcome.id) else { return };
-        if f.decided && f.outcome.is_none() && f.winner != outcome.winner {
+        // The winner too: two winners (a worker lost while it was deciding, a split that
+        // healed) are each the only ones who can tell that both ran.
+        // (Planted, winner-keeps-quiet: only a worker that published no outcome reports.)
+        if f.decided && f.winner != outcome.winner && (f.outcome.is_none() || !mutant("winner-keeps-quiet")) {
             let ours = f.winner.clone();
             self.disagree(from, outcome, ours);
         }
@@ -1088,7 +1123,11 @@ impl Actor {
     async fn tick(&mut self) {
         self.awake().await;
         let now = Instant::now();
-        if !self.joined && self.hello_echoed && now >= self.join_done {
+        // Joined once a message of its own sent at join_done has come back: it has then read
+        // everything published in the join wait, however far behind its queue it was.
+        // (Planted, join-on-local-time: joined by this worker's clock alone.)
+        let listened = self.last_echo >= self.join_done || mutant("join-on-local-time");
+        if !self.joined && self.hello_echoed && now >= self.join_done && listened {
             self.joined = true;
             let members: Vec<String> = self.members.keys().cloned().collect();
             info!(worker = %self.cfg.id, clock = self.clock, ?members, "joined");
@@ -1097,14 +1136,22 @@ impl Actor {
                 let _ = tx.send(());
             }
         }
-        if now >= self.next_heartbeat {
+        // A member silent for lost_proof, and nothing this worker sent since then on its
+        // way: a heartbeat now brings the proof back in a round trip, not at the next beat.
+        let proof = self.cfg.lost_proof();
+        let latest_sent = self.latest_sent();
+        if now >= self.next_heartbeat
+            || self.members.values().any(|m| now >= m.last_seen + proof && latest_sent < m.last_seen + proof)
+            || (!self.joined && now >= self.join_done && latest_sent < self.join_done)
+        {
             self.send(Body::Heartbeat).await;
             self.next_heartbeat = now + self.cfg.heartbeat;
         }
         // Lost: silent for lost_after, while this worker has read back a message of its own
-        // sent well after the member's last word (so the silence is the member's, not this
-        // worker's deafness or backlog: what the member sent before that message was read).
-        let heard_since = self.cfg.lost_after.saturating_sub(self.cfg.heartbeat);
+        // sent lost_proof after the member's last word (so the silence is the member's, not
+        // this worker's deafness or backlog: what the member sent before that message was
+        // read; and long enough that the member, if running, has cut itself off).
+        let heard_since = self.cfg.lost_proof();
         let lost: Vec<String> = self
             .members
             .iter()
@@ -1142,20 +1189,32 @@ impl Actor {
         self.running.retain(|t| !t.is_finished());
     }
 
+    /// When this worker sent its newest message, delivered back or not.
+    fn latest_sent(&self) -> Instant {
+        self.in_flight.back().map_or(self.last_echo, |&(_, sent)| sent.max(self.last_echo))
+    }
+
     fn next_wake(&self) -> Instant {
         // At least every half heartbeat, so that a gap of stall_limit means a stall.
         let mut wake = self
             .next_heartbeat
             .min(self.last_awake + self.cfg.heartbeat / 2)
             .min(self.last_echo + self.cfg.echo_limit() + Duration::from_millis(1));
-        if !self.joined && self.hello_echoed {
+        // At join_done: to send the message whose echo ends the join (see tick), or to join.
+        if !self.joined && (self.latest_sent() < self.join_done || self.last_echo >= self.join_done) {
             wake = wake.min(self.join_done);
         }
         // A member can be lost once silent for lost_after, if this worker has heard itself
         // since (otherwise the next echo, a message, wakes it).
-        let heard_since = self.cfg.lost_after.saturating_sub(self.cfg.heartbeat);
-        for m in self.members.values().filter(|m| self.last_echo >= m.last_seen + heard_since) {
-            wake = wake.min(m.last_seen + self.cfg.lost_after + Duration::from_millis(1));
+        let heard_since = self.cfg.lost_proof();
+        let latest_sent = self.latest_sent();
+        for m in self.members.values() {
+            if self.last_echo >= m.last_seen + heard_since {
+                wake = wake.min(m.last_seen + self.cfg.lost_after + Duration::from_millis(1));
+            } else if latest_sent < m.last_seen + heard_since {
+                // Time to send the proof (see tick).
+                wake = wake.min(m.last_seen + heard_since);
+            }
         }
         for e in self.elections.values() {
             wake = wake.min(if Instant::now() < e.deadline { e.deadline } else { e.give_up });

@@ -512,9 +512,11 @@ impl MysqlStore {
 
 /// The expiry a renewal of the live lease in `row` writes: a TTL from the server's clock,
 /// but never earlier than the expiry the row has (the store contract). The clock is read
-/// when the locking `SELECT` begins, before any wait for the row's lock; a transaction
-/// whose caller stopped waiting never commits (nothing sends its `COMMIT`), so no renewal
-/// that waited can land behind a later one today, and this keeps it so.
+/// when the locking `SELECT` begins, before any wait for the row's lock, and a renewal can
+/// commit after its elector stopped waiting for it: a batch of renewals (`Batched`) is sent
+/// by a task of its own that goes on after its callers gave up. So a renewal that waited
+/// can land behind a later one of the same term, and only this maximum (with the
+/// `GREATEST` in the statement) keeps it from moving the expiry earlier.
 fn renewed_expiry(row: &LockedRow, ttl_ms: i64) -> i64 {
     row.expires_us.max(row.now_us + ttl_ms * 1000)
 }
