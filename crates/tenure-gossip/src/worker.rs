@@ -459,7 +459,8 @@ struct Actor {
     last_awake_wall: std::time::SystemTime,
     last_suspended: Duration,
     /// When this worker *sent* the latest of its own messages the broker has delivered
-    /// back: everything published before that instant has been read. Judged by send
+    /// back, of the kinds the others count as a sign of life: everything published before
+    /// that instant has been read, and the others have heard this worker since. Judged by send
     /// time, not read time, so that a worker behind its queue does not take messages
     /// it has not read yet for silence.
     last_echo: Instant,
@@ -796,11 +797,19 @@ impl Actor {
         while self.in_flight.front().is_some_and(|&(clock, _)| clock < env.clock) {
             self.in_flight.pop_front();
         }
+        // Only what the others count as a sign of life (see on_bytes): a request of its own
+        // that came back says nothing of whether they still hear this worker.
+        let counted = matches!(
+            env.body,
+            Body::Hello | Body::Heartbeat | Body::Candidate { .. } | Body::Abstain { .. } | Body::Outcome(_)
+        ) || mutant("any-echo-counts");
         if let Some(&(clock, sent)) = self.in_flight.front()
             && clock == env.clock
         {
             self.in_flight.pop_front();
-            self.last_echo = self.last_echo.max(sent);
+            if counted {
+                self.last_echo = self.last_echo.max(sent);
+            }
         }
         // The `hello`, or anything sent after it: everything queued before it has been read
         // (a `hello` that failed to publish must not keep this worker from joining).

@@ -349,6 +349,8 @@ struct Faults {
     /// Every message reaches the worker this long (ms) after the hub sent it, in order: a
     /// worker behind its queue.
     lag_ms: Arc<std::sync::atomic::AtomicU64>,
+    /// Messages of these types the broker loses (the publish succeeds).
+    lose: Arc<Mutex<Vec<&'static str>>>,
 }
 
 impl Faults {
@@ -359,6 +361,7 @@ impl Faults {
             down: Arc::new(tokio::sync::watch::channel(false).0),
             slow_ms: Default::default(),
             lag_ms: Default::default(),
+            lose: Default::default(),
         }
     }
     fn set(flag: &std::sync::atomic::AtomicBool, on: bool) {
@@ -388,6 +391,10 @@ impl tenure_gossip::Publisher for FaultyPublisher {
         let slow = self.faults.slow_ms.load(std::sync::atomic::Ordering::SeqCst);
         if slow > 0 {
             tokio::time::sleep(Duration::from_millis(slow)).await;
+        }
+        let kind = serde_json::from_slice::<serde_json::Value>(&payload).unwrap_or_default()["type"].clone();
+        if self.faults.lose.lock().unwrap().iter().any(|t| kind == *t) {
+            return Ok(());
         }
         if Faults::get(&self.faults.fail) || *self.faults.down.borrow() {
             return Err(GossipError::Broker { message: "publish failed (injected)".into(), source: None });
@@ -866,6 +873,27 @@ async fn a_joined_worker_knows_every_member_the_others_count_as_live() {
     let n = worker(&hub, "n.2", &rec).await;
     assert_eq!(n.members().await.unwrap(), ["a.1", "m.3", "n.2"], "joined without knowing every live member");
     release.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_whose_requests_come_back_but_whose_answers_are_lost_cuts_itself_off() {
+    // The broker loses b's heartbeats and answers, not the requests b itself sends: a
+    // loses b, and b must notice (its requests coming back do not tell it the others
+    // hear it as a member) instead of going on standing with a.
+    let hub = MemoryHub::new();
+    let rec = Recorder::default();
+    let mut a = worker(&hub, "a.1", &rec).await;
+    let fb = Faults::new();
+    let mut b = faulty_worker(&hub, "b.2", &rec, &fb).await;
+    let (mut a_events, mut b_events) = (a.events(), b.events());
+    fb.lose.lock().unwrap().extend(["heartbeat", "candidate", "abstain", "outcome"]);
+    for i in 0..10 {
+        b.elect(&format!("from-b-{i}"), "job", "go").await.unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let events = |rx: &mut broadcast::Receiver<Event>| std::iter::from_fn(|| rx.try_recv().ok()).collect::<Vec<_>>();
+    let (a_saw, b_saw) = (events(&mut a_events), events(&mut b_events));
+    assert!(b_saw.iter().any(|e| matches!(e, Event::Rejoining { .. })), "b never noticed: {b_saw:?}; a saw {a_saw:?}");
 }
 
 #[tokio::test(start_paused = true)]
