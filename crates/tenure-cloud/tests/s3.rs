@@ -80,7 +80,7 @@ async fn bad_urls_and_unreachable_services_give_clear_errors() {
         assert_eq!(err.kind(), ErrorKind::Invalid, "{url}");
         assert!(err.to_string().contains(says), "{url}: {err}");
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = tenure_testkit::servers::free_port();
     let err = S3Store::connect_with(config(format!("http://127.0.0.1:{port}"), "nowhere"))
         .await
         .err()

@@ -131,3 +131,11 @@ fn a_test_skipped_for_a_missing_program_says_so_where_cargo_test_shows_it() {
     assert!(!passed, "{stdout}{stderr}");
     assert!(stdout.contains("install frob-server (TENURE_REQUIRE_SERVERS=1)"), "{stdout}{stderr}");
 }
+
+#[test]
+fn free_ports_are_never_handed_out_twice() {
+    // Two tests starting a process each at once must not be given one port.
+    let ports: Vec<u16> = (0..2000).map(|_| servers::free_port()).collect();
+    let distinct: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
+    assert_eq!(distinct.len(), ports.len(), "a port was handed out twice");
+}
