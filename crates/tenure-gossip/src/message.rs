@@ -60,6 +60,15 @@ pub(crate) struct Request {
     pub action: String,
 }
 
+impl Body {
+    /// Whether only a member sends this (requests and probes may come from clients): a
+    /// sign that the sender is alive, to the others and to the sender itself when the
+    /// broker delivers it back.
+    pub(crate) fn is_sign_of_life(&self) -> bool {
+        matches!(self, Body::Hello | Body::Heartbeat | Body::Candidate { .. } | Body::Abstain { .. } | Body::Outcome(_))
+    }
+}
+
 impl Request {
     /// The digest of what this request asks for (its topic and action).
     pub fn digest(&self) -> String {

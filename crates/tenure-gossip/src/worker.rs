@@ -755,11 +755,7 @@ impl Actor {
         // to the end of its range, where they would stop growing (its bid simply loses).
         self.clock = self.clock.max(env.clock.min(MAX_CLOCK)).saturating_add(1);
         let from = env.from.clone();
-        // Only members send these; elections and probes may come from clients.
-        if matches!(
-            env.body,
-            Body::Hello | Body::Heartbeat | Body::Candidate { .. } | Body::Abstain { .. } | Body::Outcome(_)
-        ) {
+        if env.body.is_sign_of_life() {
             self.saw_worker(&from, env.incarnation, matches!(env.body, Body::Hello));
         }
         match env.body {
@@ -797,12 +793,9 @@ impl Actor {
         while self.in_flight.front().is_some_and(|&(clock, _)| clock < env.clock) {
             self.in_flight.pop_front();
         }
-        // Only what the others count as a sign of life (see on_bytes): a request of its own
-        // that came back says nothing of whether they still hear this worker.
-        let counted = matches!(
-            env.body,
-            Body::Hello | Body::Heartbeat | Body::Candidate { .. } | Body::Abstain { .. } | Body::Outcome(_)
-        ) || mutant("any-echo-counts");
+        // Only what the others count as a sign of life: a request of its own that came
+        // back says nothing of whether they still hear this worker.
+        let counted = env.body.is_sign_of_life() || mutant("any-echo-counts");
         if let Some(&(clock, sent)) = self.in_flight.front()
             && clock == env.clock
         {

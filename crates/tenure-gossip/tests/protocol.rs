@@ -55,6 +55,11 @@ fn decisions(events: &mut broadcast::Receiver<Event>) -> BTreeMap<String, Option
 
 const WAIT: Duration = Duration::from_secs(30);
 
+/// The events a worker emitted since the last call.
+fn received(events: &mut broadcast::Receiver<Event>) -> Vec<Event> {
+    std::iter::from_fn(|| events.try_recv().ok()).collect()
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_lone_worker_elects_itself() {
     let hub = MemoryHub::new();
@@ -568,7 +573,7 @@ async fn a_winner_that_hears_of_another_winner_of_its_election_reports_it() {
     )
     .await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let reported = std::iter::from_fn(|| events.try_recv().ok()).any(|e| {
+    let reported = received(&mut events).into_iter().any(|e| {
         matches!(e, Event::Disagreement { ref election, ref ours, ref theirs, .. }
             if election == "x" && ours.as_deref() == Some("a.1") && theirs.as_deref() == Some("z.9"))
     });
@@ -621,8 +626,7 @@ async fn a_member_is_lost_only_after_a_silence_it_would_have_noticed_itself() {
     at(5.1).await;
     Faults::set(&fo.hang, false);
     at(10.0).await;
-    let events = |rx: &mut broadcast::Receiver<Event>| std::iter::from_fn(|| rx.try_recv().ok()).collect::<Vec<_>>();
-    let (p_saw, o_saw) = (events(&mut p_events), events(&mut o_events));
+    let (p_saw, o_saw) = (received(&mut p_events), received(&mut o_events));
     assert!(
         !p_saw.iter().any(|e| matches!(e, Event::Rejoining { .. })),
         "the test's premise: p never noticed: {p_saw:?}"
@@ -891,8 +895,7 @@ async fn a_worker_whose_requests_come_back_but_whose_answers_are_lost_cuts_itsel
         b.elect(&format!("from-b-{i}"), "job", "go").await.unwrap();
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    let events = |rx: &mut broadcast::Receiver<Event>| std::iter::from_fn(|| rx.try_recv().ok()).collect::<Vec<_>>();
-    let (a_saw, b_saw) = (events(&mut a_events), events(&mut b_events));
+    let (a_saw, b_saw) = (received(&mut a_events), received(&mut b_events));
     assert!(b_saw.iter().any(|e| matches!(e, Event::Rejoining { .. })), "b never noticed: {b_saw:?}; a saw {a_saw:?}");
 }
 
