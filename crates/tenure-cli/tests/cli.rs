@@ -7,7 +7,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 mod common;
-use common::{Proc, TENURE};
+use common::{Proc, tenure};
 
 struct Env {
     dir: tempfile::TempDir,
@@ -28,7 +28,7 @@ impl Env {
         self.dir.path().join("children.log")
     }
     fn cmd(&self) -> Command {
-        let mut c = Command::new(TENURE);
+        let mut c = Command::new(tenure());
         c.env("TENURE_STORE", self.store()).env("RUST_LOG", "warn").stdin(Stdio::null());
         // Credentials the cloud emulators accept (any AWS key for moto; Azurite's published account).
         c.env("AWS_ACCESS_KEY_ID", "cli")
@@ -349,7 +349,7 @@ fn bad_input_gets_clear_errors_and_documented_codes() {
 
 #[test]
 fn demo_runs_and_reports() {
-    let out = Command::new(TENURE).args(["demo", "--candidates", "3"]).stdin(Stdio::null()).output().unwrap();
+    let out = Command::new(tenure()).args(["demo", "--candidates", "3"]).stdin(Stdio::null()).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("tokens grew      yes") && text.contains("orphaned jobs    none"), "{text}");

@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 mod common;
-use common::{Proc, TENURE};
+use common::{Proc, tenure};
 
 const TTL: Duration = Duration::from_secs(2);
 
@@ -79,7 +79,7 @@ impl Env {
         self.dir.path().join(name)
     }
     fn run(&self, store: &str, id: &str, script: &str) -> Proc {
-        Command::new(TENURE)
+        Command::new(tenure())
             .env("TENURE_STORE", store)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
@@ -91,7 +91,7 @@ impl Env {
     }
     /// `tenure run` on SQLite with TTL `ttl` and its temporary files in `tmp`.
     fn run_in(&self, tmp: &Path, ttl: &str, script: &str) -> Proc {
-        Command::new(TENURE)
+        Command::new(tenure())
             .env("TENURE_STORE", self.sqlite())
             .env("TMPDIR", tmp)
             .env("RUST_LOG", "warn")
@@ -317,7 +317,7 @@ fn a_short_ttl_needs_no_grace_flag_and_its_command_stops_before_the_deadline() {
     let (pids, log) = (env.path("pids"), env.path("log"));
     let _reap = Reap(pids.clone());
     let ttl = Duration::from_secs(3);
-    let mut leader = Command::new(TENURE)
+    let mut leader = Command::new(tenure())
         .env("TENURE_STORE", env.sqlite())
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
@@ -345,7 +345,7 @@ fn a_leader_whose_health_check_fails_stands_aside_and_another_leads() {
     let script = format!("echo start $TENURE_HOLDER $(date +%s%N) >> {}; exec sleep 600", log.display());
     let health = format!("test ! -e {}-$TENURE_HOLDER", sick.display());
     let spawn = |id: &str| {
-        Command::new(TENURE)
+        Command::new(tenure())
             .env("TENURE_STORE", env.sqlite())
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
@@ -400,7 +400,7 @@ fn status_shows_the_health_an_announcing_leader_last_found() {
     let env = Env::new();
     let sick = env.path("sick");
     let health = format!("test ! -e {}", sick.display());
-    let _leader = Command::new(TENURE)
+    let _leader = Command::new(tenure())
         .env("TENURE_STORE", env.sqlite())
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
@@ -412,7 +412,7 @@ fn status_shows_the_health_an_announcing_leader_last_found() {
         .unwrap();
     let status = || {
         let out =
-            Command::new(TENURE).env("TENURE_STORE", env.sqlite()).args(["status", "jobs/health"]).output().unwrap();
+            Command::new(tenure()).env("TENURE_STORE", env.sqlite()).args(["status", "jobs/health"]).output().unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let wait_for = |what: &str| {
@@ -510,7 +510,7 @@ fn the_supervisor_does_not_start_a_command_whose_term_has_run_out() {
     let deadline = dir.join("deadline");
     std::fs::write(&deadline, "1").unwrap();
     let ran = env.path("ran");
-    let out = Command::new(TENURE)
+    let out = Command::new(tenure())
         .arg("__child")
         .arg(std::process::id().to_string())
         .arg(&deadline)
@@ -556,7 +556,7 @@ fn a_tenure_run_whose_binary_is_replaced_starts_its_command_again_in_the_next_te
     // (here after an eviction) must still start the command, not end the campaign.
     let env = Env::new();
     let copy = env.path("tenure");
-    std::fs::copy(TENURE, &copy).unwrap();
+    std::fs::copy(tenure(), &copy).unwrap();
     let log = env.path("log");
     let script = format!("echo start >> {}; exec sleep 600", log.display());
     let mut a = Command::new(&copy)
@@ -575,8 +575,8 @@ fn a_tenure_run_whose_binary_is_replaced_starts_its_command_again_in_the_next_te
     }
     // The upgrade: the file is removed and a new one written in its place.
     std::fs::remove_file(&copy).unwrap();
-    std::fs::copy(TENURE, &copy).unwrap();
-    let out = Command::new(TENURE)
+    std::fs::copy(tenure(), &copy).unwrap();
+    let out = Command::new(tenure())
         .env("TENURE_STORE", env.sqlite())
         .args(["evict", "jobs/upgrade", "--yes"])
         .stdin(Stdio::null())
@@ -643,7 +643,7 @@ fn ready_standby(parent: u32, tmp: &Path) -> u32 {
 /// its term while a test relies on it leading.
 fn run_standby_test(env: &Env, tmp: &Path, id: &str, script: &str) -> Proc {
     std::fs::create_dir_all(tmp).unwrap();
-    Command::new(TENURE)
+    Command::new(tenure())
         .env("TENURE_STORE", env.sqlite())
         .env("TMPDIR", tmp)
         .env("RUST_LOG", "warn")

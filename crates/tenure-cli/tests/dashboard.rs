@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use tenure_testkit::servers;
 
 mod common;
-use common::{Proc, TENURE};
+use common::{Proc, tenure};
 
 /// A GET on 127.0.0.1:`port`: the body, read up to its Content-Length (DevTools keeps
 /// the connection open) or to the end.
@@ -52,7 +52,7 @@ fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) ->
 }
 
 fn leader(dir: &Path, election: &str, id: &str) -> Proc {
-    let child = Command::new(TENURE)
+    let child = Command::new(tenure())
         .env("TENURE_STORE", format!("sqlite:{}", dir.join("s.db").display()))
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
@@ -106,7 +106,7 @@ fn the_dashboard_shows_a_change_of_leader_live() {
     let _beta = leader(dir.path(), "jobs/sweeper", "beta");
     let port = servers::free_port();
     let dash = Proc(
-        Command::new(TENURE)
+        Command::new(tenure())
             .env("TENURE_STORE", format!("sqlite:{}", dir.path().join("s.db").display()))
             .args(["dashboard", "--http", &format!("127.0.0.1:{port}")])
             .stdout(Stdio::null())

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 use tenure_testkit::servers::{self, Kind};
 
 mod common;
-use common::{Proc, TENURE};
+use common::Proc;
 
 fn tenure(broker: &str) -> Command {
-    let mut c = Command::new(TENURE);
+    let mut c = Command::new(common::tenure());
     c.env("TENURE_BROKER", broker).env("RUST_LOG", "warn").stdin(Stdio::null());
     c
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tenure_testkit::servers;
 
 mod common;
-use common::{Proc, TENURE};
+use common::{Proc, tenure};
 
 /// A GET on 127.0.0.1:`port`; the status and the body, or `None` if nothing answered
 /// within `within`.
@@ -34,7 +34,7 @@ fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Durati
 }
 
 fn candidate(dir: &Path, id: &str, port: u16) -> Proc {
-    let child = Command::new(TENURE)
+    let child = Command::new(tenure())
         .env("TENURE_STORE", format!("sqlite:{}", dir.join("s.db").display()))
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
@@ -163,7 +163,7 @@ fn a_frozen_leader_answers_no_probe_and_a_taken_address_is_a_clear_error() {
         get(port, "/healthz", Duration::from_secs(2)).is_some_and(|(s, _)| s == 200)
     });
     // A second process on the same address says so and exits 1.
-    let out = Command::new(TENURE)
+    let out = Command::new(tenure())
         .env("TENURE_STORE", format!("sqlite:{}", dir.path().join("s.db").display()))
         .args(["run", "jobs/operated", "--ttl", "2s", "--http", &format!("127.0.0.1:{port}"), "--", "true"])
         .output()
@@ -186,7 +186,7 @@ fn the_documented_alert_rules_are_valid_prometheus_rules() {
 
 fn sidecar(dir: &Path, id: &str, port: u16, log: &Path) -> Proc {
     let hook = |what: &str| format!("echo {what} $TENURE_HOLDER $TENURE_TOKEN $(date +%s%N) >> {}", log.display());
-    let child = Command::new(TENURE)
+    let child = Command::new(tenure())
         .env("TENURE_STORE", format!("sqlite:{}", dir.join("s.db").display()))
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())

@@ -256,25 +256,35 @@ impl MysqlStore {
             .map(|_| ())
     }
 
-    /// Locks the election's row (creating an empty one first if needed) and reads it
-    /// with the server clock.
-    async fn lock_row(&self, tx: &mut Transaction<'_, MySql>, election: &str) -> Result<LockedRow, sqlx::Error> {
+    /// Locks the election's row and reads it with the server clock; `None` if there is no
+    /// row (the locking read then holds a lock on the gap where it would be).
+    async fn lock_row(
+        &self,
+        tx: &mut Transaction<'_, MySql>,
+        election: &str,
+    ) -> Result<Option<LockedRow>, sqlx::Error> {
         let t = &self.inner.table;
         let select = format!(
             "SELECT holder, token, revision, ttl_ms, expires_us, acquired_ms, renewed_ms, evicted, metadata,
                     {NOW_US} AS now_us
              FROM {t} WHERE election = ? FOR UPDATE"
         );
-        if let Some(r) = sqlx::query(audited(select.clone())).bind(election).fetch_optional(&mut **tx).await? {
-            return LockedRow::read(&r);
-        }
+        let row = sqlx::query(audited(select)).bind(election).fetch_optional(&mut **tx).await?;
+        row.as_ref().map(LockedRow::read).transpose()
+    }
+
+    /// Makes an empty row for the election (no holder, token 0) if it has none, in a
+    /// statement of its own. Made inside the transaction that found no row, the insert
+    /// waited on the gap locks of every other transaction that had looked for a missing
+    /// row nearby, and they on its: concurrent first acquires of different elections
+    /// deadlocked, over and over (the conformance cases run at once).
+    async fn create_row(&self, election: &str) -> Result<(), sqlx::Error> {
+        let t = &self.inner.table;
         let insert = format!(
             "INSERT IGNORE INTO {t} (election, holder, token, revision, ttl_ms, expires_us, evicted, metadata)
              VALUES (?, NULL, 0, 0, 0, 0, 0, '')"
         );
-        sqlx::query(audited(insert)).bind(election).execute(&mut **tx).await?;
-        let r = sqlx::query(audited(select)).bind(election).fetch_one(&mut **tx).await?;
-        LockedRow::read(&r)
+        sqlx::query(audited(insert)).bind(election).execute(&self.inner.pool).await.map(|_| ())
     }
 
     /// Runs `f` in a transaction around the locked row; retries deadlocks, which roll back.
@@ -303,7 +313,16 @@ impl MysqlStore {
     ) -> Result<(T, Option<LockedRow>), sqlx::Error> {
         let t = &self.inner.table;
         let mut tx = self.inner.pool.begin().await?;
-        let row = self.lock_row(&mut tx, election).await?;
+        let row = match self.lock_row(&mut tx, election).await? {
+            Some(row) => row,
+            None => {
+                // Let go of the gap lock before making the row, then lock it.
+                tx.rollback().await?;
+                self.create_row(election).await?;
+                tx = self.inner.pool.begin().await?;
+                self.lock_row(&mut tx, election).await?.ok_or(sqlx::Error::RowNotFound)?
+            }
+        };
         let (write, out) = f(&row);
         let after = match write {
             None => {

@@ -182,25 +182,53 @@ pub fn skip(missing: &str) {
     let _ = writeln!(std::io::stderr().lock(), "skipping: {missing}");
 }
 
-/// A free TCP port on 127.0.0.1, never one this process was given before.
+/// A free TCP port on 127.0.0.1, never one this process or another live process using
+/// this function was given before.
 ///
 /// The port is free when it is returned, not reserved: the kernel hands the same port to
 /// the next request for any port soon after (2,000 requests in a row here drew 126
-/// repeats), so two servers or candidates started by tests running at once could be
-/// given one port, and a test could talk to the other's process.
+/// repeats), so two servers or candidates started by tests running at once, in one
+/// process or in several (CI runs torture rounds and test binaries side by side), could
+/// be given one port, and a test could talk to the other's process. So each port given
+/// is also claimed for the life of the process: an exclusive lock on a file named after
+/// it in a directory all such processes share, which the kernel drops when the process
+/// ends, however it ends.
 pub fn free_port() -> u16 {
-    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
-        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    static CLAIMS: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
+    let dir = std::env::temp_dir().join(format!("tenure-testkit-ports-{}", rustix::process::getuid().as_raw()));
+    let _ = std::fs::create_dir(&dir);
     for _ in 0..10_000 {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .expect("no free loopback port");
-        if GIVEN.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
+        if claim_port(&dir, port, &mut CLAIMS.lock().unwrap_or_else(|e| e.into_inner())) {
             return port;
         }
     }
-    panic!("no loopback port left that this process was not given before");
+    panic!("no loopback port left that no live process was given before");
+}
+
+/// Claims `port` for this process, keeping the claim (a locked file in `dir`) in `held`;
+/// false if this process was given it before or another live process holds its claim. A
+/// directory that cannot be used claims nothing, and a port is then only new to this
+/// process.
+fn claim_port(dir: &Path, port: u16, held: &mut Vec<std::fs::File>) -> bool {
+    use rustix::fs::{FlockOperation, flock};
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    if !GIVEN.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
+        return false;
+    }
+    let Ok(f) = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join(port.to_string()))
+    else {
+        return true;
+    };
+    let claimed = flock(&f, FlockOperation::NonBlockingLockExclusive).is_ok();
+    if claimed {
+        held.push(f);
+    }
+    claimed
 }
 
 fn is_root() -> bool {

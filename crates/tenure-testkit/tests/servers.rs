@@ -139,3 +139,42 @@ fn free_ports_are_never_handed_out_twice() {
     let distinct: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
     assert_eq!(distinct.len(), ports.len(), "a port was handed out twice");
 }
+
+/// Run by the test below, in a process of its own: draws ports, prints them, and holds
+/// them (stays alive) until its standard input closes.
+#[test]
+#[ignore = "run by free_ports_are_never_handed_to_two_live_processes"]
+fn draws_ports_and_waits() {
+    use std::io::{Read, Write};
+    let ports: Vec<String> = (0..1000).map(|_| servers::free_port().to_string()).collect();
+    println!("ports {}", ports.join(" "));
+    std::io::stdout().flush().unwrap();
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+}
+
+#[test]
+fn free_ports_are_never_handed_to_two_live_processes() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    // CI runs torture rounds and test binaries side by side: a port one process was
+    // given must not go to another while the first lives.
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "draws_ports_and_waits", "--nocapture"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let theirs: std::collections::BTreeSet<u16> = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|l| l.strip_prefix("ports ").map(|p| p.split(' ').map(|p| p.parse().unwrap()).collect()))
+        .expect("the other process printed its ports");
+    assert_eq!(theirs.len(), 1000);
+    let ours: Vec<u16> = (0..2000).map(|_| servers::free_port()).collect();
+    drop(child.stdin.take());
+    lines.for_each(drop);
+    child.wait().unwrap();
+    let shared: Vec<u16> = ours.into_iter().filter(|p| theirs.contains(p)).collect();
+    assert!(shared.is_empty(), "ports handed to both processes: {shared:?}");
+}

@@ -4,8 +4,15 @@
 
 use std::process::Child;
 
-/// The binary under test.
-pub const TENURE: &str = env!("CARGO_BIN_EXE_tenure");
+/// The binary under test: the one cargo built beside these tests, or the one
+/// `TENURE_BIN` names (CI points it at a copy built with the planted bugs, so that their
+/// checks can run while the tests run on the ordinary build).
+pub fn tenure() -> &'static str {
+    static BIN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        std::env::var("TENURE_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_tenure").to_string())
+    });
+    &BIN
+}
 
 /// A child process that is killed when dropped, so a failed test leaves nothing running.
 pub struct Proc(pub Child);

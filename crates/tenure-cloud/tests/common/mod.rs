@@ -35,7 +35,7 @@ impl Emulator {
         let server = servers::launch(kind)?;
         let proxy = Proxy::start(("127.0.0.1", server.port())).unwrap();
         let durable = kind != Kind::Moto;
-        Some(Self { server: Mutex::new(server), proxy, open, durable, short_ttl: Duration::from_millis(300) })
+        Some(Self { server: Mutex::new(server), proxy, open, durable, short_ttl: Duration::from_secs(1) })
     }
 
     /// Sets the TTL of the conformance suite's expiry cases.
