@@ -59,8 +59,15 @@ fn wait_dead(pids: &[i32], within: Duration) -> Duration {
 struct Reap(PathBuf);
 impl Drop for Reap {
     fn drop(&mut self) {
-        for p in std::fs::read_to_string(&self.0).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()) {
-            if alive(p) {
+        for p in
+            std::fs::read_to_string(&self.0).unwrap_or_default().lines().filter_map(|l| l.trim().parse::<i32>().ok())
+        {
+            // Every process still listed in /proc, those that look like zombies too: one
+            // whose main thread has ended while another works is not dead (a test failing
+            // on the planted zombie-is-dead leaves one), and SIGKILL ends all its threads.
+            let state = std::fs::read_to_string(format!("/proc/{p}/stat")).ok();
+            let gone = state.as_deref().and_then(|s| s.rsplit_once(')')).and_then(|(_, r)| r.split_whitespace().next());
+            if state.is_some() && gone != Some("X") {
                 signal(p as u32, rustix::process::Signal::KILL);
             }
         }

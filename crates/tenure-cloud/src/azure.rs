@@ -11,11 +11,13 @@ use std::time::{Duration, SystemTime};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use ring::{digest, hmac};
-use tenure::store::{Acquire, AcquireRequest, Judgement, ObservedExpiry, Renew, check_ttl};
-use tenure::{ElectionName, ErrorKind, Evict, LeaseRecord, LeaseStore, StoreError};
+use tenure::store::{
+    Acquire, AcquireRequest, Judgement, LedgerEntry, LedgerWrite, ObservedExpiry, Renew, check_ledger_value, check_ttl,
+};
+use tenure::{ElectionName, ErrorKind, Evict, LeaseRecord, LeaseStore, StoreError, WorkKey};
 
 use crate::http::{self, Reply, encode, hex, http_date, xml_values};
-use crate::object::Body;
+use crate::object::{Body, WorkBody, work_key, work_write_at};
 use crate::{check_prefix, env_var, split_url};
 
 /// The service version requests ask for; Azurite and Azure both serve it.
@@ -281,6 +283,11 @@ impl AzureStore {
             201 | 409 => Ok(store),
             _ => Err(r.error(&what, true)),
         }
+    }
+
+    /// The blob of a work-ledger entry (see [`crate::object::work_key`]).
+    fn work_blob(&self, election: &ElectionName, key: &WorkKey) -> String {
+        work_key(&format!("{}/", self.config.prefix.trim_matches('/')), election, key)
     }
 
     fn blob_name(&self, election: &ElectionName) -> String {
@@ -607,6 +614,54 @@ impl LeaseStore for AzureStore {
     fn describe(&self) -> String {
         let c = &self.config;
         format!("azblob://{}/{}/{} at {}", c.account, c.container, c.prefix, c.endpoint)
+    }
+
+    async fn ledger_read(&self, election: &ElectionName, key: &WorkKey) -> Result<Option<LedgerEntry>, StoreError> {
+        let name = self.work_blob(election, key);
+        let what = format!("reading the blob {name}");
+        let r = self.call("GET", Some(&name), "", &[], Vec::new(), &what, false).await?;
+        match r.status {
+            200 => WorkBody::parse(&name, &r.body)?.entry(&name, r.header("etag").unwrap_or_default().to_string()),
+            404 => Ok(None),
+            _ => Err(r.error(&what, false)),
+        }
+    }
+
+    /// A blob per entry, written with `if-match` on its ETag, or `if-none-match: *` where
+    /// none may exist (see [`WorkBody`]).
+    async fn ledger_write(
+        &self,
+        election: &ElectionName,
+        key: &WorkKey,
+        value: &[u8],
+        expected: Option<&str>,
+        keep: Duration,
+    ) -> Result<LedgerWrite, StoreError> {
+        check_ledger_value(value)?;
+        let name = self.work_blob(election, key);
+        let what = format!("writing the blob {name}");
+        let r = self.call("GET", Some(&name), "", &[], Vec::new(), &what, false).await?;
+        let current = match r.status {
+            200 => Some((r.header("etag").unwrap_or_default().to_string(), WorkBody::parse(&name, &r.body)?)),
+            404 => None,
+            _ => return Err(r.error(&what, false)),
+        };
+        let Some((at, rev)) = work_write_at(current.as_ref().map(|(v, b)| (v.as_str(), b)), expected) else {
+            return Ok(LedgerWrite::Conflict);
+        };
+        let condition = match at {
+            Some(etag) => ("if-match", etag),
+            None => ("if-none-match", "*".to_string()),
+        };
+        let headers =
+            [("x-ms-blob-type", "BlockBlob".to_string()), ("content-type", "application/json".to_string()), condition];
+        let r =
+            self.call("PUT", Some(&name), "", &headers, WorkBody::new(rev, keep, value).encode(), &what, true).await?;
+        match r.status {
+            201 => Ok(LedgerWrite::Written(r.header("etag").unwrap_or_default().to_string())),
+            409 | 412 => Ok(LedgerWrite::Conflict),
+            _ => Err(r.error(&what, true)),
+        }
     }
 }
 

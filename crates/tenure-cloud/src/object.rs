@@ -5,8 +5,11 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
-use tenure::store::{Acquire, AcquireRequest, ExpiryJudge, Judgement, ObservedExpiry, Renew, Revision, check_ttl};
-use tenure::{ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, StoreError};
+use tenure::store::{
+    Acquire, AcquireRequest, ExpiryJudge, Judgement, LedgerEntry, LedgerWrite, ObservedExpiry, Renew, Revision,
+    check_ledger_value, check_ttl,
+};
+use tenure::{ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, StoreError, WorkKey};
 
 use crate::http::{hex, unhex, wall_ms};
 
@@ -168,6 +171,99 @@ impl Body {
             metadata: unhex(&self.metadata).ok_or_else(|| bad("unreadable metadata"))?,
         }))
     }
+}
+
+/// A work-ledger entry as an object or blob holds it (JSON): the value (hex), when it may
+/// be let go (wall clock, ms: these services have no clock of their own for it), and a
+/// write number that grows with every write, for services that version items by a
+/// number (DynamoDB). Entries are never deleted: one past its keep reads as absent and
+/// is written over conditionally on its version, so versions never come back.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub(crate) struct WorkBody {
+    pub tenure_work: u32,
+    pub rev: u64,
+    pub keep_until_ms: u64,
+    pub value: String,
+}
+
+impl WorkBody {
+    const FORMAT: u32 = 1;
+
+    /// The entry written after one at `rev` (0: none), kept `keep` from now.
+    pub fn new(rev: u64, keep: Duration, value: &[u8]) -> Self {
+        let keep_ms = keep.as_millis().min(u64::MAX as u128) as u64;
+        Self {
+            tenure_work: Self::FORMAT,
+            rev: rev + 1,
+            keep_until_ms: wall_ms().saturating_add(keep_ms),
+            value: hex(value),
+        }
+    }
+
+    pub fn parse(key: &str, bytes: &[u8]) -> Result<Self, StoreError> {
+        let body: Self = serde_json::from_slice(bytes).map_err(|e| {
+            StoreError::new(
+                ErrorKind::Misconfigured,
+                format!("object {key:?} does not hold a tenure work-ledger entry"),
+            )
+            .with_source(e)
+        })?;
+        if body.tenure_work != Self::FORMAT {
+            return Err(StoreError::new(
+                ErrorKind::Misconfigured,
+                format!(
+                    "object {key:?} holds a work-ledger entry of format {}; this tenure reads format 1",
+                    body.tenure_work
+                ),
+            ));
+        }
+        Ok(body)
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a work-ledger entry serializes")
+    }
+
+    /// Whether the entry is still kept.
+    pub fn kept(&self) -> bool {
+        self.keep_until_ms > wall_ms()
+    }
+
+    /// The entry as the store contract hands it out, if it is still kept.
+    pub fn entry(&self, key: &str, version: String) -> Result<Option<LedgerEntry>, StoreError> {
+        if !self.kept() {
+            return Ok(None);
+        }
+        let value = unhex(&self.value).ok_or_else(|| {
+            StoreError::new(ErrorKind::Misconfigured, format!("object {key:?} holds an unreadable work-ledger value"))
+        })?;
+        Ok(Some(LedgerEntry { value, version }))
+    }
+}
+
+/// What a conditional write of a work-ledger entry compares, given the entry as it
+/// stands (`current`: its version and body) and the version the writer expects: the
+/// version to write at (`None`: only if no object exists) and the write number of the
+/// body before, or `None` if the entry no longer stands as expected.
+pub(crate) fn work_write_at(
+    current: Option<(&str, &WorkBody)>,
+    expected: Option<&str>,
+) -> Option<(Option<String>, u64)> {
+    match (current, expected) {
+        (None, None) => Some((None, 0)),
+        (None, Some(_)) => None,
+        // Past its keep: absent to readers, written over at its version.
+        (Some((v, b)), None) if !b.kept() => Some((Some(v.to_string()), b.rev)),
+        (Some(_), None) => None,
+        (Some((v, b)), Some(e)) if v == e => Some((Some(v.to_string()), b.rev)),
+        (Some(_), Some(_)) => None,
+    }
+}
+
+/// The key of a work-ledger entry under `prefix` (which ends with `/` or is empty):
+/// `tenure:work/ELECTION/KEY`; `:` is in no election name, so listings pass it by.
+pub(crate) fn work_key(prefix: &str, election: &ElectionName, key: &WorkKey) -> String {
+    format!("{prefix}tenure:work/{election}/{key}")
 }
 
 /// What a handle remembers a sighting by: the service's version, and the term and write
@@ -354,6 +450,37 @@ impl<O: Objects> LeaseStore for ObservedStore<O> {
 
     fn describe(&self) -> String {
         self.objects.describe()
+    }
+
+    async fn ledger_read(&self, election: &ElectionName, key: &WorkKey) -> Result<Option<LedgerEntry>, StoreError> {
+        let k = work_key(&self.prefix, election, key);
+        match self.objects.read(&k).await? {
+            Some(s) => WorkBody::parse(&k, &s.body)?.entry(&k, s.version),
+            None => Ok(None),
+        }
+    }
+
+    async fn ledger_write(
+        &self,
+        election: &ElectionName,
+        key: &WorkKey,
+        value: &[u8],
+        expected: Option<&str>,
+        keep: Duration,
+    ) -> Result<LedgerWrite, StoreError> {
+        check_ledger_value(value)?;
+        let k = work_key(&self.prefix, election, key);
+        let stored = self.objects.read(&k).await?;
+        let current =
+            stored.as_ref().map(|s| WorkBody::parse(&k, &s.body).map(|b| (s.version.clone(), b))).transpose()?;
+        let Some((at, rev)) = work_write_at(current.as_ref().map(|(v, b)| (v.as_str(), b)), expected) else {
+            return Ok(LedgerWrite::Conflict);
+        };
+        let body = WorkBody::new(rev, keep, value);
+        match self.objects.write(&k, at.as_deref(), body.rev, &body.encode()).await? {
+            Some(version) => Ok(LedgerWrite::Written(version)),
+            None => Ok(LedgerWrite::Conflict),
+        }
     }
 }
 

@@ -54,8 +54,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 mod rpc;
 
 use rpc::{Client, pb, txn};
-use tenure::store::{Acquire, AcquireRequest, Renew, Revision, StoredValue as Value, WatchStream, check_ttl};
-use tenure::{ElectionName, ErrorKind, Evict, FencingToken, LeaseRecord, LeaseStore, StoreError};
+use tenure::store::{
+    Acquire, AcquireRequest, LedgerEntry, LedgerWrite, Renew, Revision, StoredValue as Value, WatchStream,
+    check_ledger_value, check_ttl,
+};
+use tenure::{ElectionName, ErrorKind, Evict, FencingToken, LeaseRecord, LeaseStore, StoreError, WorkKey};
 use tokio::sync::OnceCell;
 
 /// The default key prefix.
@@ -98,7 +101,17 @@ struct Inner {
     abandoned: Mutex<HashMap<String, (i64, i64)>>,
     /// Held by the one caller that sweeps [`Inner::abandoned`]; others do not wait.
     sweeping: Arc<tokio::sync::Mutex<()>>,
+    /// `PREFIX/work/`: every work-ledger entry's key starts with it.
+    work: String,
+    /// The etcd lease work-ledger entries are written on: its id, the keep it was granted
+    /// for, and when. Granted for the keep plus [`WORK_LEASE_REUSE`] and used for that
+    /// long, so that every entry lives at least its keep and a ledger costs one lease per
+    /// hour, not one per write.
+    work_lease: Mutex<Option<(i64, Duration, Instant)>>,
 }
+
+/// How long one etcd lease carries work-ledger entries (see [`Inner::work_lease`]).
+const WORK_LEASE_REUSE: Duration = Duration::from_secs(3600);
 
 /// One shared etcd lease and its keep-alive stream.
 #[derive(Default)]
@@ -366,6 +379,8 @@ impl EtcdStore {
                 changes: tenure::store::ChangeHub::new(),
                 abandoned: Mutex::new(HashMap::new()),
                 sweeping: Arc::new(tokio::sync::Mutex::new(())),
+                work: format!("{}/work/", p.prefix),
+                work_lease: Mutex::new(None),
             }),
         })
     }
@@ -389,6 +404,29 @@ impl EtcdStore {
             })
             .await
             .cloned()
+    }
+
+    /// The key of a work-ledger entry.
+    fn work_key(&self, election: &ElectionName, key: &WorkKey) -> Vec<u8> {
+        format!("{}{election}/{key}", self.inner.work).into_bytes()
+    }
+
+    /// The etcd lease to write a work-ledger entry kept for `keep` on (see
+    /// [`Inner::work_lease`]); `fresh` grants a new one.
+    async fn work_lease(&self, keep: Duration, fresh: bool) -> Result<i64, StoreError> {
+        if !fresh
+            && let Some((id, k, granted)) = *self.inner.work_lease.lock().unwrap()
+            && k == keep
+            && granted.elapsed() < WORK_LEASE_REUSE
+        {
+            return Ok(id);
+        }
+        let c = self.client().await?;
+        let secs = (keep + WORK_LEASE_REUSE).as_secs().min(9_000_000_000) as i64;
+        let granted = Instant::now();
+        let id = timed("granting the work ledger's lease", c.lease_grant(secs)).await?.id;
+        *self.inner.work_lease.lock().unwrap() = Some((id, keep, granted));
+        Ok(id)
     }
 
     fn key(&self, election: &str) -> String {
@@ -1031,6 +1069,55 @@ impl LeaseStore for EtcdStore {
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
         Some(self.inner.changes.watch(Arc::new(self.clone()), &self.inner, election, Self::open_feed))
+    }
+
+    async fn ledger_read(&self, election: &ElectionName, key: &WorkKey) -> Result<Option<LedgerEntry>, StoreError> {
+        let c = self.client().await?;
+        let r = timed("reading the work ledger", c.range(self.work_key(election, key), Vec::new())).await?;
+        Ok(r.kvs.first().map(|kv| LedgerEntry { value: kv.value.clone(), version: kv.mod_revision.to_string() }))
+    }
+
+    /// One transaction: the entry's mod revision compared (or its absence, as a create
+    /// revision of 0), the value put on the ledger's lease. Versions are mod revisions,
+    /// which never come back.
+    async fn ledger_write(
+        &self,
+        election: &ElectionName,
+        key: &WorkKey,
+        value: &[u8],
+        expected: Option<&str>,
+        keep: Duration,
+    ) -> Result<LedgerWrite, StoreError> {
+        check_ledger_value(value)?;
+        let at = self.work_key(election, key);
+        let compare = match expected {
+            None => txn::create_revision_is(&at, 0),
+            Some(v) => match v.parse::<i64>() {
+                Ok(v) => txn::mod_revision_is(&at, v),
+                Err(_) => return Ok(LedgerWrite::Conflict),
+            },
+        };
+        let mut fresh = false;
+        loop {
+            let lease = self.work_lease(keep, fresh).await?;
+            let t = pb::TxnRequest {
+                compare: vec![compare.clone()],
+                success: vec![txn::put(&at, Some(value.to_vec()), lease)],
+                failure: vec![],
+            };
+            // Not through `txn`, whose lease-gone handling is for the elections' leases.
+            let c = self.client().await?;
+            match timed("writing the work ledger", c.txn(t)).await {
+                Ok(r) if r.succeeded => {
+                    let rev = r.header.map(|h| h.revision).unwrap_or_default();
+                    return Ok(LedgerWrite::Written(rev.to_string()));
+                }
+                Ok(_) => return Ok(LedgerWrite::Conflict),
+                // The lease ran out or was revoked: nothing was written; once more on a new one.
+                Err(e) if lease_gone(&e) && !fresh => fresh = true,
+                Err(e) => return Err(e),
+            }
+        }
     }
 }
 

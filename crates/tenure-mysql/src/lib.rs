@@ -24,8 +24,11 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{MySql, Row, Transaction};
-use tenure::store::{Acquire, AcquireRequest, Change, ChangeHub, Renew, Revision, WatchStream, check_ttl};
-use tenure::{ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, StoreError};
+use tenure::store::{
+    Acquire, AcquireRequest, Change, ChangeHub, LedgerEntry, LedgerWrite, Renew, Revision, WatchStream,
+    check_ledger_value, check_ttl,
+};
+use tenure::{ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, StoreError, WorkKey};
 use tokio::sync::OnceCell;
 
 /// The default lease table.
@@ -250,6 +253,26 @@ impl MysqlStore {
                 run(format!("INSERT IGNORE INTO {t}_seq (id, n) VALUES (1, 0)"))
                     .await
                     .map_err(|e| my_error("creating the change counter", e))?;
+                // The work ledger (store duty 8) and the counter its versions come from,
+                // so that none comes back. Short names: the table's may take 60 of 64.
+                run(format!(
+                    "CREATE TABLE IF NOT EXISTS {t}_w (
+                        election      VARCHAR(200) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+                        ledger_key    VARCHAR(200) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+                        value         VARBINARY(1024) NOT NULL,
+                        version       BIGINT NOT NULL,
+                        keep_until_us BIGINT NOT NULL,
+                        PRIMARY KEY (election, ledger_key),
+                        INDEX by_keep (keep_until_us)
+                    ) ENGINE=InnoDB"
+                ))
+                .await
+                .map_err(|e| my_error("creating the work ledger", e))?;
+                run(format!(
+                    "CREATE TABLE IF NOT EXISTS {t}_wv (id TINYINT PRIMARY KEY, n BIGINT NOT NULL) ENGINE=InnoDB"
+                ))
+                .await
+                .map_err(|e| my_error("creating the work ledger", e))?;
                 Ok(())
             })
             .await
@@ -529,6 +552,69 @@ impl MysqlStore {
     }
 }
 
+impl MysqlStore {
+    /// One try of [`LeaseStore::ledger_write`]: the entry's row locked (made first, empty
+    /// and let go, if missing, in a statement of its own as [`Self::lock_row`] explains),
+    /// compared, and written with the next number of the ledger's counter.
+    async fn ledger_write_once(
+        &self,
+        election: &str,
+        key: &str,
+        value: &[u8],
+        expected: Option<&str>,
+        keep_us: i64,
+    ) -> Result<LedgerWrite, sqlx::Error> {
+        let t = &self.inner.table;
+        let select = format!(
+            "SELECT version, CAST(keep_until_us > {NOW_US} AS SIGNED) AS live FROM {t}_w
+             WHERE election = ? AND ledger_key = ? FOR UPDATE"
+        );
+        let lock = async |tx: &mut Transaction<'_, MySql>| {
+            sqlx::query(audited(select.clone())).bind(election).bind(key).fetch_optional(&mut **tx).await
+        };
+        let mut tx = self.inner.pool.begin().await?;
+        let row = match lock(&mut tx).await? {
+            Some(row) => row,
+            None => {
+                tx.rollback().await?;
+                sqlx::query(audited(format!(
+                    "INSERT IGNORE INTO {t}_w (election, ledger_key, value, version, keep_until_us) VALUES (?, ?, '', 0, 0)"
+                )))
+                .bind(election)
+                .bind(key)
+                .execute(&self.inner.pool)
+                .await?;
+                tx = self.inner.pool.begin().await?;
+                lock(&mut tx).await?.ok_or(sqlx::Error::RowNotFound)?
+            }
+        };
+        let live: bool = row.try_get::<i64, _>("live")? != 0;
+        let current = live.then(|| row.try_get::<i64, _>("version")).transpose()?.map(|v| v.to_string());
+        if current.as_deref() != expected {
+            tx.rollback().await?;
+            return Ok(LedgerWrite::Conflict);
+        }
+        let counted = sqlx::query(audited(format!(
+            "INSERT INTO {t}_wv (id, n) VALUES (1, LAST_INSERT_ID(1)) ON DUPLICATE KEY UPDATE n = LAST_INSERT_ID(n + 1)"
+        )))
+        .execute(&mut *tx)
+        .await?;
+        let version = counted.last_insert_id() as i64;
+        sqlx::query(audited(format!(
+            "UPDATE {t}_w SET value = ?, version = ?, keep_until_us = {NOW_US} + ? WHERE election = ? AND ledger_key = ?"
+        )))
+        .bind(value)
+        .bind(version)
+        .bind(keep_us)
+        .bind(election)
+        .bind(key)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(LedgerWrite::Written(version.to_string()))
+    }
+}
+
 /// The expiry a renewal of the live lease in `row` writes: a TTL from the server's clock,
 /// but never earlier than the expiry the row has (the store contract). The clock is read
 /// when the locking `SELECT` begins, before any wait for the row's lock, and a renewal can
@@ -798,6 +884,56 @@ impl LeaseStore for MysqlStore {
 
     fn describe(&self) -> String {
         self.inner.described.clone()
+    }
+
+    async fn ledger_read(&self, election: &ElectionName, key: &WorkKey) -> Result<Option<LedgerEntry>, StoreError> {
+        const WHAT: &str = "reading the work ledger";
+        self.ensure_schema().await?;
+        let t = &self.inner.table;
+        let row = sqlx::query(audited(format!(
+            "SELECT value, version FROM {t}_w WHERE election = ? AND ledger_key = ? AND keep_until_us > {NOW_US}"
+        )))
+        .bind(election.as_str())
+        .bind(key.as_str())
+        .fetch_optional(&self.inner.pool)
+        .await
+        .map_err(|e| my_error(WHAT, e))?;
+        row.map(|r| {
+            Ok(LedgerEntry { value: r.try_get("value")?, version: r.try_get::<i64, _>("version")?.to_string() })
+        })
+        .transpose()
+        .map_err(|e| my_error(WHAT, e))
+    }
+
+    async fn ledger_write(
+        &self,
+        election: &ElectionName,
+        key: &WorkKey,
+        value: &[u8],
+        expected: Option<&str>,
+        keep: Duration,
+    ) -> Result<LedgerWrite, StoreError> {
+        const WHAT: &str = "writing the work ledger";
+        check_ledger_value(value)?;
+        self.ensure_schema().await?;
+        let t = &self.inner.table;
+        // Entries kept past their time go first (not the empty rows a write is about to fill).
+        sqlx::query(audited(format!(
+            "DELETE FROM {t}_w WHERE keep_until_us > 0 AND keep_until_us <= {NOW_US} LIMIT 100"
+        )))
+        .execute(&self.inner.pool)
+        .await
+        .map_err(|e| my_error(WHAT, e))?;
+        let keep_us = keep.as_micros().min(i64::MAX as u128 / 4) as i64;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.ledger_write_once(election.as_str(), key.as_str(), value, expected, keep_us).await {
+                Ok(out) => return Ok(out),
+                Err(e) if attempt < 4 && is_deadlock(&e) => continue,
+                Err(e) => return Err(my_error(WHAT, e)),
+            }
+        }
     }
 }
 

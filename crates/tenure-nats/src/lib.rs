@@ -34,8 +34,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream::kv::{Entry, Operation, Store, UpdateErrorKind};
 use async_nats::jetstream::{self, stream};
-use tenure::store::{Acquire, AcquireRequest, Renew, Revision, WatchStream, check_ttl};
-use tenure::{ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, StoreError};
+use tenure::store::{
+    Acquire, AcquireRequest, LedgerEntry, LedgerWrite, Renew, Revision, WatchStream, check_ledger_value, check_ttl,
+};
+use tenure::{ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, StoreError, WorkKey};
 use tokio::sync::OnceCell;
 use tokio_stream::StreamExt;
 
@@ -56,6 +58,8 @@ struct Inner {
     client: OnceCell<async_nats::Client>,
     /// The bucket and its max-age, once it exists.
     bucket: tokio::sync::Mutex<Option<(Store, Duration)>>,
+    /// The work ledger's bucket (`BUCKET_work`) and its max-age, once it exists.
+    work: tokio::sync::Mutex<Option<(Store, Duration)>>,
     described: String,
     changes: tenure::store::ChangeHub,
     /// Per election, the last revision this store wrote or read, with its holder and
@@ -120,6 +124,22 @@ fn parse_url(url: &str) -> Result<Parsed, StoreError> {
 /// `=2E` (no election name holds `=`), so every key is one valid token.
 fn key_of(election: &str) -> String {
     election.replace('.', "=2E")
+}
+
+/// The key of a work-ledger entry: the election as [`key_of`] spells it, a `.`, and the
+/// work key with every character a NATS key cannot hold (and `=`, the escape) spelled
+/// `=XX`, so that the two parts are tokens of their own.
+fn work_key_of(election: &ElectionName, key: &WorkKey) -> String {
+    let mut k = key_of(election.as_str());
+    k.push('.');
+    for c in key.as_str().chars() {
+        if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+            k.push(c);
+        } else {
+            k.push_str(&format!("={:02X}", c as u32));
+        }
+    }
+    k
 }
 
 fn election_of(key: &str) -> Option<ElectionName> {
@@ -200,6 +220,7 @@ impl NatsStore {
                 url,
                 client: OnceCell::new(),
                 bucket: tokio::sync::Mutex::new(None),
+                work: tokio::sync::Mutex::new(None),
                 described,
                 changes: tenure::store::ChangeHub::new(),
                 known: std::sync::Mutex::new(HashMap::new()),
@@ -241,12 +262,48 @@ impl NatsStore {
     /// The bucket and its TTL; created with `create_with` if it does not exist yet, or
     /// `None` if it does not and nothing should create it.
     async fn bucket(&self, create_with: Option<Duration>) -> Result<Option<(Store, Duration)>, StoreError> {
-        let mut cached = self.inner.bucket.lock().await;
+        self.open_bucket(&self.inner.bucket, &self.inner.url.bucket, create_with).await
+    }
+
+    /// The work ledger's bucket and how long it keeps an entry (its max-age); created to
+    /// keep entries `create_with` if it does not exist yet.
+    async fn work_bucket(&self, create_with: Option<Duration>) -> Result<Option<(Store, Duration)>, StoreError> {
+        self.open_bucket(&self.inner.work, &format!("{}_work", self.inner.url.bucket), create_with).await
+    }
+
+    /// Raises the work ledger bucket's max-age to `keep`, so that it keeps entries as long
+    /// as asked (raising it only keeps older entries longer).
+    async fn keep_work_longer(&self, keep: Duration) -> Result<(), StoreError> {
+        let js = self.jetstream().await?;
+        let name = format!("KV_{}_work", self.inner.url.bucket);
+        let mut stream = js.get_stream(&name).await.map_err(|e| nats_error("looking up the work ledger", e, false))?;
+        let info = stream.info().await.map_err(|e| nats_error("looking up the work ledger", e, false))?;
+        let mut config = info.config.clone();
+        if config.max_age < keep {
+            config.max_age = keep;
+            js.update_stream(&config)
+                .await
+                .map_err(|e| nats_error("raising the work ledger bucket's max-age", e, true))?;
+        }
+        if let Some(cached) = self.inner.work.lock().await.as_mut() {
+            cached.1 = cached.1.max(keep);
+        }
+        Ok(())
+    }
+
+    /// The bucket `name`, cached in `cache`, with its max-age; created with that max-age
+    /// if it does not exist and `create_with` gives one.
+    async fn open_bucket(
+        &self,
+        cache: &tokio::sync::Mutex<Option<(Store, Duration)>>,
+        name: &str,
+        create_with: Option<Duration>,
+    ) -> Result<Option<(Store, Duration)>, StoreError> {
+        let mut cached = cache.lock().await;
         if let Some(b) = cached.as_ref() {
             return Ok(Some(b.clone()));
         }
         let js = self.jetstream().await?;
-        let name = &self.inner.url.bucket;
         let stream_name = format!("KV_{name}");
         for _ in 0..2 {
             match js.get_stream(&stream_name).await {
@@ -626,6 +683,59 @@ impl LeaseStore for NatsStore {
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
         Some(self.inner.changes.watch(Arc::new(self.clone()), &self.inner, election, Self::open_feed))
+    }
+
+    async fn ledger_read(&self, election: &ElectionName, key: &WorkKey) -> Result<Option<LedgerEntry>, StoreError> {
+        let Some((kv, _)) = self.work_bucket(None).await? else { return Ok(None) };
+        let entry = self.last(&kv, &work_key_of(election, key)).await?;
+        Ok(entry
+            .filter(|e| e.operation == Operation::Put)
+            .map(|e| LedgerEntry { value: e.value.to_vec(), version: e.revision.to_string() }))
+    }
+
+    /// The ledger is a bucket of its own, `BUCKET_work`, whose max-age is how long it
+    /// keeps an entry (NATS 2.9 has no per-key TTL): made with the first write's keep, its
+    /// max-age is raised by a write that asks for longer, and entries of a shorter keep
+    /// are kept longer than asked, which does no harm. Versions are the stream's sequence
+    /// numbers, which never come back.
+    async fn ledger_write(
+        &self,
+        election: &ElectionName,
+        key: &WorkKey,
+        value: &[u8],
+        expected: Option<&str>,
+        keep: Duration,
+    ) -> Result<LedgerWrite, StoreError> {
+        check_ledger_value(value)?;
+        let (kv, kept) = self.work_bucket(Some(keep)).await?.expect("created when missing");
+        if kept < keep {
+            self.keep_work_longer(keep).await?;
+        }
+        let k = work_key_of(election, key);
+        let expected = match expected {
+            None => 0,
+            Some(v) => match v.parse::<u64>() {
+                Ok(v) if v > 0 => v,
+                _ => return Ok(LedgerWrite::Conflict),
+            },
+        };
+        if expected == 0 {
+            // Only where no live message stands (a delete marker or nothing).
+            return match tokio::time::timeout(REQUEST_TIMEOUT, kv.create(&k, value.to_vec().into())).await {
+                Ok(Ok(rev)) => Ok(LedgerWrite::Written(rev.to_string())),
+                Ok(Err(e)) if e.kind() == async_nats::jetstream::kv::CreateErrorKind::AlreadyExists => {
+                    Ok(LedgerWrite::Conflict)
+                }
+                Ok(Err(e)) => Err(nats_error("writing the work ledger", e, true)),
+                Err(_) => Err(StoreError::timed_out("NATS: writing the work ledger", REQUEST_TIMEOUT)),
+            };
+        }
+        match tokio::time::timeout(REQUEST_TIMEOUT, kv.update(&k, value.to_vec().into(), expected)).await {
+            Ok(Ok(rev)) => Ok(LedgerWrite::Written(rev.to_string())),
+            Ok(Err(e)) if wrong_revision(&e) => Ok(LedgerWrite::Conflict),
+            Ok(Err(e)) => Err(nats_error("writing the work ledger", e, true)),
+            Err(_) => Err(StoreError::timed_out("NATS: writing the work ledger", REQUEST_TIMEOUT)),
+        }
     }
 }
 

@@ -24,8 +24,10 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Row, Transaction};
-use tenure::store::{Acquire, AcquireRequest, Renew, Revision, WatchStream, check_ttl};
-use tenure::{ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, StoreError};
+use tenure::store::{
+    Acquire, AcquireRequest, LedgerEntry, LedgerWrite, Renew, Revision, WatchStream, check_ledger_value, check_ttl,
+};
+use tenure::{ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, StoreError, WorkKey};
 use tokio::sync::OnceCell;
 
 /// The default lease table.
@@ -65,6 +67,10 @@ struct Sql {
     list: String,
     evict_now: String,
     evict_after_term: String,
+    ledger_read: String,
+    ledger_create: String,
+    ledger_update: String,
+    ledger_purge: String,
 }
 
 const COLUMNS: &str = "election, holder, token, revision, ttl_ms, evicted, metadata, \
@@ -151,6 +157,28 @@ impl Sql {
             evict_after_term: format!(
                 "UPDATE {t} SET evicted = true, revision = revision + 1 WHERE election = $1 AND {live}
                  RETURNING {COLUMNS}"
+            ),
+            // The work ledger (store duty 8): versions from a sequence, so that none
+            // comes back; entries kept by the server's clock.
+            ledger_read: format!(
+                "SELECT value, version FROM {t}_work WHERE election = $1 AND key = $2 AND keep_until > now()"
+            ),
+            ledger_create: format!(
+                "INSERT INTO {t}_work AS w (election, key, value, version, keep_until)
+                 VALUES ($1, $2, $3, nextval('{t}_wv'), now() + $4 * interval '1 millisecond')
+                 ON CONFLICT (election, key) DO UPDATE
+                   SET value = EXCLUDED.value, version = EXCLUDED.version, keep_until = EXCLUDED.keep_until
+                   WHERE w.keep_until <= now()
+                 RETURNING version"
+            ),
+            ledger_update: format!(
+                "UPDATE {t}_work SET value = $3, version = nextval('{t}_wv'),
+                   keep_until = now() + $4 * interval '1 millisecond'
+                 WHERE election = $1 AND key = $2 AND version = $5 AND keep_until > now()
+                 RETURNING version"
+            ),
+            ledger_purge: format!(
+                "DELETE FROM {t}_work WHERE ctid IN (SELECT ctid FROM {t}_work WHERE keep_until <= now() LIMIT 100)"
             ),
         }
     }
@@ -244,7 +272,17 @@ impl PostgresStore {
                       IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = '{t}_notify' AND tgrelid = '{t}'::regclass) THEN
                         CREATE TRIGGER {t}_notify AFTER INSERT OR UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION {t}_notify();
                       END IF;
-                    END $d$;"
+                    END $d$;
+                    CREATE TABLE IF NOT EXISTS {t}_work (
+                        election   text NOT NULL,
+                        key        text NOT NULL,
+                        value      bytea NOT NULL,
+                        version    bigint NOT NULL,
+                        keep_until timestamptz NOT NULL,
+                        PRIMARY KEY (election, key)
+                    );
+                    CREATE INDEX IF NOT EXISTS {t}_work_keep ON {t}_work (keep_until);
+                    CREATE SEQUENCE IF NOT EXISTS {t}_wv;"
                 );
                 sqlx::raw_sql(audited(&ddl)).execute(&mut *tx).await.map_err(|e| pg_error("creating the lease table", e))?;
                 tx.commit().await.map_err(|e| pg_error("creating the lease table", e))?;
@@ -692,6 +730,51 @@ impl LeaseStore for PostgresStore {
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
         Some(self.inner.changes.watch(Arc::new(self.clone()), &self.inner, election, Self::open_feed))
+    }
+
+    async fn ledger_read(&self, election: &ElectionName, key: &WorkKey) -> Result<Option<LedgerEntry>, StoreError> {
+        self.ensure_schema().await?;
+        let q = sqlx::query(audited(&self.inner.sql.ledger_read)).bind(election.as_str()).bind(key.as_str());
+        let rows = fetch_all_on(&self.inner.pool, q).await;
+        let rows = self.check("reading the work ledger", rows).await?;
+        rows.first()
+            .map(|r| {
+                Ok(LedgerEntry { value: r.try_get("value")?, version: r.try_get::<i64, _>("version")?.to_string() })
+            })
+            .transpose()
+            .map_err(|e| pg_error("reading the work ledger", e))
+    }
+
+    async fn ledger_write(
+        &self,
+        election: &ElectionName,
+        key: &WorkKey,
+        value: &[u8],
+        expected: Option<&str>,
+        keep: Duration,
+    ) -> Result<LedgerWrite, StoreError> {
+        const WHAT: &str = "writing the work ledger";
+        check_ledger_value(value)?;
+        self.ensure_schema().await?;
+        let purged = execute_on(&self.inner.pool, sqlx::query(audited(&self.inner.sql.ledger_purge))).await;
+        self.check(WHAT, purged).await?;
+        let keep_ms = keep.as_millis().min(i64::MAX as u128 / 2) as i64;
+        let sql = if expected.is_some() { &self.inner.sql.ledger_update } else { &self.inner.sql.ledger_create };
+        let mut q =
+            sqlx::query(audited(sql)).bind(election.as_str()).bind(key.as_str()).bind(value.to_vec()).bind(keep_ms);
+        if let Some(v) = expected {
+            // A version this store never gave matches nothing.
+            let Ok(v) = v.parse::<i64>() else { return Ok(LedgerWrite::Conflict) };
+            q = q.bind(v);
+        }
+        let rows = fetch_all_on(&self.inner.pool, q).await;
+        let rows = self.check(WHAT, rows).await?;
+        match rows.first() {
+            Some(r) => {
+                Ok(LedgerWrite::Written(r.try_get::<i64, _>("version").map_err(|e| pg_error(WHAT, e))?.to_string()))
+            }
+            None => Ok(LedgerWrite::Conflict),
+        }
     }
 }
 

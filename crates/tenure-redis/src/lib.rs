@@ -39,8 +39,10 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
-use tenure::store::{Acquire, AcquireRequest, Renew, Revision, WatchStream, check_ttl};
-use tenure::{ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, StoreError};
+use tenure::store::{
+    Acquire, AcquireRequest, LedgerEntry, LedgerWrite, Renew, Revision, WatchStream, check_ledger_value, check_ttl,
+};
+use tenure::{ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, StoreError, WorkKey};
 
 mod target;
 use target::Target;
@@ -235,7 +237,25 @@ struct Scripts {
     release: Script,
     evict: Script,
     get: Script,
+    ledger_write: Script,
 }
+
+/// A work-ledger write (store duty 8). KEYS: the entry, the hash of the ledger's counter.
+/// ARGV: value, the expected version ('' for none), how long to keep the entry (ms).
+/// Versions grow as the lease counters do (at least the server clock in microseconds),
+/// so that none comes back even if the counter was lost with a restart.
+const LEDGER_WRITE: &str = r#"
+local entry, counter = KEYS[1], KEYS[2]
+local cur = redis.call('HGET', entry, 'version') or ''
+if cur ~= ARGV[2] then return false end
+local t = redis.call('TIME')
+local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local v = string.format('%.0f', math.max(tonumber(redis.call('HGET', counter, 'work') or '0') + 1, us))
+redis.call('HSET', counter, 'work', v)
+redis.call('HSET', entry, 'value', ARGV[1], 'version', v)
+redis.call('PEXPIRE', entry, ARGV[3])
+return v
+"#;
 
 impl Scripts {
     fn new() -> Self {
@@ -251,7 +271,14 @@ impl Scripts {
             lib = lib.replace("if e[1] ~= id and same_run", "if false and same_run");
         }
         let s = |body: &str| Script::new(&format!("{lib}{body}"));
-        Self { acquire: s(ACQUIRE), renew: s(RENEW), release: s(RELEASE), evict: s(EVICT), get: s(GET) }
+        Self {
+            acquire: s(ACQUIRE),
+            renew: s(RENEW),
+            release: s(RELEASE),
+            evict: s(EVICT),
+            get: s(GET),
+            ledger_write: Script::new(LEDGER_WRITE),
+        }
     }
 }
 
@@ -343,6 +370,12 @@ impl RedisStore {
     fn keys(&self, election: &str) -> (String, String) {
         let p = &self.inner.prefix;
         (format!("{p}:lease:{election}"), format!("{p}:meta:{election}"))
+    }
+
+    /// The key of a work-ledger entry, and the hash its versions are counted in.
+    fn ledger_keys(&self, election: &ElectionName, key: &WorkKey) -> (String, String) {
+        let p = &self.inner.prefix;
+        (format!("{p}:work:{election}:{key}"), format!("{p}:work-counter"))
     }
 
     /// The hash that names the server run and primary history the data was written
@@ -859,6 +892,64 @@ impl LeaseStore for RedisStore {
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
         Some(self.inner.changes.watch(Arc::new(self.clone()), &self.inner, election, Self::open_feed))
+    }
+
+    async fn ledger_read(&self, election: &ElectionName, key: &WorkKey) -> Result<Option<LedgerEntry>, StoreError> {
+        const WHAT: &str = "reading the work ledger";
+        let (on, mut conn) = self.conn().await?;
+        let (entry, _) = self.ledger_keys(election, key);
+        let (value, version): (Option<Vec<u8>>, Option<String>) = redis::cmd("HMGET")
+            .arg(&entry)
+            .arg("value")
+            .arg("version")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.failed(on, WHAT, e))?;
+        Ok(match (value, version) {
+            (Some(value), Some(version)) => Some(LedgerEntry { value, version }),
+            _ => None,
+        })
+    }
+
+    async fn ledger_write(
+        &self,
+        election: &ElectionName,
+        key: &WorkKey,
+        value: &[u8],
+        expected: Option<&str>,
+        keep: Duration,
+    ) -> Result<LedgerWrite, StoreError> {
+        const WHAT: &str = "writing the work ledger";
+        check_ledger_value(value)?;
+        let (on, mut conn) = self.conn().await?;
+        let (entry, counter) = self.ledger_keys(election, key);
+        let script = &self.inner.scripts.ledger_write;
+        let mut inv = script.key(entry);
+        inv.key(counter)
+            .arg(value)
+            .arg(expected.unwrap_or(""))
+            .arg(keep.as_millis().clamp(1, i64::MAX as u128 / 2).to_string());
+        // With replicas to wait for, the write and its WAIT go out together, as grants do:
+        // a key marked done must not be lost in a failover.
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(&inv);
+        if self.inner.min_replicas > 0 {
+            pipe.cmd("WAIT").arg(self.inner.min_replicas).arg(WAIT_MS);
+        }
+        let mut values = self.query_pipeline(WHAT, (on, &mut conn), &pipe, script).await?;
+        if self.inner.min_replicas > 0 {
+            let acks = acks_of(values.pop());
+            self.check_acks("work-ledger write", acks)?;
+        }
+        match values.pop() {
+            Some(Value::Nil) => Ok(LedgerWrite::Conflict),
+            Some(v) => Ok(LedgerWrite::Written(redis::from_redis_value::<String>(v).map_err(|e| {
+                StoreError::ambiguous(format!(
+                    "Redis answered a work-ledger write with something else than a version: {e}"
+                ))
+            })?)),
+            None => Err(StoreError::ambiguous("Redis answered a work-ledger write with nothing")),
+        }
     }
 }
 

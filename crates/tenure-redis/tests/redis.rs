@@ -36,6 +36,9 @@ impl Harness for R {
         self.server.lock().unwrap().restart();
         true
     }
+    fn durable(&self) -> bool {
+        false
+    }
 }
 
 #[async_trait::async_trait]

@@ -23,9 +23,11 @@ use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
-use tenure::store::{Acquire, AcquireRequest, Renew, Revision, WatchStream, check_ttl};
+use tenure::store::{
+    Acquire, AcquireRequest, LedgerEntry, LedgerWrite, Renew, Revision, WatchStream, check_ledger_value, check_ttl,
+};
 use tenure::store::{Change, ChangeHub};
-use tenure::{ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, StoreError};
+use tenure::{ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, StoreError, WorkKey};
 
 const SCHEMA_VERSION: i64 = 2;
 
@@ -64,6 +66,25 @@ AFTER UPDATE OF holder, token, revision, ttl_ms, boot_id, expires_ns, evicted, m
     UPDATE tenure_seq SET n = n + 1;
     UPDATE tenure_leases SET seq = (SELECT n FROM tenure_seq) WHERE election = NEW.election;
 END;
+";
+
+/// The work ledger (store duty 8), made when it is first written to rather than by a
+/// schema version, so that a tenure that knows nothing of it still opens the database.
+/// `version` comes from a counter of its own, so that it never comes back for a key, not
+/// even after a row let go is written anew; `keep_until_ms` is on the wall clock: entries
+/// are kept for days, and must outlive a reboot (which ends every lease).
+const LEDGER_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS tenure_work (
+    election      TEXT NOT NULL,
+    key           TEXT NOT NULL,
+    value         BLOB NOT NULL,
+    version       INTEGER NOT NULL,
+    keep_until_ms INTEGER NOT NULL,
+    PRIMARY KEY (election, key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS tenure_work_keep ON tenure_work (keep_until_ms);
+CREATE TABLE IF NOT EXISTS tenure_work_seq (n INTEGER NOT NULL);
+INSERT INTO tenure_work_seq (n) SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM tenure_work_seq);
 ";
 
 const COLUMNS: &str =
@@ -593,6 +614,65 @@ impl LeaseStore for SqliteStore {
 
     fn describe(&self) -> String {
         format!("sqlite:{}", self.inner.path.display())
+    }
+
+    async fn ledger_read(&self, election: &ElectionName, key: &WorkKey) -> Result<Option<LedgerEntry>, StoreError> {
+        let (election, key) = (election.clone(), key.clone());
+        self.with_conn("reading the work ledger", move |conn, _| {
+            let read = conn
+                .prepare_cached(
+                    "SELECT value, version FROM tenure_work WHERE election = ?1 AND key = ?2 AND keep_until_ms > ?3",
+                )
+                .and_then(|mut st| {
+                    st.query_row(params![election.as_str(), key.as_str(), wall_ms()], |r| {
+                        Ok(LedgerEntry { value: r.get(0)?, version: r.get::<_, i64>(1)?.to_string() })
+                    })
+                    .optional()
+                });
+            match read {
+                // A database nobody has kept a ledger in yet.
+                Err(rusqlite::Error::SqliteFailure(_, Some(m))) if m.starts_with("no such table") => Ok(None),
+                other => other,
+            }
+        })
+        .await
+    }
+
+    async fn ledger_write(
+        &self,
+        election: &ElectionName,
+        key: &WorkKey,
+        value: &[u8],
+        expected: Option<&str>,
+        keep: Duration,
+    ) -> Result<LedgerWrite, StoreError> {
+        check_ledger_value(value)?;
+        let (election, key, value) = (election.clone(), key.clone(), value.to_vec());
+        let expected = expected.map(str::to_string);
+        let keep_ms = keep.as_millis().min(i64::MAX as u128 / 2) as i64;
+        self.transact("writing the work ledger", move |tx, _| {
+            tx.execute_batch(LEDGER_SCHEMA)?;
+            let now = wall_ms();
+            // Entries kept past their time go first; the one written below may be one.
+            exec(tx, "DELETE FROM tenure_work WHERE keep_until_ms <= ?1", [now])?;
+            let current: Option<i64> = tx
+                .prepare_cached("SELECT version FROM tenure_work WHERE election = ?1 AND key = ?2")?
+                .query_row([election.as_str(), key.as_str()], |r| r.get(0))
+                .optional()?;
+            if current.map(|v| v.to_string()) != expected {
+                return Ok(LedgerWrite::Conflict);
+            }
+            exec(tx, "UPDATE tenure_work_seq SET n = n + 1", [])?;
+            let version: i64 = tx.query_row("SELECT n FROM tenure_work_seq", [], |r| r.get(0))?;
+            exec(
+                tx,
+                "INSERT OR REPLACE INTO tenure_work (election, key, value, version, keep_until_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![election.as_str(), key.as_str(), value, version, now.saturating_add(keep_ms)],
+            )?;
+            Ok(LedgerWrite::Written(version.to_string()))
+        })
+        .await
     }
 }
 

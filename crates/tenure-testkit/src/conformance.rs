@@ -32,8 +32,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure::store::{Acquire, AcquireRequest, ExpiryJudge, MAX_METADATA, Renew};
-use tenure::{ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore};
+use tenure::store::{Acquire, AcquireRequest, ExpiryJudge, LedgerWrite, MAX_LEDGER_VALUE, MAX_METADATA, Renew};
+use tenure::{ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, WorkKey};
 use tokio_stream::StreamExt;
 
 use crate::unique;
@@ -49,6 +49,13 @@ pub trait Harness: Send + Sync + 'static {
     /// Return false if the store cannot be restarted; the restart case is then skipped.
     async fn restart(&self) -> bool {
         false
+    }
+
+    /// Whether a [`Harness::restart`] keeps what the store wrote (its data is on disk):
+    /// then a work-ledger entry must survive it. A store restarted without its data (a
+    /// Redis that keeps nothing on disk) still owes growing tokens, not the ledger.
+    fn durable(&self) -> bool {
+        true
     }
 
     /// The TTL the expiry cases use; they wait about twice this long. A case checks that
@@ -107,6 +114,9 @@ cases!(
         invalid_requests_are_refused,
         announced_candidates_are_listed,
         priority_handover_and_reservations,
+        ledger_writes_compare_versions,
+        ledger_entries_are_kept_apart,
+        ledger_claims_follow_the_terms,
     ],
     alone: [tokens_increase_across_restart, watch_goes_on_after_a_restart],
 );
@@ -553,6 +563,13 @@ async fn tokens_increase_across_restart(h: Arc<dyn Harness>) {
     let e = election("restart");
     let l = acquired(&*s, &req(&e, &holder("a"), h.long_ttl())).await;
     s.release(&l).await.unwrap();
+    // The work ledger is as durable as the tokens (duty 8): a key done before a restart
+    // stays done.
+    let k = key("restart");
+    let written = match s.ledger_write(&e, &k, b"kept", None, Duration::from_secs(3600)).await.unwrap() {
+        LedgerWrite::Written(v) => v,
+        LedgerWrite::Conflict => panic!("a first ledger write must succeed"),
+    };
     drop(s);
     if !h.restart().await {
         eprintln!("conformance: the store cannot be restarted; skipping the restart case");
@@ -561,6 +578,10 @@ async fn tokens_increase_across_restart(h: Arc<dyn Harness>) {
     let s = h.open().await;
     let l2 = acquired(&*s, &req(&e, &holder("b"), h.long_ttl())).await;
     assert!(l2.token > l.token, "token {} after a restart is not above {}", l2.token, l.token);
+    if h.durable() {
+        let kept = s.ledger_read(&e, &k).await.unwrap().expect("a ledger entry survives a restart");
+        assert_eq!((kept.value.as_slice(), kept.version.as_str()), (&b"kept"[..], written.as_str()));
+    }
 }
 
 /// Checks duty 1 (concurrent acquires: exactly one wins, the others see it).
@@ -736,6 +757,156 @@ async fn wait_for(w: &mut tenure::store::WatchStream, what: &str, pred: impl Fn(
     })
     .await;
     assert_eq!(found, Ok(true), "the watch did not tell of {what}");
+}
+
+fn key(name: &str) -> WorkKey {
+    WorkKey::new(unique(name)).unwrap()
+}
+
+/// Checks duty 8 (a ledger write compares the version read; versions never come back;
+/// values are opaque bytes up to the limit).
+async fn ledger_writes_compare_versions(h: Arc<dyn Harness>) {
+    let (s1, s2) = (h.open().await, h.open().await);
+    let (e, k) = (election("ledger-cas"), key("k"));
+    let keep = Duration::from_secs(3600);
+    assert_eq!(s1.ledger_read(&e, &k).await.unwrap(), None, "a fresh key has no entry");
+    let v1 = match s1.ledger_write(&e, &k, b"one", None, keep).await.unwrap() {
+        LedgerWrite::Written(v) => v,
+        LedgerWrite::Conflict => panic!("a first write where no entry exists must succeed"),
+    };
+    let read = s2.ledger_read(&e, &k).await.unwrap().expect("another handle reads the entry");
+    assert_eq!((read.value.as_slice(), read.version.as_str()), (&b"one"[..], v1.as_str()));
+    assert_eq!(
+        s2.ledger_write(&e, &k, b"two", None, keep).await.unwrap(),
+        LedgerWrite::Conflict,
+        "create over an entry"
+    );
+    let bytes: Vec<u8> = (0..MAX_LEDGER_VALUE).map(|i| (i % 256) as u8).collect();
+    let v2 = match s2.ledger_write(&e, &k, &bytes, Some(&v1), keep).await.unwrap() {
+        LedgerWrite::Written(v) => v,
+        LedgerWrite::Conflict => panic!("a write at the version read must succeed"),
+    };
+    assert_ne!(v2, v1, "a write moves the version");
+    assert_eq!(
+        s1.ledger_write(&e, &k, b"late", Some(&v1), keep).await.unwrap(),
+        LedgerWrite::Conflict,
+        "a stale version"
+    );
+    assert_eq!(s1.ledger_read(&e, &k).await.unwrap().unwrap().value, bytes, "values are opaque bytes");
+    // Writing the same value again still moves the version: a writer that read the
+    // entry before cannot match it afterwards.
+    let v3 = match s1.ledger_write(&e, &k, &bytes, Some(&v2), keep).await.unwrap() {
+        LedgerWrite::Written(v) => v,
+        LedgerWrite::Conflict => panic!("a write at the version read must succeed"),
+    };
+    assert!(v3 != v2 && v3 != v1, "versions never come back ({v1}, {v2}, {v3})");
+    assert_eq!(s2.ledger_write(&e, &k, b"x", Some(&v2), keep).await.unwrap(), LedgerWrite::Conflict);
+    let too_big = vec![b'x'; MAX_LEDGER_VALUE + 1];
+    let err = s1.ledger_write(&e, &k, &too_big, Some(&v3), keep).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Invalid, "an oversized value is refused: {err}");
+}
+
+/// Checks duty 8 (entries of different keys and elections are apart from each other and
+/// from the lease; an entry past its keep reads as absent only if a create can then
+/// write it, so that a key let go can be claimed again).
+async fn ledger_entries_are_kept_apart(h: Arc<dyn Harness>) {
+    let s = h.open().await;
+    let (e1, e2) = (election("ledger-a"), election("ledger-b"));
+    let (k1, k2) = (key("k1"), key("k2"));
+    let keep = Duration::from_secs(3600);
+    for (e, k, v) in [(&e1, &k1, "11"), (&e1, &k2, "12"), (&e2, &k1, "21")] {
+        assert!(matches!(s.ledger_write(e, k, v.as_bytes(), None, keep).await.unwrap(), LedgerWrite::Written(_)));
+    }
+    for (e, k, v) in [(&e1, &k1, "11"), (&e1, &k2, "12"), (&e2, &k1, "21")] {
+        assert_eq!(s.ledger_read(e, k).await.unwrap().unwrap().value, v.as_bytes(), "{e} {k}");
+    }
+    // The ledger is not the lease: the election has no leader, and a grant leaves it be.
+    assert_eq!(s.get(&e1).await.unwrap(), None, "a ledger entry is not a lease");
+    let l = acquired(&*s, &req(&e1, &holder("a"), h.long_ttl())).await;
+    s.release(&l).await.unwrap();
+    assert_eq!(s.ledger_read(&e1, &k1).await.unwrap().unwrap().value, b"11");
+    assert!(s.list(e1.as_str()).await.unwrap().is_empty(), "ledger entries are not listed as leases");
+    // A short keep: once it has passed, the entry may be let go, and if a read says so,
+    // a create must succeed.
+    let k3 = key("k3");
+    assert!(matches!(s.ledger_write(&e2, &k3, b"short", None, h.short_ttl()).await.unwrap(), LedgerWrite::Written(_)));
+    assert!(s.ledger_read(&e2, &k3).await.unwrap().is_some(), "an entry is kept at least its keep");
+    outlive(&h).await;
+    match s.ledger_read(&e2, &k3).await.unwrap() {
+        None => assert!(
+            matches!(s.ledger_write(&e2, &k3, b"again", None, h.long_ttl()).await.unwrap(), LedgerWrite::Written(_)),
+            "an entry read as absent must take a create"
+        ),
+        Some(kept) => assert_eq!(kept.value, b"short", "an entry kept longer is unchanged"),
+    }
+}
+
+/// Checks duty 8 through the ledger's rules ([`tenure::ledger`]) with the store's own
+/// tokens: a key runs once; a later term reruns a key whose term ended first, with a larger
+/// token; an earlier term's late report or claim is refused; at most once never reruns.
+async fn ledger_claims_follow_the_terms(h: Arc<dyn Harness>) {
+    use tenure::ledger::{self, Claim, Guarantee, Policy, Refusal};
+    let s = h.open().await;
+    let e = election("ledger-terms");
+    let (a, b) = (holder("a"), holder("b"));
+    let policy = Policy::default();
+    let keep = policy.keep;
+    let la = acquired(&*s, &req(&e, &a, h.long_ttl())).await;
+    let done_key = key("done");
+    let cut_key = key("cut");
+    let once_key = key("once");
+    for k in [&done_key, &cut_key] {
+        assert_eq!(
+            ledger::claim(&*s, &e, k, la.token, &a, &policy).await.unwrap(),
+            Claim::Run { attempt: 1, after: None }
+        );
+    }
+    let at_most_once = Policy { guarantee: Guarantee::AtMostOnce, ..policy };
+    assert!(matches!(ledger::claim(&*s, &e, &once_key, la.token, &a, &at_most_once).await.unwrap(), Claim::Run { .. }));
+    assert!(ledger::complete(&*s, &e, &done_key, la.token, keep).await.unwrap(), "the claiming term completes");
+    s.release(&la).await.unwrap();
+    let lb = acquired(&*s, &req(&e, &b, h.long_ttl())).await;
+    assert!(lb.token > la.token);
+    match ledger::claim(&*s, &e, &done_key, lb.token, &b, &policy).await.unwrap() {
+        Claim::Done(entry) => assert_eq!((entry.token, entry.holder), (la.token, a.clone()), "the run that finished"),
+        other => panic!("a done key was claimed again: {other:?}"),
+    }
+    match ledger::claim(&*s, &e, &cut_key, lb.token, &b, &policy).await.unwrap() {
+        Claim::Run { attempt: 2, after: Some(prev) } => assert_eq!(prev.token, la.token, "the rerun names the cut run"),
+        other => panic!("a key whose term ended first must run again: {other:?}"),
+    }
+    assert!(
+        !ledger::complete(&*s, &e, &cut_key, la.token, keep).await.unwrap(),
+        "the earlier term's late report is refused"
+    );
+    match ledger::claim(&*s, &e, &cut_key, la.token, &a, &policy).await.unwrap() {
+        Claim::Refused(entry, Refusal::LaterTerm) => assert_eq!(entry.token, lb.token),
+        other => panic!("an earlier term's claim after a later one must be refused: {other:?}"),
+    }
+    assert!(ledger::complete(&*s, &e, &cut_key, lb.token, keep).await.unwrap());
+    assert!(matches!(
+        ledger::claim(&*s, &e, &once_key, lb.token, &b, &at_most_once).await.unwrap(),
+        Claim::Refused(_, Refusal::MayHaveRun)
+    ));
+    // Failures leave the key open until the attempts are used up.
+    let failing = key("failing");
+    let one_try = Policy { attempts: 2, ..policy };
+    assert!(matches!(
+        ledger::claim(&*s, &e, &failing, lb.token, &b, &one_try).await.unwrap(),
+        Claim::Run { attempt: 1, .. }
+    ));
+    assert!(ledger::fail(&*s, &e, &failing, lb.token, keep).await.unwrap());
+    assert!(matches!(
+        ledger::claim(&*s, &e, &failing, lb.token, &b, &one_try).await.unwrap(),
+        Claim::Run { attempt: 2, .. }
+    ));
+    assert!(ledger::fail(&*s, &e, &failing, lb.token, keep).await.unwrap());
+    assert!(matches!(
+        ledger::claim(&*s, &e, &failing, lb.token, &b, &one_try).await.unwrap(),
+        Claim::Refused(_, Refusal::NoAttemptsLeft)
+    ));
+    let entry = ledger::read(&*s, &e, &cut_key).await.unwrap().expect("the entry");
+    assert_eq!((entry.state, entry.token, entry.attempts), (ledger::WorkState::Done, lb.token, 2));
 }
 
 /// Checks the record (metadata of up to 4 KiB, binary-safe, reaches observers).

@@ -40,10 +40,12 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tenure::store::{Acquire, AcquireRequest, Renew, Revision, WatchStream, check_ttl};
-use tenure::{ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, StoreError};
+use tenure::store::{
+    Acquire, AcquireRequest, LedgerEntry, LedgerWrite, Renew, Revision, WatchStream, check_ledger_value, check_ttl,
+};
+use tenure::{ElectionName, ErrorKind, Evict, FencingToken, HolderId, LeaseRecord, LeaseStore, StoreError, WorkKey};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
@@ -154,6 +156,15 @@ fn parse_url(url: &str) -> Result<Parsed, StoreError> {
 /// would read as a path separator, and `%` never occurs in a name.
 fn node_name(election: &str) -> String {
     election.replace('/', "%2F")
+}
+
+/// The value of a work-ledger node (`KEEP_UNTIL_MS\nVALUE`) if it is still kept by the
+/// wall clock; `None` when it is past its keep or not such a node.
+fn kept_entry(data: &[u8]) -> Option<Vec<u8>> {
+    let nl = data.iter().position(|b| *b == b'\n')?;
+    let until: u64 = std::str::from_utf8(&data[..nl]).ok()?.parse().ok()?;
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis();
+    (u128::from(until) > now).then(|| data[nl + 1..].to_vec())
 }
 
 fn election_of(node: &str) -> Option<ElectionName> {
@@ -340,6 +351,12 @@ impl ZkStore {
 
     fn acls(&self) -> zk::Acls<'static> {
         if self.inner.auth.is_some() { zk::Acls::creator_all() } else { zk::Acls::anyone_all() }
+    }
+
+    /// The node of a work-ledger entry: under `PATH/tenure:work` (`:` is in no election
+    /// name, so `list` and the watch pass it by), one node per election, one per key.
+    fn work_node(&self, election: &ElectionName, key: &WorkKey) -> String {
+        format!("{}/tenure:work/{}/{key}", self.inner.path, node_name(election.as_str()))
     }
 
     fn node(&self, election: &str) -> String {
@@ -845,6 +862,67 @@ impl LeaseStore for ZkStore {
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
         Some(self.inner.changes.watch(Arc::new(self.clone()), &self.inner, election, Self::open_feed))
+    }
+
+    async fn ledger_read(&self, election: &ElectionName, key: &WorkKey) -> Result<Option<LedgerEntry>, StoreError> {
+        let c = self.reader().await?;
+        match timed("reading the work ledger", false, c.get_data(&self.work_node(election, key))).await? {
+            Ok((data, stat)) => {
+                Ok(kept_entry(&data).map(|value| LedgerEntry { value, version: stat.version.to_string() }))
+            }
+            Err(zk::Error::NoNode) => Ok(None),
+            Err(e) => Err(error("reading the work ledger", e, false)),
+        }
+    }
+
+    /// Each entry is a persistent node holding the instant it may be let go (wall clock,
+    /// ms) and the value. Nodes are never deleted: an entry past its keep reads as absent
+    /// and is written over at its node version, so versions never come back.
+    async fn ledger_write(
+        &self,
+        election: &ElectionName,
+        key: &WorkKey,
+        value: &[u8],
+        expected: Option<&str>,
+        keep: Duration,
+    ) -> Result<LedgerWrite, StoreError> {
+        const WHAT: &str = "writing the work ledger";
+        check_ledger_value(value)?;
+        let c = self.reader().await?;
+        let path = self.work_node(election, key);
+        let until = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().saturating_add(keep);
+        let mut data = format!("{}\n", until.as_millis().min(u64::MAX as u128)).into_bytes();
+        data.extend_from_slice(value);
+        let version = match expected {
+            Some(v) => match v.parse::<i32>() {
+                Ok(v) => v,
+                Err(_) => return Ok(LedgerWrite::Conflict),
+            },
+            None => match timed(WHAT, false, c.get_data(&path)).await? {
+                Ok((old, _)) if kept_entry(&old).is_some() => return Ok(LedgerWrite::Conflict),
+                // Past its keep: written over at the version just read.
+                Ok((_, stat)) => stat.version,
+                Err(zk::Error::NoNode) => {
+                    let opts = zk::CreateMode::Persistent.with_acls(self.acls());
+                    let parent = path.rsplit_once('/').map_or("", |p| p.0).to_string();
+                    match timed(WHAT, true, c.mkdir(&parent, &opts)).await? {
+                        Ok(()) | Err(zk::Error::NodeExists) => {}
+                        Err(e) => return Err(error(WHAT, e, true)),
+                    }
+                    return match timed(WHAT, true, c.create(&path, &data, &opts)).await? {
+                        Ok((stat, _)) => Ok(LedgerWrite::Written(stat.version.to_string())),
+                        Err(zk::Error::NodeExists) => Ok(LedgerWrite::Conflict),
+                        Err(e) => Err(error(WHAT, e, true)),
+                    };
+                }
+                Err(e) => return Err(error(WHAT, e, false)),
+            },
+        };
+        match timed(WHAT, true, c.set_data(&path, &data, Some(version))).await? {
+            Ok(stat) => Ok(LedgerWrite::Written(stat.version.to_string())),
+            Err(zk::Error::BadVersion | zk::Error::NoNode) => Ok(LedgerWrite::Conflict),
+            Err(e) => Err(error(WHAT, e, true)),
+        }
     }
 }
 

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::name::ElectionName;
+use crate::name::{ElectionName, WorkKey};
 use crate::record::{Acquire, AcquireRequest, Evict, ExpiryJudge, LeaseRecord, Renew};
-use crate::store::{LeaseStore, StoreError, WatchStream};
+use crate::store::{LeaseStore, LedgerEntry, LedgerWrite, StoreError, WatchStream};
 
 /// How long [`Batched`] gathers renewals by default before it sends them.
 pub const DEFAULT_WINDOW: Duration = Duration::from_millis(10);
@@ -242,5 +242,22 @@ impl LeaseStore for Batched {
 
     fn describe(&self) -> String {
         self.inner.describe()
+    }
+
+    async fn ledger_read(&self, election: &ElectionName, key: &WorkKey) -> Result<Option<LedgerEntry>, StoreError> {
+        let _turn = self.turn().await;
+        self.inner.ledger_read(election, key).await
+    }
+
+    async fn ledger_write(
+        &self,
+        election: &ElectionName,
+        key: &WorkKey,
+        value: &[u8],
+        expected: Option<&str>,
+        keep: Duration,
+    ) -> Result<LedgerWrite, StoreError> {
+        let _turn = self.turn().await;
+        self.inner.ledger_write(election, key, value, expected, keep).await
     }
 }

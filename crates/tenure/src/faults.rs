@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::store::{Acquire, AcquireRequest, ExpiryJudge, Renew, StoreError, WatchStream};
-use crate::{ElectionName, Evict, LeaseRecord, LeaseStore};
+use crate::store::{Acquire, AcquireRequest, ExpiryJudge, LedgerEntry, LedgerWrite, Renew, StoreError, WatchStream};
+use crate::{ElectionName, Evict, LeaseRecord, LeaseStore, WorkKey};
 
 /// Where a [`FaultyStore`] notes how long each renewal took.
 pub type RenewalTimes = Arc<Mutex<Vec<Duration>>>;
@@ -61,6 +61,10 @@ pub enum Op {
     List,
     /// [`LeaseStore::evict`]
     Evict,
+    /// [`LeaseStore::ledger_read`]
+    LedgerRead,
+    /// [`LeaseStore::ledger_write`]
+    LedgerWrite,
 }
 
 impl Op {
@@ -75,6 +79,8 @@ impl Op {
             Op::Get => "get",
             Op::List => "list",
             Op::Evict => "evict",
+            Op::LedgerRead => "ledger_read",
+            Op::LedgerWrite => "ledger_write",
         }
     }
 }
@@ -238,5 +244,18 @@ impl LeaseStore for FaultyStore {
     }
     fn describe(&self) -> String {
         format!("faulty({})", self.inner.describe())
+    }
+    async fn ledger_read(&self, election: &ElectionName, key: &WorkKey) -> Result<Option<LedgerEntry>, StoreError> {
+        self.run(Op::LedgerRead, self.inner.ledger_read(election, key)).await
+    }
+    async fn ledger_write(
+        &self,
+        election: &ElectionName,
+        key: &WorkKey,
+        value: &[u8],
+        expected: Option<&str>,
+        keep: Duration,
+    ) -> Result<LedgerWrite, StoreError> {
+        self.run(Op::LedgerWrite, self.inner.ledger_write(election, key, value, expected, keep)).await
     }
 }

@@ -47,6 +47,7 @@ mod clock;
 mod config;
 mod elector;
 pub mod faults;
+pub mod ledger;
 mod memory;
 mod metrics;
 mod name;
@@ -63,7 +64,9 @@ pub use elector::{
     Watchdog,
 };
 pub use memory::MemoryStore;
-pub use name::{ELECTION_NAME_RULE, ElectionName, HOLDER_ID_RULE, HolderId, NameError, host_name};
+pub use name::{
+    ELECTION_NAME_RULE, ElectionName, HOLDER_ID_RULE, HolderId, NameError, WORK_KEY_RULE, WorkKey, host_name,
+};
 pub use observe::{Observer, observe, observe_with};
 pub use presence::{Candidate, Health, RESERVED_PREFIX, candidates, reserve};
 pub use record::{Evict, FencingToken, Leader, LeaseRecord};

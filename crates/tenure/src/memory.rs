@@ -10,9 +10,9 @@ use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 
 use crate::clock::{Clock, Instant, TokioClock};
-use crate::name::ElectionName;
+use crate::name::{ElectionName, WorkKey};
 use crate::record::{Acquire, AcquireRequest, Evict, FencingToken, LeaseRecord, Renew, Revision, check_ttl};
-use crate::store::{LeaseStore, StoreError, WatchStream};
+use crate::store::{LeaseStore, LedgerEntry, LedgerWrite, StoreError, WatchStream, check_ledger_value};
 
 /// A lease store in this process's memory. Expiry is judged by its [`Clock`].
 ///
@@ -25,6 +25,15 @@ pub struct MemoryStore {
 struct Inner {
     clock: Arc<dyn Clock>,
     elections: Mutex<BTreeMap<ElectionName, Slot>>,
+    /// The work ledger: each entry with its version and the instant it may be let go.
+    ledger: Mutex<Ledger>,
+}
+
+#[derive(Default)]
+struct Ledger {
+    entries: BTreeMap<(ElectionName, WorkKey), (Vec<u8>, u64, Instant)>,
+    /// The last version given; versions are never given twice.
+    version: u64,
 }
 
 struct Slot {
@@ -51,7 +60,7 @@ impl MemoryStore {
 
     /// A store judging expiry on `clock`.
     pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
-        Self { inner: Arc::new(Inner { clock, elections: Mutex::new(BTreeMap::new()) }) }
+        Self { inner: Arc::new(Inner { clock, elections: Mutex::new(BTreeMap::new()), ledger: Mutex::default() }) }
     }
 
     fn lock(&self) -> MutexGuard<'_, BTreeMap<ElectionName, Slot>> {
@@ -214,5 +223,37 @@ impl LeaseStore for MemoryStore {
 
     fn describe(&self) -> String {
         "memory".to_string()
+    }
+
+    async fn ledger_read(&self, election: &ElectionName, key: &WorkKey) -> Result<Option<LedgerEntry>, StoreError> {
+        let now = self.inner.clock.now();
+        let ledger = self.inner.ledger.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(ledger
+            .entries
+            .get(&(election.clone(), key.clone()))
+            .filter(|(_, _, until)| *until > now)
+            .map(|(value, version, _)| LedgerEntry { value: value.clone(), version: version.to_string() }))
+    }
+
+    async fn ledger_write(
+        &self,
+        election: &ElectionName,
+        key: &WorkKey,
+        value: &[u8],
+        expected: Option<&str>,
+        keep: Duration,
+    ) -> Result<LedgerWrite, StoreError> {
+        check_ledger_value(value)?;
+        let now = self.inner.clock.now();
+        let mut ledger = self.inner.ledger.lock().unwrap_or_else(|p| p.into_inner());
+        let at = (election.clone(), key.clone());
+        let current = ledger.entries.get(&at).filter(|(_, _, until)| *until > now).map(|(_, v, _)| v.to_string());
+        if current.as_deref() != expected {
+            return Ok(LedgerWrite::Conflict);
+        }
+        ledger.version += 1;
+        let version = ledger.version;
+        ledger.entries.insert(at, (value.to_vec(), version, now + keep));
+        Ok(LedgerWrite::Written(version.to_string()))
     }
 }

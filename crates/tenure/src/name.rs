@@ -11,6 +11,10 @@ pub const ELECTION_NAME_RULE: &str = "an election name is 1 to 200 characters of
 pub const HOLDER_ID_RULE: &str =
     "a holder id is 1 to 200 characters of A-Z a-z 0-9 . _ - : @ (for example \"web-1.4242.k3j9x2\")";
 
+/// The rule every work key must follow, quoted in errors.
+pub const WORK_KEY_RULE: &str = "a work key is 1 to 200 characters of A-Z a-z 0-9 . _ - : + @ =, \
+     and not '.' or '..' (for example \"2026-11-27\" or \"slot-1764201600\")";
+
 /// A name was refused: it breaks [`ELECTION_NAME_RULE`] or [`HOLDER_ID_RULE`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid {what} {value:?}: {problem}; {rule}")]
@@ -101,6 +105,42 @@ impl HolderId {
     }
 }
 
+/// The name of one unit of work within an election: the key of a `--once` run
+/// (`2026-11-27`), a schedule slot, a gossip election id. See [`crate::ledger`].
+///
+/// Validated on construction: 1 to 200 characters of `A-Z a-z 0-9 . _ - : + @ =`, and
+/// neither `.` nor `..`, so that it is one path segment in every store.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WorkKey(Arc<str>);
+
+impl WorkKey {
+    /// Validates `key` and wraps it.
+    pub fn new(key: impl AsRef<str>) -> Result<Self, NameError> {
+        let key = key.as_ref();
+        let err = |problem: String| NameError { what: "work key", value: truncate(key), problem, rule: WORK_KEY_RULE };
+        if key.is_empty() {
+            return Err(err("it is empty".into()));
+        }
+        if key.len() > 200 {
+            return Err(err(format!("it is {} characters long", key.chars().count())));
+        }
+        if let Some(c) =
+            key.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':' | '+' | '@' | '=')))
+        {
+            return Err(err(format!("it contains {c:?}")));
+        }
+        if key == "." || key == ".." {
+            return Err(err(format!("it is {key:?}")));
+        }
+        Ok(Self(key.into()))
+    }
+
+    /// The key as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
 /// This machine's host name as it may stand in a holder id: at most 120 characters of
 /// A-Z a-z 0-9 - _ (anything else becomes `-`), `host` when it cannot be read.
 pub fn host_name() -> String {
@@ -169,10 +209,24 @@ macro_rules! string_like {
 }
 string_like!(ElectionName);
 string_like!(HolderId);
+string_like!(WorkKey);
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn work_keys_are_one_path_segment_of_safe_characters() {
+        for k in ["2026-11-27", "slot-1764201600", "2026-11-27T03:00:00+00:00", "a.b_c=d@e", &"k".repeat(200)] {
+            assert!(WorkKey::new(k).is_ok(), "{k}");
+        }
+        for (k, why) in
+            [("", "empty"), ("a/b", "'/'"), ("a b", "' '"), (".", "\".\""), ("..", "\"..\""), (&"k".repeat(201), "201")]
+        {
+            let e = WorkKey::new(k).unwrap_err().to_string();
+            assert!(e.contains(why) && e.contains(WORK_KEY_RULE), "{k:?}: {e}");
+        }
+    }
 
     #[test]
     fn accepts_good_names() {

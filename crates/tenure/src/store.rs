@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio_stream::Stream;
 
-use crate::name::ElectionName;
+use crate::name::{ElectionName, WorkKey};
 use crate::record::{Evict, LeaseRecord};
 
 pub use crate::record::{
@@ -179,6 +179,18 @@ impl StdError for StoreError {
 ///    election (acquire, renew, release, evict) is followed by an event carrying
 ///    the record as it then stands. Expiry may be silent. *Checked by*
 ///    `watch_tells_of_changes`.
+/// 8. **The work ledger is a compare-and-set register per (election, key)**, apart from
+///    the lease records. [`LeaseStore::ledger_write`] writes only if the entry still
+///    stands at the version the writer read (or, with `None`, only if there is none), in
+///    one atomic step; a version never comes back for an entry, not even after the entry
+///    was let go and written anew, so a writer holding an old version never matches a
+///    later value; an entry is kept at least `keep` after its last write (by the store's
+///    clock, or a wall clock where the store has none: retention is days, not a safety
+///    bound) and may be let go after that, when a read reports it absent. Values are
+///    opaque bytes, at most [`MAX_LEDGER_VALUE`]; [`crate::ledger`] gives them meaning
+///    (which term claimed a key, whether it finished), so that its rules are written once.
+///    *Checked by* `ledger_writes_compare_versions`, `ledger_entries_are_kept_apart`,
+///    `ledger_claims_follow_the_terms`.
 ///
 /// Every case of the suite (`tenure_testkit::conformance::CASES`) names the duty it checks;
 /// `list_by_prefix` and `metadata_round_trips` check `list` and the record's fields;
@@ -269,6 +281,72 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// A short description for logs, e.g. `sqlite:/var/lib/app/tenure.db`, never
     /// containing credentials.
     fn describe(&self) -> String;
+
+    /// The entry `key` of `election`'s work ledger (duty 8), or `None` if there is none or
+    /// the store has let it go. The default answers that this store keeps no ledger.
+    async fn ledger_read(&self, election: &ElectionName, key: &WorkKey) -> Result<Option<LedgerEntry>, StoreError> {
+        let _ = (election, key);
+        Err(no_ledger(&self.describe()))
+    }
+
+    /// Writes `value` as the entry `key` of `election`'s work ledger if the entry still
+    /// stands at version `expected` (`None`: only if there is none), and keeps it at least
+    /// `keep` after this write (duty 8). Answers the new version, or
+    /// [`LedgerWrite::Conflict`] if the entry stands elsewhere; a write that may or may
+    /// not have been applied is [`ErrorKind::Ambiguous`], and the caller reads to find
+    /// out. The default answers that this store keeps no ledger.
+    async fn ledger_write(
+        &self,
+        election: &ElectionName,
+        key: &WorkKey,
+        value: &[u8],
+        expected: Option<&str>,
+        keep: Duration,
+    ) -> Result<LedgerWrite, StoreError> {
+        let _ = (election, key, value, expected, keep);
+        Err(no_ledger(&self.describe()))
+    }
+}
+
+/// The largest value a work-ledger entry holds ([`LeaseStore::ledger_write`]).
+pub const MAX_LEDGER_VALUE: usize = 1024;
+
+/// One entry of a work ledger as a store keeps it ([`LeaseStore::ledger_read`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LedgerEntry {
+    /// What was written (opaque to the store; [`crate::ledger`] reads it).
+    pub value: Vec<u8>,
+    /// What a conditional write compares: a revision, an ETag, a version number, as text.
+    pub version: String,
+}
+
+/// What [`LeaseStore::ledger_write`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LedgerWrite {
+    /// The value was written; the entry now stands at this version.
+    Written(String),
+    /// The entry no longer stands at the expected version (or exists, where none was
+    /// expected): nothing was written.
+    Conflict,
+}
+
+/// The error of a store that keeps no work ledger.
+fn no_ledger(store: &str) -> StoreError {
+    StoreError::new(
+        ErrorKind::Misconfigured,
+        format!("{store} keeps no work ledger, which once-per-key runs and schedules need"),
+    )
+}
+
+/// Checks a ledger value's size (stores call it before writing).
+pub fn check_ledger_value(value: &[u8]) -> Result<(), StoreError> {
+    if value.len() > MAX_LEDGER_VALUE {
+        return Err(StoreError::invalid(format!(
+            "a work-ledger entry of {} bytes is larger than the {MAX_LEDGER_VALUE} a store keeps",
+            value.len()
+        )));
+    }
+    Ok(())
 }
 
 /// How many calls the default [`LeaseStore::renew_many`] and [`LeaseStore::release_many`]
