@@ -23,10 +23,14 @@ mod store_url;
 
 const EXIT_CODES: &str = "\
 Exit codes:
-  0    success (for run: the command succeeded, or tenure was stopped by SIGINT/SIGTERM)
-  1    error (store unreachable, bad store URL, …); the whole error chain is printed
+  0    success (for run: the command succeeded, or tenure was stopped by SIGINT/SIGTERM;
+       with --once, also: KEY was done already)
+  1    error (store unreachable, bad store URL, …); the whole error chain is printed;
+       run --once: KEY will not run (its attempts are used up, or --at-most-once and a
+       run of it may have started before)
   2    usage error (bad flag, bad election name, evict without --yes off a terminal)
   N    run: the command's own exit code; 128+S when it died of signal S
+  75   run: gave up waiting (--no-wait, --wait-timeout); --conflict-exit-code sets it
   3, 4 gossip elect: the action was not started (3); no outcome in time (4)";
 
 /// Leader election for replicas: run a command on exactly one of them.
@@ -52,6 +56,8 @@ enum Command {
     #[command(after_help = "\
 Examples:
   tenure run billing/nightly -- ./nightly-report.sh
+  tenure run billing/nightly --once \"$(date +%F)\" -- ./nightly-report.sh   # cron on every host
+  tenure run db/migrate --no-wait -- ./migrate.sh                        # like flock -n
   tenure run queue/sweeper --ttl 15s --grace 5s --keep-going -- python sweeper.py
 
 While it leads, the command runs with TENURE_ELECTION, TENURE_TOKEN (the fencing
@@ -150,10 +156,15 @@ Examples:
   tenure schedule reports/hourly --every 1h -- ./report.sh
   tenure schedule db/vacuum --cron \"0 3 * * *\" -- ./vacuum.sh
 
-Ticks of --every fall on multiples of the period since the Unix epoch, so every
-replica agrees on them; --cron takes five fields (minute hour day month weekday,
-names like mon or jan allowed, and @hourly, @daily, …), evaluated in UTC. A tick
-that comes while the previous run is still going is skipped.")]
+Slots of --every fall on multiples of the period since the Unix epoch, so every
+replica names them alike; --cron takes five fields (minute hour day month weekday,
+names like mon or jan allowed, and @hourly, @daily, …), evaluated in UTC. Each slot
+runs once across the replicas, whatever the handovers and their clocks: it is a key of
+the store's work ledger (as with run --once), and the command gets TENURE_SLOT (the
+slot's time, seconds since the epoch). A slot whose leader died mid-run runs again
+under the next leader; a slot due while nobody led, or while the previous run was
+still going, runs late, up to --catch-up; older ones are given up. Every slot is
+logged: run, run late, run again, skipped (done), not run, given up.")]
     Schedule(ScheduleArgs),
     /// Campaign without a command of its own, for a program that runs on every replica
     /// and asks (--http /is-leader) or is told (hooks) whether it leads
@@ -345,11 +356,65 @@ struct RunArgs {
     #[command(flatten)]
     campaign: run::CampaignArgs,
     /// When the command exits on its own, hand over and campaign again instead of exiting
-    #[arg(long)]
+    #[arg(long, conflicts_with = "once")]
     keep_going: bool,
+    /// Run the command once for this unit of work (e.g. "$(date +%F)"), across every
+    /// replica and every later start: if a run of KEY finished (the command exited 0)
+    /// within --keep, exit 0 without running it. A run cut short by the end of its term
+    /// (the leader died or lost its lease) runs again under the next leader, with a larger
+    /// TENURE_TOKEN; a run that failed leaves KEY open for the next attempt. The command
+    /// gets TENURE_ONCE_KEY and TENURE_ONCE_ATTEMPT
+    #[arg(long, value_name = "KEY", value_parser = work_key)]
+    once: Option<tenure::WorkKey>,
+    /// With --once: never start KEY a second time, not even after a run cut short or
+    /// failed (at most once instead of at least once)
+    #[arg(long, requires = "once")]
+    at_most_once: bool,
+    /// With --once: how many runs of KEY may start in all, failed and cut-short ones
+    /// included, before it is given up
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = tenure::ledger::DEFAULT_ATTEMPTS,
+        value_parser = clap::value_parser!(u32).range(1..),
+        requires = "once",
+        conflicts_with = "at_most_once"
+    )]
+    attempts: u32,
+    /// With --once: how long KEY is remembered (a KEY done longer ago runs again)
+    #[arg(long, value_name = "DUR", default_value = "7d", value_parser = duration, requires = "once")]
+    keep: Duration,
+    /// Give up at once if another replica leads (exit 75, or --conflict-exit-code)
+    #[arg(long)]
+    no_wait: bool,
+    /// Give up if this replica does not lead within DUR (exit 75, or --conflict-exit-code)
+    #[arg(long, value_name = "DUR", value_parser = duration)]
+    wait_timeout: Option<Duration>,
+    /// The exit code of giving up (--no-wait, --wait-timeout)
+    #[arg(long, value_name = "N", default_value_t = 75)]
+    conflict_exit_code: u8,
     /// The command and its arguments
     #[arg(last = true, required = true, value_name = "CMD")]
     cmd: Vec<String>,
+}
+
+impl RunArgs {
+    /// What `tenure run` does beyond running the command while leading.
+    fn options(&self) -> run::RunOptions {
+        let guarantee = if self.at_most_once {
+            tenure::ledger::Guarantee::AtMostOnce
+        } else {
+            tenure::ledger::Guarantee::AtLeastOnce
+        };
+        run::RunOptions {
+            keep_going: self.keep_going,
+            once: self.once.clone().map(|key| run::OnceRun {
+                key,
+                policy: tenure::ledger::Policy { guarantee, attempts: self.attempts, keep: self.keep },
+            }),
+            wait: run::Wait { no_wait: self.no_wait, timeout: self.wait_timeout, code: self.conflict_exit_code },
+        }
+    }
 }
 
 #[derive(Args)]
@@ -363,6 +428,25 @@ struct ScheduleArgs {
     /// Run at the times of this cron expression (UTC), e.g. "0 3 * * *"
     #[arg(long)]
     cron: Option<String>,
+    /// How late a slot may still run, on the leader after a takeover or after a run that
+    /// took longer than the period [default: one period, and at least two --ttl]
+    #[arg(long, value_name = "DUR", value_parser = duration)]
+    catch_up: Option<Duration>,
+    /// Never start a slot a second time, not even after a run cut short or failed
+    #[arg(long)]
+    at_most_once: bool,
+    /// How many runs of one slot may start in all, failed and cut-short ones included
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = tenure::ledger::DEFAULT_ATTEMPTS,
+        value_parser = clap::value_parser!(u32).range(1..),
+        conflicts_with = "at_most_once"
+    )]
+    attempts: u32,
+    /// How long a slot is remembered as done (longer than --catch-up)
+    #[arg(long, value_name = "DUR", default_value = "7d", value_parser = duration)]
+    keep: Duration,
     /// The command and its arguments
     #[arg(last = true, required = true, value_name = "CMD")]
     cmd: Vec<String>,
@@ -370,6 +454,10 @@ struct ScheduleArgs {
 
 fn election(s: &str) -> Result<ElectionName, String> {
     ElectionName::new(s).map_err(|e| e.to_string())
+}
+
+fn work_key(s: &str) -> Result<tenure::WorkKey, String> {
+    tenure::WorkKey::new(s).map_err(|e| e.to_string())
 }
 
 fn holder(s: &str) -> Result<tenure::HolderId, String> {
@@ -414,8 +502,9 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         }
         Command::Run(a) => {
             let c = a.campaign.campaign();
+            let options = a.options();
             let s = store_url::open(store).await?;
-            run::run(s, &c, a.keep_going, &a.cmd).await
+            run::run(s, &c, &options, &a.cmd).await
         }
         Command::Schedule(a) => {
             let schedule = match (a.every, &a.cron) {
@@ -425,8 +514,17 @@ async fn dispatch(cli: Cli) -> Result<i32> {
                 (None, None) => anyhow::bail!("give --every or --cron"),
             };
             let c = a.campaign.campaign();
+            let guarantee = if a.at_most_once {
+                tenure::ledger::Guarantee::AtMostOnce
+            } else {
+                tenure::ledger::Guarantee::AtLeastOnce
+            };
+            let options = run::ScheduleOptions {
+                catch_up: a.catch_up,
+                policy: tenure::ledger::Policy { guarantee, attempts: a.attempts, keep: a.keep },
+            };
             let s = store_url::open(store).await?;
-            run::schedule(s, &c, &schedule, &a.cmd).await
+            run::schedule(s, &c, &schedule, &options, &a.cmd).await
         }
         Command::Bench(mut settings) => {
             settings.store_url = store.map(str::to_string);

@@ -3,8 +3,11 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use anyhow::{Result, bail};
-use tenure::{CancellationToken, Config, Elector, Leadership, LeaseStore};
+use std::future::Future;
+
+use anyhow::{Context, Result, bail};
+use tenure::ledger::{Claim, Policy, Refusal, WorkEntry, WorkState};
+use tenure::{CancellationToken, Config, ElectionName, Elector, Leadership, LeaseStore, WorkKey};
 
 use crate::child::{Standby, Supervised};
 use crate::cron::Schedule;
@@ -299,6 +302,33 @@ fn child_env(l: &Leadership) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// A command to run within a term, and how.
+struct Job<'a> {
+    /// The command and its arguments.
+    argv: &'a [String],
+    /// Its time between SIGTERM and SIGKILL.
+    grace: Duration,
+    /// A health check that makes the leader stand aside.
+    health: Option<&'a Health>,
+    /// The metadata it may publish (`TENURE_METADATA_FILE`), for `tenure run`.
+    metadata: Option<&'a [u8]>,
+    /// What its environment gets beyond the term's (`TENURE_ONCE_KEY`, `TENURE_SLOT`).
+    env: Vec<(&'static str, String)>,
+}
+
+impl<'a> Job<'a> {
+    fn new(argv: &'a [String], grace: Duration, health: Option<&'a Health>) -> Self {
+        Self { argv, grace, health, metadata: None, env: Vec::new() }
+    }
+
+    /// The command's environment in the term `l`.
+    fn env(&self, l: &Leadership) -> Vec<(&'static str, String)> {
+        let mut env = child_env(l);
+        env.extend(self.env.iter().cloned());
+        env
+    }
+}
+
 /// How a supervised command ended.
 enum End {
     /// It exited on its own with this code.
@@ -350,36 +380,53 @@ async fn begin(store: Arc<dyn LeaseStore>, c: &Campaign) -> Result<(Elector, Can
     Ok((elector, stop))
 }
 
+/// How a wait for a term ended.
+enum Next {
+    /// This candidate leads.
+    Term(Leadership),
+    /// SIGINT or SIGTERM: the campaign has been shut down.
+    Stopped,
+    /// The wait was given up (`--no-wait`, `--wait-timeout`), for this reason; the
+    /// campaign has been shut down.
+    GaveUp(String),
+}
+
 /// [`next_term`] for `tenure run`, which keeps `standby` ready meanwhile: a standby
 /// that ends (killed) is replaced once; it is discarded before the campaign shuts down.
+/// Waiting ends early when `give_up` answers.
 async fn next_term_with_standby(
     elector: &Elector,
     stop: &CancellationToken,
     standby: &mut Option<Standby>,
-    cmd: &[String],
-    grace: Duration,
-) -> Result<Option<Leadership>> {
+    job: &Job<'_>,
+    give_up: impl Future<Output = String>,
+) -> Result<Next> {
     let mut replaced = false;
-    loop {
+    tokio::pin!(give_up);
+    let gave_up = loop {
         tokio::select! {
             biased;
-            _ = stop.cancelled() => break,
-            l = elector.leadership() => return Ok(Some(l?)),
+            _ = stop.cancelled() => break None,
+            l = elector.leadership() => return Ok(Next::Term(l?)),
+            why = &mut give_up => break Some(why),
             _ = Standby::ended(standby) => {
                 tracing::debug!("the standby supervisor ended");
                 *standby = None;
                 if !replaced {
                     replaced = true;
-                    *standby = prepare_standby(cmd, grace);
+                    *standby = prepare_standby(job.argv, job.grace);
                 }
             }
         }
-    }
+    };
     if let Some(s) = standby.take() {
         s.discard().await;
     }
     elector.shutdown().await;
-    Ok(None)
+    Ok(match gave_up {
+        Some(why) => Next::GaveUp(why),
+        None => Next::Stopped,
+    })
 }
 
 /// The next term, or `None` once `stop` fired (the campaign is then shut down).
@@ -406,17 +453,12 @@ fn prepare_standby(cmd: &[String], grace: Duration) -> Option<Standby> {
         .ok()
 }
 
-/// Starts `cmd` for `l`: through `standby` if it is ready, else through a new supervisor.
-async fn start_command(
-    l: &Leadership,
-    cmd: &[String],
-    grace: Duration,
-    metadata: Option<&[u8]>,
-    standby: Option<Standby>,
-) -> Result<(Supervised, bool)> {
+/// Starts `job` for `l`: through `standby` if it is ready, else through a new supervisor.
+async fn start_command(l: &Leadership, job: &Job<'_>, standby: Option<Standby>) -> Result<(Supervised, bool)> {
+    let env = job.env(l);
     if let Some(mut s) = standby {
         if s.ready(STANDBY_READY_WITHIN).await {
-            match s.start(&child_env(l), stop_at_ns(l, grace), metadata).await {
+            match s.start(&env, stop_at_ns(l, job.grace), job.metadata).await {
                 Ok(child) => return Ok((child, true)),
                 Err(e) => {
                     tracing::debug!(error = format!("{e:#}"), "the standby supervisor could not start the command")
@@ -426,28 +468,21 @@ async fn start_command(
             s.discard().await;
         }
     }
-    Ok((Supervised::spawn(cmd, &child_env(l), stop_at_ns(l, grace), grace, metadata)?, false))
+    Ok((Supervised::spawn(job.argv, &env, stop_at_ns(l, job.grace), job.grace, job.metadata)?, false))
 }
 
-/// Runs `cmd` while `l` holds, through `standby` if it can; stops it when the term ends
+/// Runs `job` while `l` holds, through `standby` if it can; stops it when the term ends
 /// or `stop` fires.
-async fn supervise(
-    l: &Leadership,
-    cmd: &[String],
-    grace: Duration,
-    health: Option<&Health>,
-    metadata: Option<&[u8]>,
-    standby: Option<Standby>,
-    stop: &CancellationToken,
-) -> Result<End> {
-    let (mut child, prestarted) = start_command(l, cmd, grace, metadata, standby).await?;
+async fn supervise(l: &Leadership, job: &Job<'_>, standby: Option<Standby>, stop: &CancellationToken) -> Result<End> {
+    let grace = job.grace;
+    let (mut child, prestarted) = start_command(l, job, standby).await?;
     let metadata = child.metadata_file().map(MetadataFile::at);
     let metadata = metadata.as_ref();
     let mut look_at_metadata = tokio::time::interval(METADATA_EVERY);
     // A proclamation in flight runs beside the loop, which must go on extending the
     // supervisor's deadline and reacting to the term's end meanwhile.
     let mut publishing: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>> = None;
-    let unhealthy = unhealthy(health, l);
+    let unhealthy = unhealthy(job.health, l);
     tokio::pin!(unhealthy);
     tracing::info!(token = %l.token(), pid = child.pid(), prestarted, "leading; started the command");
     // Tell the supervisor of every renewal, so that it stops the command on its own
@@ -504,20 +539,169 @@ async fn supervise(
     }
 }
 
+/// How long `tenure run` waits for its first term.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Wait {
+    /// Give up as soon as another candidate is seen leading (`--no-wait`).
+    pub no_wait: bool,
+    /// Give up after this long without a term (`--wait-timeout`).
+    pub timeout: Option<Duration>,
+    /// The exit code of giving up (`--conflict-exit-code`, 75 by default: EX_TEMPFAIL).
+    pub code: u8,
+}
+
+impl Wait {
+    /// Answers, with why, once waiting for the first term should end; never if it should not.
+    async fn give_up(
+        self,
+        mut events: tokio::sync::broadcast::Receiver<tenure::Event>,
+        me: tenure::HolderId,
+    ) -> String {
+        let another = async {
+            if !self.no_wait {
+                return std::future::pending().await;
+            }
+            loop {
+                match events.recv().await {
+                    Ok(tenure::Event::LeaderChanged(Some(leader))) if leader.holder != me => {
+                        return format!("{} leads (token {}) and --no-wait was given", leader.holder, leader.token);
+                    }
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => std::future::pending().await,
+                }
+            }
+        };
+        let late = async {
+            match self.timeout {
+                Some(d) => {
+                    tokio::time::sleep(d).await;
+                    format!("no term within --wait-timeout {}", humantime::format_duration(d))
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            why = another => why,
+            why = late => why,
+        }
+    }
+}
+
+/// `tenure run --once KEY`: the unit of work and how it runs.
+pub struct OnceRun {
+    /// The key (`TENURE_ONCE_KEY` in the command's environment).
+    pub key: WorkKey,
+    /// The guarantee, the attempts and how long the key is kept.
+    pub policy: Policy,
+}
+
+/// What `tenure run` does beyond running the command while leading.
+pub struct RunOptions {
+    /// Campaign again after the command exits on its own (`--keep-going`).
+    pub keep_going: bool,
+    /// Run the command once for a key (`--once`).
+    pub once: Option<OnceRun>,
+    /// How long to wait for the first term.
+    pub wait: Wait,
+}
+
+/// What [`claim_once`] found for a term.
+enum OnceStep {
+    /// Run the command: the term has claimed the key (run `attempt`).
+    Run(u32),
+    /// A run of the key finished before.
+    Done(WorkEntry),
+    /// The term ended before the key was claimed, or a later term has it.
+    TermOver,
+}
+
+/// Claims `once`'s key for the term `l`; a key that will not run is an error.
+async fn claim_once(store: &dyn LeaseStore, l: &Leadership, once: &OnceRun) -> Result<OnceStep> {
+    let key = &once.key;
+    let claimed = tenure::ledger::claim_in_term(store, l, key, &once.policy)
+        .await
+        .with_context(|| format!("cannot claim the unit of work {key}"))?;
+    Ok(match claimed {
+        None | Some(Claim::Refused(_, Refusal::LaterTerm)) => OnceStep::TermOver,
+        Some(Claim::Done(entry)) => OnceStep::Done(entry),
+        Some(Claim::Run { attempt, after }) => {
+            if let Some(prev) = after {
+                tracing::info!(
+                    %key, attempt, token = %l.token(),
+                    "running {key} again: its run under token {} ({}) {}",
+                    prev.token, prev.holder,
+                    if prev.state == WorkState::Failed { "failed" } else { "ended with its term" }
+                );
+            }
+            OnceStep::Run(attempt)
+        }
+        Some(Claim::Refused(entry, why)) => bail!(
+            "the unit of work {key} will not run: {why} (last: {} under token {} by {}, {} run(s) started)",
+            entry.state,
+            entry.token,
+            entry.holder,
+            entry.attempts
+        ),
+    })
+}
+
+/// Logs that `key` was done before, by whom and when.
+fn already_done(key: &WorkKey, entry: &WorkEntry) {
+    tracing::info!(
+        %key,
+        "{key} was done by {} (token {}) at {}; not running it",
+        entry.holder,
+        entry.token,
+        humantime::format_rfc3339_seconds(entry.at)
+    );
+}
+
 /// `tenure run`: returns the exit code.
-pub async fn run(store: Arc<dyn LeaseStore>, c: &Campaign, keep_going: bool, cmd: &[String]) -> Result<i32> {
+pub async fn run(store: Arc<dyn LeaseStore>, c: &Campaign, r: &RunOptions, cmd: &[String]) -> Result<i32> {
+    let election = ElectionName::new(&c.election)?;
+    if let Some(once) = &r.once {
+        // A key done already: nothing to campaign for. (A read that fails for now is asked
+        // again, as a claim, when leading.)
+        match tenure::ledger::read(&*store, &election, &once.key).await {
+            Ok(Some(entry)) if entry.state == WorkState::Done => {
+                already_done(&once.key, &entry);
+                return Ok(0);
+            }
+            Err(e) if !e.is_retryable() => {
+                return Err(anyhow::Error::new(e).context(format!("cannot read the unit of work {}", once.key)));
+            }
+            _ => {}
+        }
+    }
+    let ledger = store.clone();
     let (elector, stop) = begin(store, c).await?;
+    let events = elector.events();
+    let metadata = c.metadata.as_deref().unwrap_or("").as_bytes();
+    let mut job = Job { metadata: Some(metadata), ..Job::new(cmd, c.grace, c.health.as_ref()) };
     // A supervisor started while following, ready to start the command the moment a
     // term begins; none after one ended before it started the command, until a command
     // has run (whatever ends them would end the next ones too).
     let mut standby = None;
     let mut use_standby = true;
+    // Waiting may be given up only before the command first started.
+    let mut give_up = Some(Box::pin(r.wait.give_up(events, elector.holder().clone())));
     loop {
         if standby.is_none() && use_standby {
             standby = prepare_standby(cmd, c.grace);
         }
-        let Some(l) = next_term_with_standby(&elector, &stop, &mut standby, cmd, c.grace).await? else {
-            return Ok(0);
+        let waiting = async {
+            match give_up.as_mut() {
+                Some(g) => g.await,
+                None => std::future::pending().await,
+            }
+        };
+        let l = match next_term_with_standby(&elector, &stop, &mut standby, &job, waiting).await? {
+            Next::Term(l) => l,
+            Next::Stopped => return Ok(0),
+            Next::GaveUp(why) => {
+                tracing::info!("giving up: {why}");
+                return Ok(i32::from(r.wait.code));
+            }
         };
         if !can_start(&l, c.grace) {
             // Too little of this term is left to stop the command in time: wait for the
@@ -530,16 +714,50 @@ pub async fn run(store: Arc<dyn LeaseStore>, c: &Campaign, keep_going: bool, cmd
             }
             continue;
         }
-        let metadata = c.metadata.as_deref().unwrap_or("").as_bytes();
-        let end = supervise(&l, cmd, c.grace, c.health.as_ref(), Some(metadata), standby.take(), &stop).await?;
+        if let Some(once) = &r.once {
+            let step = match claim_once(&*ledger, &l, once).await {
+                Ok(step) => step,
+                Err(e) => {
+                    drop(l);
+                    discard(&mut standby).await;
+                    elector.shutdown().await;
+                    return Err(e);
+                }
+            };
+            match step {
+                OnceStep::Run(attempt) => {
+                    job.env =
+                        vec![("TENURE_ONCE_KEY", once.key.to_string()), ("TENURE_ONCE_ATTEMPT", attempt.to_string())];
+                }
+                OnceStep::Done(entry) => {
+                    already_done(&once.key, &entry);
+                    drop(l);
+                    discard(&mut standby).await;
+                    elector.shutdown().await;
+                    return Ok(0);
+                }
+                OnceStep::TermOver => {
+                    tokio::select! {
+                        _ = l.cancelled() => {}
+                        _ = stop.cancelled() => {}
+                    }
+                    continue;
+                }
+            }
+        }
+        give_up = None;
+        let end = supervise(&l, &job, standby.take(), &stop).await?;
         use_standby = !matches!(end, End::NotStarted);
         match end {
             End::NotStarted => drop(l),
-            End::Exited(code) if keep_going => {
+            End::Exited(code) if r.keep_going => {
                 tracing::info!(code, "the command exited; handing over and campaigning again");
                 l.resign().await;
             }
             End::Exited(code) => {
+                if let Some(once) = &r.once {
+                    record_once(&*ledger, &l, once, code).await;
+                }
                 tracing::info!(code, "the command exited; releasing the lease");
                 drop(l);
                 elector.shutdown().await;
@@ -553,6 +771,35 @@ pub async fn run(store: Arc<dyn LeaseStore>, c: &Campaign, keep_going: bool, cmd
                 return Ok(0);
             }
         }
+    }
+}
+
+/// Discards a standby supervisor kept ready, if any.
+async fn discard(standby: &mut Option<Standby>) {
+    if let Some(s) = standby.take() {
+        s.discard().await;
+    }
+}
+
+/// Records how the run of `once`'s key in the term `l` ended: done when the command
+/// exited 0, failed (open for another attempt) otherwise.
+async fn record_once(store: &dyn LeaseStore, l: &Leadership, once: &OnceRun, code: i32) {
+    let key = &once.key;
+    let (token, keep) = (l.token(), once.policy.keep);
+    let ended = if code == 0 {
+        tenure::ledger::in_term(l, || tenure::ledger::complete(store, l.election(), key, token, keep)).await
+    } else {
+        tenure::ledger::in_term(l, || tenure::ledger::fail(store, l.election(), key, token, keep)).await
+    };
+    match ended {
+        Ok(Some(true)) if code == 0 => tracing::info!(%key, %token, "{key} is done"),
+        Ok(Some(true)) => {
+            tracing::info!(%key, %token, code, "the run of {key} failed; it stays open for another attempt")
+        }
+        Ok(Some(false) | None) => {
+            tracing::warn!(%key, %token, "the term ended before the run's end was recorded: {key} runs again in a later term")
+        }
+        Err(e) => tracing::warn!(%key, %token, "cannot record the run's end: {:#}", anyhow::Error::new(e)),
     }
 }
 
@@ -573,7 +820,7 @@ pub async fn campaign(
             // ends first. Its finishing is not the end of the term.
             Some(hook) if can_start(&l, c.grace) => {
                 let hook = ["sh".to_string(), "-c".to_string(), hook.to_string()];
-                match supervise(&l, &hook, c.grace, c.health.as_ref(), None, None, &stop).await? {
+                match supervise(&l, &Job::new(&hook, c.grace, c.health.as_ref()), None, &stop).await? {
                     End::Exited(code) if code != 0 => {
                         tracing::warn!(code, "the on-elected hook failed; leading on");
                         None
@@ -645,58 +892,248 @@ async fn run_sh(cmd: &str, env: &[(&'static str, String)], limit: Duration, what
     }
 }
 
-/// `tenure schedule`: runs `cmd` at each tick of `schedule` while leading; returns on a signal.
-pub async fn schedule(store: Arc<dyn LeaseStore>, c: &Campaign, schedule: &Schedule, cmd: &[String]) -> Result<i32> {
+/// `tenure schedule`'s settings beyond the schedule itself.
+pub struct ScheduleOptions {
+    /// How late a slot may still run (`--catch-up`); `None`: [`default_catch_up`].
+    pub catch_up: Option<Duration>,
+    /// How slots are run: the guarantee, the attempts, how long a slot is kept.
+    pub policy: Policy,
+}
+
+/// How late a slot may run by default: at least one period and at least two TTLs, so
+/// that a takeover (within a TTL of a crash) never loses a slot.
+pub fn default_catch_up(schedule: &Schedule, ttl: Duration) -> Duration {
+    let now = SystemTime::now();
+    let period = schedule
+        .next_after(now)
+        .and_then(|a| Some((a, schedule.next_after(a)?)))
+        .and_then(|(a, b)| b.duration_since(a).ok())
+        .unwrap_or_default();
+    period.max(ttl * 2)
+}
+
+/// The work key of the slot at `at`.
+fn slot_key(at: SystemTime) -> WorkKey {
+    let ms = at.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis();
+    WorkKey::new(format!("slot-{ms}")).expect("a slot key is a valid work key")
+}
+
+/// How many slots one look back may find; older ones are given up.
+const MAX_SLOTS_AT_ONCE: usize = 1000;
+
+/// The slots of `schedule` in `(after, until]`, oldest first, at most
+/// [`MAX_SLOTS_AT_ONCE`] (the latest ones).
+fn slots_between(schedule: &Schedule, after: SystemTime, until: SystemTime) -> Vec<SystemTime> {
+    let mut out = std::collections::VecDeque::new();
+    let mut t = after;
+    while let Some(next) = schedule.next_after(t).filter(|n| *n <= until) {
+        if out.len() == MAX_SLOTS_AT_ONCE {
+            out.pop_front();
+        }
+        out.push_back(next);
+        t = next;
+    }
+    out.into()
+}
+
+fn rfc3339(t: SystemTime) -> humantime::Rfc3339Timestamp {
+    humantime::format_rfc3339_seconds(t)
+}
+
+/// `tenure schedule`: runs `cmd` once for each slot of `schedule`, on whichever replica
+/// leads when the slot is due (or, after a takeover, late, within the catch-up); returns
+/// on a signal.
+///
+/// Each slot is a key of the work ledger, so that a slot whose run finished never runs
+/// again whatever the handovers and the replicas' clocks, a slot whose leader died mid-run
+/// runs again under the next leader, and a slot due while nobody led runs late.
+pub async fn schedule(
+    store: Arc<dyn LeaseStore>,
+    c: &Campaign,
+    schedule: &Schedule,
+    opts: &ScheduleOptions,
+    cmd: &[String],
+) -> Result<i32> {
+    let catch_up = opts.catch_up.unwrap_or_else(|| default_catch_up(schedule, c.ttl));
+    if catch_up >= opts.policy.keep {
+        bail!(
+            "--catch-up {} must be shorter than --keep {}: a slot forgotten while it may still run would run again",
+            humantime::format_duration(catch_up),
+            humantime::format_duration(opts.policy.keep)
+        );
+    }
+    let ledger = store.clone();
     let elector = c.start(store).await?;
     let stop = stop_on_signals()?;
     crate::child::become_subreaper()?;
     elector.start();
-    tracing::info!(election = %elector.election(), holder = %elector.holder(), %schedule, "campaigning; running the command at each tick while leading");
-    let mut next = schedule.next_after(SystemTime::now());
+    tracing::info!(
+        election = %elector.election(), holder = %elector.holder(), %schedule,
+        catch_up = %humantime::format_duration(catch_up),
+        "campaigning; running the command once for each slot while leading"
+    );
+    // Every slot up to `handled` has been dealt with by this process: run, found done or
+    // refused, or given up. At first none has: slots due before this process started run
+    // late if they fall within the catch-up and nobody ran them.
+    let started = SystemTime::now();
+    let mut handled = std::time::UNIX_EPOCH;
     loop {
-        let Some(at) = next else {
-            tracing::warn!("the schedule has no further ticks");
-            elector.shutdown().await;
-            return Ok(0);
-        };
-        let wait = at.duration_since(SystemTime::now()).unwrap_or_default();
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
+        let l = tokio::select! {
+            l = elector.leadership() => l?,
             _ = stop.cancelled() => {
                 elector.shutdown().await;
                 return Ok(0);
             }
-        }
-        if SystemTime::now() < at {
-            continue; // woke early (the wall clock moved); wait again
-        }
-        match elector.current().filter(|l| can_start(l, c.grace)) {
-            Some(l) => {
-                tracing::info!(tick = %humantime::format_rfc3339_seconds(at), "tick");
-                let end = supervise(&l, cmd, c.grace, c.health.as_ref(), None, None, &stop).await?;
-                if matches!(end, End::Unhealthy) {
-                    l.resign_for(c.ttl).await;
-                } else {
-                    drop(l);
-                }
-                if let End::Exited(code) = end {
-                    tracing::info!(code, "the command finished");
-                }
-                if matches!(end, End::Stopped) {
-                    elector.shutdown().await;
-                    return Ok(0);
+        };
+        let seen = Seen { started, handled: &mut handled };
+        match run_due_slots(&*ledger, &l, c, schedule, opts, catch_up, cmd, seen, &stop).await {
+            Ok(Slots::Stopped) => {
+                drop(l);
+                elector.shutdown().await;
+                return Ok(0);
+            }
+            Ok(Slots::Unhealthy) => l.resign_for(c.ttl).await,
+            Ok(Slots::TermOver) => {
+                // Over, or too little of it left to start a run: wait for it to end or
+                // for the next renewal.
+                tokio::select! {
+                    _ = l.cancelled() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                    _ = stop.cancelled() => {}
                 }
             }
-            None => tracing::debug!("tick: not leading"),
-        }
-        let now = SystemTime::now();
-        let following = schedule.next_after(at);
-        next = schedule.next_after(now.max(at));
-        if following.is_some() && following < next {
-            tracing::warn!("ticks passed while the command was still running; they were skipped");
+            Err(e) => {
+                drop(l);
+                elector.shutdown().await;
+                return Err(e);
+            }
         }
     }
 }
+
+/// What a `tenure schedule` process has dealt with.
+struct Seen<'a> {
+    /// When it started: the slots it can tell were given up come after.
+    started: SystemTime,
+    /// The latest slot it dealt with (run, found done or refused, or given up).
+    handled: &'a mut SystemTime,
+}
+
+/// How a term of `tenure schedule` ended.
+enum Slots {
+    /// The term ended (or cannot start work any more).
+    TermOver,
+    /// SIGINT or SIGTERM.
+    Stopped,
+    /// The health check failed too often.
+    Unhealthy,
+}
+
+/// Within the term `l`: runs every slot due and not done, oldest first (late ones too,
+/// within `catch_up`), then waits for the next, until the term ends.
+#[allow(clippy::too_many_arguments)]
+async fn run_due_slots(
+    ledger: &dyn LeaseStore,
+    l: &Leadership,
+    c: &Campaign,
+    schedule: &Schedule,
+    opts: &ScheduleOptions,
+    catch_up: Duration,
+    cmd: &[String],
+    seen: Seen<'_>,
+    stop: &CancellationToken,
+) -> Result<Slots> {
+    let handled = seen.handled;
+    loop {
+        let now = SystemTime::now();
+        let window = now.checked_sub(catch_up).unwrap_or(std::time::UNIX_EPOCH);
+        // Slots that came and went unrun while this process looked on (it led, and a run
+        // took longer than the catch-up): given up.
+        let looked_on = (*handled).max(seen.started);
+        if looked_on < window {
+            for slot in slots_between(schedule, looked_on, window).iter().rev().take(10) {
+                if tenure::ledger::read(ledger, l.election(), &slot_key(*slot)).await.ok().flatten().is_none() {
+                    tracing::info!(slot = %rfc3339(*slot), "slot given up: it was not run within --catch-up");
+                }
+            }
+        }
+        *handled = (*handled).max(window);
+        for slot in slots_between(schedule, *handled, now) {
+            if !can_start(l, c.grace) {
+                return Ok(Slots::TermOver);
+            }
+            let key = slot_key(slot);
+            let late = now.duration_since(slot).unwrap_or_default();
+            let claimed = tenure::ledger::claim_in_term(ledger, l, &key, &opts.policy)
+                .await
+                .with_context(|| format!("cannot claim the slot {}", rfc3339(slot)))?;
+            let attempt = match claimed {
+                None | Some(Claim::Refused(_, Refusal::LaterTerm)) => return Ok(Slots::TermOver),
+                Some(Claim::Done(entry)) => {
+                    tracing::info!(
+                        slot = %rfc3339(slot),
+                        "slot skipped: done by {} (token {}) at {}",
+                        entry.holder, entry.token, rfc3339(entry.at)
+                    );
+                    *handled = slot;
+                    continue;
+                }
+                Some(Claim::Refused(entry, why)) => {
+                    tracing::warn!(slot = %rfc3339(slot), "slot not run: {why} (last {} under token {})", entry.state, entry.token);
+                    *handled = slot;
+                    continue;
+                }
+                Some(Claim::Run { attempt, after }) => {
+                    match &after {
+                        Some(prev) => tracing::info!(
+                            slot = %rfc3339(slot), attempt,
+                            "slot run again: its run under token {} {}", prev.token,
+                            if prev.state == WorkState::Failed { "failed" } else { "ended with its term" }
+                        ),
+                        None if late > SLOT_ON_TIME => tracing::info!(
+                            slot = %rfc3339(slot), late = %humantime::format_duration(Duration::from_secs(late.as_secs())),
+                            "slot run late (caught up)"
+                        ),
+                        None => tracing::info!(slot = %rfc3339(slot), "slot run"),
+                    }
+                    attempt
+                }
+            };
+            let secs = slot.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
+            let mut job = Job::new(cmd, c.grace, c.health.as_ref());
+            job.env = vec![
+                ("TENURE_SLOT", secs.to_string()),
+                ("TENURE_ONCE_KEY", key.to_string()),
+                ("TENURE_ONCE_ATTEMPT", attempt.to_string()),
+            ];
+            let end = supervise(l, &job, None, stop).await?;
+            let once = OnceRun { key, policy: opts.policy };
+            match end {
+                End::Exited(code) => {
+                    record_once(ledger, l, &once, code).await;
+                    *handled = slot;
+                }
+                End::Stopped => return Ok(Slots::Stopped),
+                End::Unhealthy => return Ok(Slots::Unhealthy),
+                End::Lost | End::NotStarted => return Ok(Slots::TermOver),
+            }
+        }
+        // Every due slot dealt with: wait for the next.
+        let Some(next) = schedule.next_after(SystemTime::now().max(*handled)) else {
+            tracing::warn!("the schedule has no further slots");
+            return Ok(Slots::Stopped);
+        };
+        let wait = next.duration_since(SystemTime::now()).unwrap_or_default();
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = l.cancelled() => return Ok(Slots::TermOver),
+            _ = stop.cancelled() => return Ok(Slots::Stopped),
+        }
+    }
+}
+
+/// How late a slot may start and still count as on time in the logs.
+const SLOT_ON_TIME: Duration = Duration::from_secs(1);
 
 #[cfg(test)]
 mod tests {

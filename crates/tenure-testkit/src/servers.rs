@@ -182,6 +182,19 @@ pub fn skip(missing: &str) {
     let _ = writeln!(std::io::stderr().lock(), "skipping: {missing}");
 }
 
+/// libfaketime (Debian package faketime), which skews a program's clocks through
+/// `LD_PRELOAD` and `FAKETIME`; `None` where it is not installed.
+pub fn libfaketime() -> Option<PathBuf> {
+    [
+        "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/faketime/libfaketime.so.1",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .find(|p| p.is_file())
+}
+
 /// A free TCP port on 127.0.0.1, never one this process or another live process using
 /// this function was given before.
 ///

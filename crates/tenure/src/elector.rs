@@ -305,6 +305,11 @@ impl Elector {
         &self.shared.cfg
     }
 
+    /// The store this candidate campaigns on.
+    pub fn store(&self) -> &Arc<dyn LeaseStore> {
+        &self.shared.store
+    }
+
     /// Events from now on. Subscribe before [`Elector::start`] to see every event. A
     /// subscriber that falls more than [`EVENTS_BUFFERED`] events behind misses the oldest
     /// (its next `recv` says how many).

@@ -95,7 +95,7 @@ pub struct FaultyStore {
     fault: Arc<Mutex<Fault>>,
     calls: Arc<AtomicU64>,
     /// Calls by operation, indexed by `Op as usize`.
-    by_op: Arc<[AtomicU64; 8]>,
+    by_op: Arc<[AtomicU64; 10]>,
     watch_events: Arc<AtomicU64>,
     watchable: bool,
     renewal_times: Option<RenewalTimes>,

@@ -26,8 +26,10 @@
 //! together; `tenure run --once` and `tenure schedule` do the same with a command.
 
 use std::fmt;
+use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::elector::Leadership;
 use crate::name::{ElectionName, HolderId, WorkKey};
 use crate::record::FencingToken;
 use crate::store::{ErrorKind, LeaseStore, LedgerWrite, StoreError};
@@ -303,6 +305,46 @@ async fn end(
         _ => Step::Answer(false),
     })
     .await
+}
+
+/// How long a ledger call that the store refused for now waits before it is tried again.
+const RETRY_AFTER: Duration = Duration::from_millis(100);
+
+/// Runs `op` until it answers, within `l`'s term: a refusal for now is tried again, and
+/// the answer is `None` if the term ends (or its deadline passes) first; `Err` is a
+/// refusal no retry can mend. For the ledger calls a term makes ([`claim_in_term`],
+/// [`complete`], [`fail`]).
+pub async fn in_term<T, Fut>(l: &Leadership, op: impl Fn() -> Fut) -> Result<Option<T>, StoreError>
+where
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    loop {
+        let left = l.remaining();
+        if left.is_zero() || !l.is_valid() {
+            return Ok(None);
+        }
+        match tokio::time::timeout(left, op()).await {
+            Err(_) => return Ok(None),
+            Ok(Ok(v)) => return Ok(Some(v)),
+            Ok(Err(e)) if e.is_retryable() => {
+                tokio::select! {
+                    _ = l.cancelled() => return Ok(None),
+                    _ = tokio::time::sleep(RETRY_AFTER) => {}
+                }
+            }
+            Ok(Err(e)) => return Err(e),
+        }
+    }
+}
+
+/// [`claim`]s `key` for the term `l`, within it (see [`in_term`]).
+pub async fn claim_in_term(
+    store: &dyn LeaseStore,
+    l: &Leadership,
+    key: &WorkKey,
+    policy: &Policy,
+) -> Result<Option<Claim>, StoreError> {
+    in_term(l, || claim(store, l.election(), key, l.token(), l.holder(), policy)).await
 }
 
 /// What [`update`]'s decision does.

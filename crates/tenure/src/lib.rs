@@ -29,6 +29,8 @@
 //! The pieces, for application code:
 //! - [`Elector`]: the runtime, configured by [`Config`]. [`Leadership`] is what the leader
 //!   holds; [`Event`]s tell of elections and step-downs.
+//! - [`Elector::run_once`]: a unit of work (this report, this cron slot) done once across
+//!   every candidate and term, through the store's work [`ledger`].
 //! - [`observe`]: who leads, for programs that only watch; [`candidates`]: who else
 //!   campaigns, for candidates that announce themselves ([`Config::announce`]).
 //! - [`LeaseStore`]: a store to elect on (SQLite, PostgreSQL, … in crates of their own);
@@ -52,6 +54,7 @@ mod memory;
 mod metrics;
 mod name;
 mod observe;
+mod once;
 mod presence;
 mod record;
 pub mod store;
@@ -68,6 +71,7 @@ pub use name::{
     ELECTION_NAME_RULE, ElectionName, HOLDER_ID_RULE, HolderId, NameError, WORK_KEY_RULE, WorkKey, host_name,
 };
 pub use observe::{Observer, observe, observe_with};
+pub use once::Once;
 pub use presence::{Candidate, Health, RESERVED_PREFIX, candidates, reserve};
 pub use record::{Evict, FencingToken, Leader, LeaseRecord};
 pub use store::{ErrorKind, LeaseStore, StoreError};

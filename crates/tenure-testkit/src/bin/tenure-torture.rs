@@ -166,15 +166,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "--grace" => a.grace = parse_duration(&value()?).ok_or("--grace: e.g. 300ms")?,
             "--seed" => a.seed = value()?.parse().map_err(|e| format!("--seed: {e}"))?,
             "--skew" => {
-                let lib = [
-                    "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
-                    "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
-                    "/usr/lib/faketime/libfaketime.so.1",
-                ]
-                .iter()
-                .map(PathBuf::from)
-                .find(|p| p.is_file())
-                .ok_or("--skew needs libfaketime (Debian package faketime)")?;
+                let lib = servers::libfaketime().ok_or("--skew needs libfaketime (Debian package faketime)")?;
                 a.skew = Some(lib);
             }
             "-h" | "--help" => {
