@@ -1044,6 +1044,19 @@ async fn run_due_slots(
     stop: &CancellationToken,
 ) -> Result<Slots> {
     let handled = seen.handled;
+    let now = SystemTime::now();
+    let window = now.checked_sub(catch_up).unwrap_or(std::time::UNIX_EPOCH);
+    if *handled < window {
+        // A term of a process that has not dealt with this stretch of slots: it resumes
+        // where the schedule left off, at the latest slot the ledger has an entry for (that
+        // one included: its run may have been cut short). None in the catch-up: the
+        // schedule has not run lately (a first start, or every replica was down for longer
+        // than the catch-up), and the slots from this process's start on are its own.
+        *handled = match latest_recorded(ledger, l.election(), schedule, window, now).await? {
+            Some(slot) => slot.checked_sub(Duration::from_millis(1)).unwrap_or(slot),
+            None => seen.started.max(window),
+        };
+    }
     loop {
         let now = SystemTime::now();
         let window = now.checked_sub(catch_up).unwrap_or(std::time::UNIX_EPOCH);
@@ -1064,9 +1077,14 @@ async fn run_due_slots(
             }
             let key = slot_key(slot);
             let late = now.duration_since(slot).unwrap_or_default();
-            let claimed = tenure::ledger::claim_in_term(ledger, l, &key, &opts.policy)
-                .await
-                .with_context(|| format!("cannot claim the slot {}", rfc3339(slot)))?;
+            let claimed = if crate::child::mutant("slot-by-local-clock") {
+                // Planted: the slot decided by this replica's clock alone, as before the ledger.
+                Some(Claim::Run { attempt: 1, after: None })
+            } else {
+                tenure::ledger::claim_in_term(ledger, l, &key, &opts.policy)
+                    .await
+                    .with_context(|| format!("cannot claim the slot {}", rfc3339(slot)))?
+            };
             let attempt = match claimed {
                 None | Some(Claim::Refused(_, Refusal::LaterTerm)) => return Ok(Slots::TermOver),
                 Some(Claim::Done(entry)) => {
@@ -1130,6 +1148,39 @@ async fn run_due_slots(
             _ = stop.cancelled() => return Ok(Slots::Stopped),
         }
     }
+}
+
+/// The latest slot in `(window, now]`, or the one just before the window, that the
+/// ledger has an entry for.
+async fn latest_recorded(
+    ledger: &dyn LeaseStore,
+    election: &ElectionName,
+    schedule: &Schedule,
+    window: SystemTime,
+    now: SystemTime,
+) -> Result<Option<SystemTime>> {
+    let mut slots = slots_between(schedule, window, now);
+    // The slot just before the window, found by stepping back (a schedule only steps forward).
+    let mut back = Duration::from_secs(1);
+    while let Some(from) = window.checked_sub(back) {
+        if let Some(before) = slots_between(schedule, from, window).last() {
+            slots.insert(0, *before);
+            break;
+        }
+        if back > Duration::from_secs(400 * 24 * 3600) {
+            break;
+        }
+        back *= 4;
+    }
+    for slot in slots.into_iter().rev() {
+        let entry = tenure::ledger::read(ledger, election, &slot_key(slot))
+            .await
+            .with_context(|| format!("cannot read the slot {}", rfc3339(slot)))?;
+        if entry.is_some() {
+            return Ok(Some(slot));
+        }
+    }
+    Ok(None)
 }
 
 /// How late a slot may start and still count as on time in the logs.

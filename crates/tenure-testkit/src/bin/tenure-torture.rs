@@ -65,20 +65,38 @@ fn append(path: &Path, line: &str) {
     }
 }
 
-/// The probe a candidate runs while it leads; with `ignore_term`, it goes on after
-/// SIGTERM, as a careless worker does, until SIGKILL.
-fn probe(dir: &Path, ignore_term: bool) -> ExitCode {
+/// What a probe does.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ProbeMode {
+    /// Writes until SIGTERM.
+    Plain,
+    /// Writes on after SIGTERM, as a careless worker does, until SIGKILL.
+    IgnoreTerm,
+    /// A slot's run (`TENURE_SLOT`): writes for `TORTURE_SLOT_RUN_MS`, logs the slot as
+    /// started and done, and exits 0; a SIGTERM ends it early, unfinished.
+    Slot,
+}
+
+/// The probe a candidate runs while it leads: it writes every 10 ms to the fenced file
+/// and logs every attempt.
+fn probe(dir: &Path, mode: ProbeMode) -> ExitCode {
     let holder = std::env::var("TENURE_HOLDER").unwrap_or_default();
     let token: u64 = std::env::var("TENURE_TOKEN").ok().and_then(|t| t.parse().ok()).unwrap_or(0);
+    let slot: u64 = std::env::var("TENURE_SLOT").ok().and_then(|t| t.parse().ok()).unwrap_or(0);
+    let run_for = std::env::var("TORTURE_SLOT_RUN_MS").ok().and_then(|t| t.parse().ok()).map(Duration::from_millis);
     let events = dir.join("events");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let s = stop.clone();
     // SIGTERM: finish the current write, log, exit; or take it and go on.
-    let _ = signal_hook_term(if ignore_term { Default::default() } else { s });
+    let _ = signal_hook_term(if mode == ProbeMode::IgnoreTerm { Default::default() } else { s });
     append(&events, &format!("start {holder} {token} {}", now_ns()));
+    if mode == ProbeMode::Slot {
+        append(&events, &format!("slot-start {holder} {token} {} {slot}", now_ns()));
+    }
+    let until = (mode == ProbeMode::Slot).then(|| Instant::now() + run_for.unwrap_or(Duration::from_millis(500)));
     let lock_path = dir.join("fence.lock");
     let fence_path = dir.join("fence");
-    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) && until.is_none_or(|u| Instant::now() < u) {
         let Ok(lock) = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path) else {
             return ExitCode::from(1);
         };
@@ -95,6 +113,12 @@ fn probe(dir: &Path, ignore_term: bool) -> ExitCode {
         std::thread::sleep(Duration::from_millis(10));
     }
     append(&events, &format!("stop {holder} {token} {}", now_ns()));
+    if mode == ProbeMode::Slot {
+        if stop.load(std::sync::atomic::Ordering::SeqCst) {
+            return ExitCode::from(1);
+        }
+        append(&events, &format!("slot-done {holder} {token} {} {slot}", now_ns()));
+    }
     ExitCode::SUCCESS
 }
 
@@ -130,7 +154,14 @@ struct Args {
     ttl: Duration,
     grace: Duration,
     seed: u64,
+    /// The slot workload: candidates are `tenure schedule --every PERIOD`, and the round
+    /// checks that no slot ran twice and none was lost, instead of leader takeover times.
+    slots: Option<Duration>,
 }
+
+/// How late a slot may run in the slot workload (`--catch-up`): longer than any
+/// stretch without a leader the faults make, so that a lost slot is a violation.
+const SLOT_CATCH_UP: Duration = Duration::from_secs(15);
 
 fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut a = Args {
@@ -146,6 +177,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         ttl: Duration::from_secs(2),
         grace: Duration::from_millis(300),
         seed: 1,
+        slots: None,
     };
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
@@ -165,13 +197,14 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "--ttl" => a.ttl = parse_duration(&value()?).ok_or("--ttl: e.g. 2s")?,
             "--grace" => a.grace = parse_duration(&value()?).ok_or("--grace: e.g. 300ms")?,
             "--seed" => a.seed = value()?.parse().map_err(|e| format!("--seed: {e}"))?,
+            "--slots" => a.slots = Some(parse_duration(&value()?).ok_or("--slots: a period, e.g. 1s")?),
             "--skew" => {
                 let lib = servers::libfaketime().ok_or("--skew needs libfaketime (Debian package faketime)")?;
                 a.skew = Some(lib);
             }
             "-h" | "--help" => {
                 return Err("usage: tenure-torture [--tenure PATH] [--store URL | --server postgres|redis|mariadb|etcd|nats|azurite|moto [--dynamodb]|fake-gcs|zookeeper] [--candidates 4] [--duration 60s] \
-                            [--members 3] [--sentinel] [--ttl 2s] [--grace 300ms] [--seed N] [--skew]\n       tenure-torture probe --dir DIR"
+                            [--members 3] [--sentinel] [--ttl 2s] [--grace 300ms] [--seed N] [--skew] [--slots PERIOD]\n       tenure-torture probe --dir DIR [--ignore-term | --slot]"
                     .into());
             }
             other => return Err(format!("unknown argument {other:?}; see --help")),
@@ -246,8 +279,16 @@ fn signal(child: &Child, sig: Signal) {
 
 /// The clock skew of candidate `n` with `--skew`: alternately 0.5 % slow and 2 h ahead,
 /// 0.5 % fast and 90 min behind (monotonic clocks included), within the default 1 % bound.
-fn skew_of(n: usize) -> &'static str {
-    if n.is_multiple_of(2) { "+2h x0.995" } else { "-90m x1.005" }
+/// With `--slots`, a few hundred milliseconds ahead and behind instead: the hosts' wall
+/// clocks name the slots, and hours apart they would not agree on which is due, as
+/// hosts under NTP do.
+fn skew_of(n: usize, slots: bool) -> &'static str {
+    match (slots, n.is_multiple_of(2)) {
+        (false, true) => "+2h x0.995",
+        (false, false) => "-90m x1.005",
+        (true, true) => "+0.4 x0.995",
+        (true, false) => "-0.3 x1.005",
+    }
 }
 
 /// The store URL for a throwaway server; the emulators' credentials go in the environment
@@ -277,7 +318,7 @@ fn spawn(a: &Args, store: &str, dir: &Path, id: &str, n: usize) -> std::io::Resu
         emulator_env(&mut cmd);
     }
     if let Some(lib) = &a.skew {
-        cmd.env("LD_PRELOAD", lib).env("FAKETIME", skew_of(n));
+        cmd.env("LD_PRELOAD", lib).env("FAKETIME", skew_of(n, a.slots.is_some()));
     }
     // The command is a tree that leaves its process group and session, and ignores SIGTERM;
     // one probe is the child of a process whose main thread has ended while another
@@ -291,13 +332,32 @@ setsid "$P" probe --dir "$D" --ignore-term &
 setsid python3 -c "$ENDS_MAIN" "$P" probe --dir "$D" --ignore-term &
 timeout 600 "$P" probe --dir "$D"
 wait"#;
-    cmd.args(["run", ELECTION, "--store", store, "--id", id])
-        .args(["--ttl", &format!("{}ms", a.ttl.as_millis()), "--grace", &format!("{}ms", a.grace.as_millis())])
-        .args(["--", "sh", "-c", tree])
-        .arg(me)
+    // A slot's run: a probe that works for a while and ends (logging the slot), and one in
+    // a session of its own that ignores SIGTERM, which the supervisor must stop once the
+    // run has ended.
+    let slot_tree = r#"P="$0"; D="$1"
+setsid "$P" probe --dir "$D" --ignore-term &
+"$P" probe --dir "$D" --slot"#;
+    let (ttl, grace) = (format!("{}ms", a.ttl.as_millis()), format!("{}ms", a.grace.as_millis()));
+    match a.slots {
+        None => {
+            cmd.args(["run", ELECTION, "--store", store, "--id", id, "--ttl", &ttl, "--grace", &grace])
+                .args(["--", "sh", "-c", tree]);
+        }
+        Some(period) => {
+            let catch_up = format!("{}ms", SLOT_CATCH_UP.as_millis());
+            cmd.args(["schedule", ELECTION, "--store", store, "--id", id, "--ttl", &ttl, "--grace", &grace])
+                .args(["--every", &format!("{}ms", period.as_millis()), "--catch-up", &catch_up])
+                .args(["--", "sh", "-c", slot_tree])
+                .env("TORTURE_SLOT_RUN_MS", (period.as_millis() * 3 / 10).to_string());
+        }
+    }
+    // The slot workload reads the candidates' logs for the slots they marked done.
+    let log = if a.slots.is_some() { "warn,tenure=info" } else { "warn" };
+    cmd.arg(me)
         .arg(dir)
         .env("ENDS_MAIN", ends_main)
-        .env("RUST_LOG", std::env::var("TORTURE_RUST_LOG").unwrap_or_else(|_| "warn".into()))
+        .env("RUST_LOG", std::env::var("TORTURE_RUST_LOG").unwrap_or_else(|_| log.into()))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join(format!("{id}.log")))?)
@@ -460,9 +520,15 @@ fn torture(a: Args) -> Result<bool, String> {
         a.candidates, a.ttl, a.grace, a.duration, a.seed
     );
     if a.skew.is_some() {
-        println!("clock skew          candidates alternate {} and {} (libfaketime)", skew_of(0), skew_of(1));
+        let slots = a.slots.is_some();
+        println!(
+            "clock skew          candidates alternate {} and {} (libfaketime)",
+            skew_of(0, slots),
+            skew_of(1, slots)
+        );
     }
     let started = Instant::now();
+    let started_wall = std::time::SystemTime::now();
     let mut records: Vec<Record> = Vec::new();
     let mut faults: BTreeMap<&str, u32> = BTreeMap::new();
     let mut restart_times: Vec<u64> = Vec::new();
@@ -861,7 +927,13 @@ fn torture(a: Args) -> Result<bool, String> {
         "liveness excused    {} stops followed by another server restart, refusal or follower kill within the bound",
         before - records.len()
     );
-    let s = history::check(&records, Some(liveness));
+    // In the slot workload a leader's probes start at slots, not at its election: the
+    // takeover times say nothing, and the slots are judged instead (below).
+    let s = history::check(&records, if a.slots.is_some() { None } else { Some(liveness) });
+    let slot_violations = match a.slots {
+        Some(period) => check_slots(&text, &dir, period, started_wall, std::time::SystemTime::now()),
+        None => Vec::new(),
+    };
     let mut takeovers = s.takeovers_after_crash.clone();
     takeovers.sort();
     let mut handovers = s.handovers_after_stop.clone();
@@ -893,19 +965,127 @@ fn torture(a: Args) -> Result<bool, String> {
         "writes              {} accepted, {} stale rejected by the fence",
         s.writes_accepted, s.stale_writes_rejected
     );
-    println!("violations          {}", s.violations.len());
+    println!("violations          {}", s.violations.len() + slot_violations.len());
     for v in s.violations.iter().take(10) {
+        println!("  {v}");
+    }
+    for v in slot_violations.iter().take(10) {
         println!("  {v}");
     }
     println!("gave up campaigning {gave_up} candidates exited on their own");
     println!("standbys outlived   {outlived} standby supervisors ran on after their tenure run was killed");
-    let failed = !s.violations.is_empty() || gave_up > 0 || outlived > 0;
+    let failed = !s.violations.is_empty() || !slot_violations.is_empty() || gave_up > 0 || outlived > 0;
     if failed {
         let keep = std::env::temp_dir().join(format!("tenure-torture-{}", std::process::id()));
         let _ = std::fs::rename(&dir, &keep);
         println!("logs kept in {}", keep.display());
     }
     Ok(!failed)
+}
+
+/// The slot workload's checks (I6): no slot runs again once a term marked it done (the
+/// candidates' logs say which; a rerun after a run cut short, or whose mark did not land,
+/// is allowed and carries a larger token), no term runs a slot twice, and no slot due
+/// while the round went on (after its first seconds, and up to the catch-up before its
+/// end) was lost. Two runs of one slot at once would be two holders at once, which the
+/// history check (I1) catches. Prints the figures; answers the violations.
+fn check_slots(
+    events: &str,
+    dir: &Path,
+    period: Duration,
+    from: std::time::SystemTime,
+    to: std::time::SystemTime,
+) -> Vec<String> {
+    let mut starts: BTreeMap<u64, Vec<(u64, String)>> = BTreeMap::new();
+    // The slots each term finished, and the latest slot each term started.
+    let mut finished: Vec<(u64, u64)> = Vec::new();
+    let mut latest_of: BTreeMap<u64, u64> = BTreeMap::new();
+    for line in events.lines() {
+        let p: Vec<&str> = line.split(' ').collect();
+        let (Some(holder), Some(token), Some(slot)) =
+            (p.get(1), p.get(2).and_then(|t| t.parse::<u64>().ok()), p.get(4).and_then(|t| t.parse::<u64>().ok()))
+        else {
+            continue;
+        };
+        match p.first() {
+            Some(&"slot-start") => {
+                starts.entry(slot).or_default().push((token, holder.to_string()));
+                let latest = latest_of.entry(token).or_default();
+                *latest = (*latest).max(slot);
+            }
+            Some(&"slot-done") => finished.push((slot, token)),
+            _ => {}
+        }
+    }
+    // "slot-MS is done key=slot-MS token=T", as tenure schedule logs it at INFO.
+    let mut marked: Vec<(u64, u64)> = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.extension().is_none_or(|e| e != "log") {
+            continue;
+        }
+        for line in std::fs::read_to_string(&path).unwrap_or_default().lines() {
+            let Some(rest) = line.split_once(" is done ").map(|x| x.1) else { continue };
+            let field = |name: &str| {
+                rest.split_whitespace().find_map(|f| f.strip_prefix(name)).map(|v| v.trim_matches('"').to_string())
+            };
+            let slot = field("key=").and_then(|k| k.strip_prefix("slot-").and_then(|ms| ms.parse::<u64>().ok()));
+            if let (Some(ms), Some(token)) = (slot, field("token=").and_then(|t| t.parse::<u64>().ok())) {
+                marked.push((ms / 1000, token));
+            }
+        }
+    }
+    let mut v = Vec::new();
+    for (slot, token) in &marked {
+        for (t, holder) in starts.get(slot).into_iter().flatten() {
+            if t > token {
+                v.push(format!("I6: slot {slot} ran again (token {t}, {holder}) after token {token} marked it done"));
+            }
+        }
+    }
+    // A run that finished and was not marked done is run again only if its term ended
+    // before it could mark it: a term that went on to start a later slot had marked it
+    // (it marks a slot before it starts the next), so a rerun then repeats finished work.
+    for (slot, token) in &finished {
+        if marked.contains(&(*slot, *token)) || latest_of.get(token).is_none_or(|latest| latest <= slot) {
+            continue;
+        }
+        for (t, holder) in starts.get(slot).into_iter().flatten() {
+            if t > token {
+                v.push(format!(
+                    "I6: slot {slot} finished under token {token}, whose term went on, and ran again (token {t}, {holder})"
+                ));
+            }
+        }
+    }
+    for (slot, runs) in &starts {
+        let mut tokens: Vec<u64> = runs.iter().map(|r| r.0).collect();
+        tokens.sort();
+        if tokens.windows(2).any(|w| w[0] == w[1]) {
+            v.push(format!("I6: slot {slot} ran twice in one term: {runs:?}"));
+        }
+    }
+    let secs = |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs_f64();
+    let p = period.as_secs_f64();
+    let (first, last) = (secs(from) + 3.0, secs(to) - SLOT_CATCH_UP.as_secs_f64() - 3.0);
+    let mut judged = 0;
+    let mut slot = (first / p).ceil() * p;
+    while slot <= last {
+        judged += 1;
+        let s = slot.round() as u64;
+        if !starts.contains_key(&s) {
+            v.push(format!("I6: slot {s} was never run, though candidates led all along"));
+        }
+        slot += p;
+    }
+    let reruns = starts.values().filter(|r| r.len() > 1).count();
+    println!(
+        "slots               {} run, {} runs finished, {} marked done, {reruns} run again after a run cut short, {judged} judged for loss",
+        starts.len(),
+        finished.len(),
+        marked.len()
+    );
+    v
 }
 
 fn main() -> ExitCode {
@@ -915,12 +1095,16 @@ fn main() -> ExitCode {
         let dir = match (args.next().as_deref(), args.next()) {
             (Some("--dir"), Some(d)) => PathBuf::from(d),
             _ => {
-                eprintln!("usage: tenure-torture probe --dir DIR [--ignore-term]");
+                eprintln!("usage: tenure-torture probe --dir DIR [--ignore-term | --slot]");
                 return ExitCode::from(2);
             }
         };
-        let ignore_term = args.next().as_deref() == Some("--ignore-term");
-        return probe(&dir, ignore_term);
+        let mode = match args.next().as_deref() {
+            Some("--ignore-term") => ProbeMode::IgnoreTerm,
+            Some("--slot") => ProbeMode::Slot,
+            _ => ProbeMode::Plain,
+        };
+        return probe(&dir, mode);
     }
     match parse_args(args) {
         Err(e) => {
