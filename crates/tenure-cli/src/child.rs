@@ -23,9 +23,20 @@
 //!   SIGTERM to the tree itself, and SIGKILL after the grace period, before the lease
 //!   deadline.
 //!
+//! - has a **guard** beside it (`tenure __guard PID SUPERVISOR DEADLINE_FILE GRACE_MS`), a
+//!   third process that does nothing while either of the other two does its part. It reads
+//!   the same deadline file; when the command's processes still run past the instant by
+//!   which the supervisor should have killed them (the deadline less the kill margin), or
+//!   when `tenure` has died and the supervisor has not stopped the tree a moment later,
+//!   it kills them itself. So no pair of tenure's processes, frozen or killed together
+//!   (`tenure` and its supervisor both stopped, `tenure` stopped and the supervisor killed,
+//!   the supervisor stopped and `tenure` killed under a subreaper that keeps the stopped
+//!   group from being orphaned), leaves the command running past its term.
+//!
 //! What can still escape: work handed to a process outside the tree (a request to a
 //! system service such as `systemd-run`, `at` or a container daemon, or to another
-//! host). docs/safety.md says how to close that.
+//! host), and all three of tenure's processes disabled at once. docs/safety.md says how
+//! to close those.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -378,6 +389,91 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, stan
     }
 }
 
+/// The guard's body (`tenure __guard`), the third process of a term: it acts only when
+/// `tenure` (`parent`) and the supervisor both failed to stop the command in time. While
+/// `tenure` lives, the deadline file says when stopping was due (`stop_at`): the supervisor
+/// sends SIGTERM then and SIGKILL a grace period later, so anything of the tree still
+/// alive [`STOP_SLACK`] after that (and before the lease deadline, [`crate::run`]'s kill
+/// margin later) is killed here, every descendant of `tenure` but this guard. No deadline
+/// file yet (a standby's, before its term): nothing is armed. Once `tenure` is gone, the
+/// supervisor kills its tree at once (its parent-death signal); what is left of it
+/// [`STOP_SLACK`] later, the supervisor included (frozen), is killed here. It returns when
+/// nothing is left to guard; `tenure` kills it sooner when the term ends as it should.
+pub fn guard(parent: i32, supervisor: i32, deadline_file: &Path, grace: Duration) -> i32 {
+    let me = rustix::process::getpid();
+    let Some(supervisor) = Pid::from_raw(supervisor) else { return 2 };
+    if rustix::process::getppid().map(Pid::as_raw_pid) != Some(parent) {
+        return 125;
+    }
+    let Some(parent_pid) = Pid::from_raw(parent) else { return 2 };
+    let late = (grace + STOP_SLACK).as_nanos() as u64;
+    let mut parent_gone_at: Option<u64> = None;
+    let mut told = false;
+    if mutant("guard-off") {
+        return 0;
+    }
+    loop {
+        let now = boottime_ns();
+        let parent_alive = rustix::process::getppid().map(Pid::as_raw_pid) == Some(parent);
+        let tree = if parent_alive {
+            match read_stop_at(deadline_file) {
+                Some(stop_at) if now >= stop_at.saturating_add(late) => {
+                    descendants(parent_pid).into_iter().filter(|p| *p != me).collect()
+                }
+                _ => Vec::new(),
+            }
+        } else {
+            let gone_at = *parent_gone_at.get_or_insert(now);
+            let mut tree = descendants(supervisor);
+            if alive(supervisor) {
+                tree.push(supervisor);
+            }
+            if tree.is_empty() {
+                return 0;
+            }
+            if now < gone_at.saturating_add(STOP_SLACK.as_nanos() as u64) { Vec::new() } else { tree }
+        };
+        if !tree.is_empty() {
+            if !told {
+                told = true;
+                eprintln!(
+                    "tenure: neither tenure nor the command's supervisor stopped the command in time; killing its {} process(es)",
+                    tree.len()
+                );
+            }
+            for p in tree {
+                let _ = rustix::process::kill_process(p, Signal::KILL);
+            }
+        }
+        std::thread::sleep(CHECK_EVERY);
+    }
+}
+
+/// Whether `pid` is a process that runs (not gone, not a zombie).
+fn alive(pid: Pid) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_pid())) else { return false };
+    let state = stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next());
+    !matches!(state, None | Some("Z") | Some("X"))
+}
+
+/// Starts the guard of the supervisor `supervisor`, whose deadline file is `deadline_file`.
+fn spawn_guard(supervisor: Pid, deadline_file: &Path, grace: Duration) -> Result<Child> {
+    let exe = own_program().context("cannot find the tenure executable to guard the command")?;
+    let mut command = Command::new(exe);
+    command
+        .arg0("tenure")
+        .arg("__guard")
+        .arg(std::process::id().to_string())
+        .arg(supervisor.as_raw_pid().to_string())
+        .arg(deadline_file)
+        .arg(grace.as_millis().to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .process_group(0)
+        .kill_on_drop(true);
+    command.spawn().context("cannot start the command's guard")
+}
+
 /// A standby supervisor's wait: ready (it says so with its ready marker), it waits for
 /// SIGUSR1 from `tenure`, which first writes the command's environment and deadline.
 /// Returns the environment to add, or the code to exit with without starting anything:
@@ -546,6 +642,8 @@ fn spawn_supervisor(
 pub struct Standby {
     child: Option<Child>,
     supervisor: Pid,
+    /// Its guard, started with it and armed once the deadline file is written.
+    guard: Option<Child>,
     deadline_file: PathBuf,
     dir: Option<tempfile::TempDir>,
 }
@@ -556,7 +654,8 @@ impl Standby {
         let dir = supervisor_dir()?;
         let deadline_file = dir.path().join("deadline");
         let (child, supervisor) = spawn_supervisor(cmd, &deadline_file, grace, true, &[])?;
-        Ok(Self { child: Some(child), supervisor, deadline_file, dir: Some(dir) })
+        let guard = spawn_guard(supervisor, &deadline_file, grace)?;
+        Ok(Self { child: Some(child), supervisor, guard: Some(guard), deadline_file, dir: Some(dir) })
     }
 
     /// Whether it runs and is ready to start the command, waiting up to `within` for it
@@ -611,6 +710,7 @@ impl Standby {
         })();
         match (told, self.child.take(), self.dir.take()) {
             (Ok(metadata_file), Some(child), Some(dir)) => Ok(Supervised {
+                guard: self.guard.take(),
                 child,
                 supervisor: self.supervisor,
                 deadline_file: self.deadline_file.clone(),
@@ -641,6 +741,9 @@ impl Standby {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill().await;
         }
+        if let Some(mut guard) = self.guard.take() {
+            let _ = guard.kill().await;
+        }
     }
 }
 
@@ -649,11 +752,16 @@ impl Drop for Standby {
         if let Some(child) = &mut self.child {
             let _ = child.start_kill();
         }
+        if let Some(guard) = &mut self.guard {
+            let _ = guard.start_kill();
+        }
     }
 }
 
 /// A command running under the supervisor, in its own process group.
 pub struct Supervised {
+    /// The guard, killed (on drop) before the directory of the deadline file it reads goes.
+    guard: Option<Child>,
     child: Child,
     supervisor: Pid,
     deadline_file: PathBuf,
@@ -689,7 +797,10 @@ impl Supervised {
         let mut env = env.to_vec();
         let metadata_file = write_metadata(dir.path(), metadata, &mut env)?;
         let (child, supervisor) = spawn_supervisor(cmd, &deadline_file, grace, false, &env)?;
-        Ok(Self { child, supervisor, deadline_file, metadata_file, _dir: dir })
+        let guard = spawn_guard(supervisor, &deadline_file, grace)
+            .map_err(|e| tracing::warn!(error = format!("{e:#}"), "the command runs without its guard"))
+            .ok();
+        Ok(Self { guard, child, supervisor, deadline_file, metadata_file, _dir: dir })
     }
 
     /// `TENURE_METADATA_FILE`, if the command was given one.
@@ -723,8 +834,16 @@ impl Supervised {
     /// returns only then).
     pub async fn wait(&mut self) -> i32 {
         let code = self.child.wait().await.map(exit_code).unwrap_or(1);
+        self.end_guard().await;
         sweep_orphans();
         code
+    }
+
+    /// Stops the guard: the tree is gone, or about to be swept here.
+    async fn end_guard(&mut self) {
+        if let Some(mut guard) = self.guard.take() {
+            let _ = guard.kill().await;
+        }
     }
 
     /// Stops the command: SIGTERM to its whole tree (through the supervisor), SIGKILL
@@ -746,6 +865,7 @@ impl Supervised {
                 self.child.wait().await.map(exit_code).unwrap_or(1)
             }
         };
+        self.end_guard().await;
         sweep_orphans();
         code
     }

@@ -283,6 +283,9 @@ enum InternalCommand {
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
     },
+    /// The guard beside a supervisor (see child.rs).
+    #[command(name = "__guard")]
+    Guard { parent: i32, supervisor: i32, deadline_file: PathBuf, grace_ms: u64 },
     /// The job `tenure demo` runs.
     #[command(name = "__demo-job")]
     DemoJob { dir: PathBuf },
@@ -563,6 +566,9 @@ async fn dispatch_internal(i: Internal) -> Result<i32> {
     match i.command {
         InternalCommand::Child { parent, deadline_file, grace_ms, standby, cmd } => {
             Ok(child::supervisor(parent, &deadline_file, Duration::from_millis(grace_ms), standby, &cmd).await)
+        }
+        InternalCommand::Guard { parent, supervisor, deadline_file, grace_ms } => {
+            Ok(child::guard(parent, supervisor, &deadline_file, Duration::from_millis(grace_ms)))
         }
         InternalCommand::DemoJob { dir } => demo::job(&dir).await,
     }

@@ -39,6 +39,18 @@ fn grace_budget(cfg: &Config) -> Duration {
     cfg.deadline_offset().saturating_sub(cfg.renew_interval + KILL_MARGIN + SWITCH_SLACK + cfg.retry_period * 2)
 }
 
+/// The shortest TTL (in whole tens of milliseconds) whose [`grace_budget`] leaves a
+/// grace period of more than a millisecond.
+fn shortest_ttl() -> Duration {
+    (1..=6000u64)
+        .map(|n| Duration::from_millis(n * 10))
+        .find(|ttl| {
+            let cfg = Config::new(*ttl);
+            cfg.validate().is_ok() && grace_budget(&cfg) > Duration::from_millis(1)
+        })
+        .unwrap_or(Duration::from_secs(60))
+}
+
 /// The grace period when none is given: 3 s, or for a TTL too short for that, three
 /// quarters of the most that fits (in whole milliseconds).
 pub fn default_grace(ttl: Duration) -> Duration {
@@ -263,6 +275,14 @@ impl Campaign {
             bail!("invalid --ttl {}: {}", humantime::format_duration(self.ttl), e.reason);
         }
         let budget = grace_budget(&cfg);
+        if budget <= Duration::from_millis(1) {
+            bail!(
+                "--ttl {} is too short for a command: stopping it (SIGTERM, a grace period, SIGKILL) and retrying \
+                 renewals must fit before the lease runs out; the shortest TTL that leaves room is {}",
+                humantime::format_duration(self.ttl),
+                humantime::format_duration(shortest_ttl())
+            );
+        }
         if self.grace.is_zero() || self.grace >= budget {
             bail!(
                 "--grace {} does not fit inside --ttl {}: the command must be stopped before the lease \
@@ -505,10 +525,23 @@ async fn supervise(l: &Leadership, job: &Job<'_>, standby: Option<Standby>, stop
                 if l.is_valid() && !child.stopped_by_supervisor() {
                     return Ok(End::Exited(code));
                 }
-                // The supervisor stopped it because this process did not extend the deadline
-                // in time (it was frozen or stuck), or it ended after the lease ran out:
-                // either way this is the end of the term, not of the work. Campaign again.
-                tracing::warn!(token = %l.token(), "the command was stopped at the lease deadline");
+                // The term is over (this process was frozen or stuck past it): the end of
+                // the term, not of the work. Campaign again. Say how it ended: the
+                // supervisor stopped the command at the deadline, or it ended without
+                // stopping it (killed), and then the command's processes were stopped only
+                // now (by the guard, or by the sweep of its orphans).
+                if child.stopped_by_supervisor() {
+                    tracing::warn!(token = %l.token(), "the command was stopped at the lease deadline");
+                } else {
+                    let late = tenure::Clock::now(&tenure::TokioClock).saturating_duration_since(l.deadline());
+                    tracing::error!(
+                        token = %l.token(), code,
+                        "the command's supervisor ended without stopping the command while this process could not \
+                         act (frozen or stuck); the term ended {} ago, and the command's processes are stopped now \
+                         (the guard stops them at the deadline if both fail)",
+                        humantime::format_duration(Duration::from_millis(late.as_millis() as u64))
+                    );
+                }
                 return Ok(End::Lost);
             }
             _ = l.cancelled() => {
@@ -1222,6 +1255,17 @@ mod tests {
             // And the switch still leaves the grace and the kill margin before the lease ends.
             assert!(switch + c.grace + KILL_MARGIN <= Config::new(c.ttl).deadline_offset());
         }
+    }
+
+    #[test]
+    fn a_ttl_too_short_for_any_grace_names_the_shortest_that_works() {
+        let ttl = Duration::from_millis(500);
+        let err = campaign(ttl, default_grace(ttl)).renew_deadline().unwrap_err().to_string();
+        let shortest = shortest_ttl();
+        assert!(err.contains("too short") && err.contains(&humantime::format_duration(shortest).to_string()), "{err}");
+        assert!(campaign(shortest, default_grace(shortest)).renew_deadline().is_ok(), "{shortest:?} works");
+        let below = shortest - Duration::from_millis(10);
+        assert!(campaign(below, default_grace(below)).renew_deadline().is_err(), "{below:?} does not");
     }
 
     #[test]

@@ -804,3 +804,140 @@ fn a_standby_supervisor_killed_as_its_term_begins_is_replaced_and_the_command_ru
     assert_ne!(parent.parse::<u32>().unwrap(), standby, "the killed standby supervisor started the command");
     assert!(b.0.try_wait().unwrap().is_none(), "b's tenure run exited");
 }
+
+/// The supervisor `tenure run` (process `parent`) runs its started command under.
+fn running_supervisor_of(parent: u32) -> i32 {
+    let t0 = Instant::now();
+    loop {
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+            let ppid = stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().nth(1)?.parse::<u32>().ok());
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            let started =
+                args.iter().position(|a| *a == b"__child").and_then(|at| args.get(at + 2)).is_some_and(|f| {
+                    Path::new(std::str::from_utf8(f).unwrap_or("")).with_extension("started").exists()
+                });
+            if ppid == Some(parent) && started && alive(pid) {
+                return pid;
+            }
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "no supervisor of {parent} runs the command");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Starts a tree of workers that ignore SIGTERM (one in a session of its own) under
+/// `tenure run` (TTL 2 s), disables `tenure run` and its supervisor together as `disable`
+/// says, and asserts that no worker works past the lease deadline.
+fn both_disabled_and_the_work_stops(disable: impl FnOnce(u32, i32)) {
+    let env = Env::new();
+    let (pids, log) = (env.path("pids"), env.path("log"));
+    let _reap = Reap(pids.clone());
+    let w = sh_quote(&worker(&pids, &log, true));
+    let mut leader = env.run(&env.sqlite(), "a", &format!("setsid sh -c {w} & sh -c {w} & wait"));
+    wait_pids(&pids, 2);
+    let supervisor = running_supervisor_of(leader.id());
+    let disabled_at = wall_ns();
+    disable(leader.id(), supervisor);
+    std::thread::sleep(TTL * 2);
+    let last = last_work(&log);
+    signal(supervisor as u32, rustix::process::Signal::KILL);
+    signal(leader.id(), rustix::process::Signal::KILL);
+    signal(leader.id(), rustix::process::Signal::CONT);
+    leader.wait().unwrap();
+    assert!(
+        last < disabled_at + TTL.as_nanos() as u64,
+        "the command's tree was still working {} ms after tenure run and its supervisor were disabled, with a {TTL:?} lease",
+        (last - disabled_at) / 1_000_000
+    );
+}
+
+#[test]
+fn the_guard_stops_the_command_when_tenure_run_and_its_supervisor_are_both_frozen() {
+    both_disabled_and_the_work_stops(|leader, supervisor| {
+        signal(supervisor as u32, rustix::process::Signal::STOP);
+        signal(leader, rustix::process::Signal::STOP);
+    });
+}
+
+#[test]
+fn the_guard_stops_the_command_when_tenure_run_is_frozen_and_its_supervisor_killed() {
+    both_disabled_and_the_work_stops(|leader, supervisor| {
+        signal(leader, rustix::process::Signal::STOP);
+        signal(supervisor as u32, rustix::process::Signal::KILL);
+    });
+}
+
+/// Run by the test below, in a process of its own: a subreaper (as tini or `docker
+/// --init` is) that starts `tenure run` in its own session, prints its pid, and reaps
+/// whatever comes to it until its standard input closes.
+#[test]
+#[ignore = "run by the_guard_stops_the_command_of_a_killed_tenure_run_whose_supervisor_is_frozen_under_a_subreaper"]
+fn subreaper_with_tenure_run() {
+    use std::io::{Read, Write};
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid())).unwrap();
+    let store = std::env::var("HELPER_STORE").unwrap();
+    let script = std::env::var("HELPER_SCRIPT").unwrap();
+    // Reaped by the loop below, with everything else that comes to this subreaper.
+    #[allow(clippy::zombie_processes)]
+    let leader = Command::new(tenure())
+        .env("TENURE_STORE", store)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .args(["run", "jobs/tree", "--id", "a", "--ttl", "2s", "--grace", "300ms", "--", "sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    println!("leader {}", leader.id());
+    std::io::stdout().flush().unwrap();
+    let done = std::thread::spawn(|| {
+        let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    });
+    while !done.is_finished() {
+        let _ = rustix::process::wait(rustix::process::WaitOptions::NOHANG);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn the_guard_stops_the_command_of_a_killed_tenure_run_whose_supervisor_is_frozen_under_a_subreaper() {
+    // Under a subreaper in the same session, the frozen supervisor's group is not orphaned
+    // when `tenure run` dies, so the kernel never continues it: only the guard is left.
+    use std::io::{BufRead, BufReader};
+    let env = Env::new();
+    let (pids, log) = (env.path("pids"), env.path("log"));
+    let _reap = Reap(pids.clone());
+    let w = sh_quote(&worker(&pids, &log, true));
+    let mut helper = Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "subreaper_with_tenure_run", "--nocapture"])
+        .env("HELPER_STORE", env.sqlite())
+        .env("HELPER_SCRIPT", format!("setsid sh -c {w} & sh -c {w} & wait"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(helper.stdout.take().unwrap()).lines();
+    let leader: u32 = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|l| l.strip_prefix("leader ").map(|p| p.parse().unwrap()))
+        .expect("the helper started tenure run");
+    wait_pids(&pids, 2);
+    let supervisor = running_supervisor_of(leader);
+    let disabled_at = wall_ns();
+    signal(supervisor as u32, rustix::process::Signal::STOP);
+    signal(leader, rustix::process::Signal::KILL);
+    std::thread::sleep(TTL * 2);
+    let last = last_work(&log);
+    signal(supervisor as u32, rustix::process::Signal::KILL);
+    drop(helper.stdin.take());
+    lines.for_each(drop);
+    helper.wait().unwrap();
+    assert!(
+        last < disabled_at + TTL.as_nanos() as u64,
+        "the command's tree was still working {} ms after tenure run was killed and its supervisor frozen",
+        (last - disabled_at) / 1_000_000
+    );
+}

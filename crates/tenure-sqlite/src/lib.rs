@@ -460,6 +460,29 @@ fn wall_time(ms: i64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)
 }
 
+/// The token of an election's first grant in this database: the wall clock in
+/// microseconds. A database deleted or replaced under its holders starts again with no
+/// rows, and its tokens must still lie above every token the old one granted: the old
+/// one's were drawn the same way, each +1 per grant, and the clock has moved on since by
+/// far more than one microsecond a grant. (A wall clock stepped back across the
+/// replacement is the one case left.)
+fn first_token() -> i64 {
+    let us = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as i64).unwrap_or(0);
+    if crate_mutant("sqlite-tokens-from-one") { 1 } else { us.max(1) }
+}
+
+/// Whether the planted bug `name` is switched on (`TENURE_MUTANT=name`), in a build with
+/// the `mutants` feature, for CI to prove its checks catch it.
+fn crate_mutant(name: &str) -> bool {
+    cfg!(feature = "mutants") && std::env::var("TENURE_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
+}
+
+/// The database file at `path` as the file system names it (device, inode), if it exists.
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
 fn wall_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
@@ -494,7 +517,7 @@ impl LeaseStore for SqliteStore {
                     )?;
                 }
                 None => {
-                    let (token, revision) = row.map(|r| (r.token + 1, r.revision + 1)).unwrap_or((1, 1));
+                    let (token, revision) = row.map(|r| (r.token + 1, r.revision + 1)).unwrap_or((first_token(), 1));
                     exec(
                         tx,
                         &INSERT_ROW,
@@ -681,7 +704,7 @@ impl LeaseStore for SqliteStore {
 /// cursor (`seq`) and tells the watchers of those elections, with the record as it now
 /// stands. It stops when nobody is watching.
 fn poll_changes(inner: &Arc<Inner>) {
-    let conn = match connect(&inner.path, &inner.options) {
+    let mut conn = match connect(&inner.path, &inner.options) {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = %e, "the SQLite watch could not open its connection");
@@ -689,6 +712,7 @@ fn poll_changes(inner: &Arc<Inner>) {
             return;
         }
     };
+    let mut opened = file_id(&inner.path);
     let mut version: Option<i64> = None;
     let mut cursor: Option<i64> = None;
     let wakeup = Wakeup::new(&inner.path);
@@ -702,6 +726,17 @@ fn poll_changes(inner: &Arc<Inner>) {
             if inner.changes.prune() == 0 || inner.poller.swap(true, Ordering::SeqCst) {
                 return;
             }
+        }
+        // The database deleted or replaced: watch the file now at the path, and have every
+        // watcher read again (a leader then finds its lease gone, and steps down).
+        let now = file_id(&inner.path);
+        if now != opened
+            && !crate_mutant("sqlite-replaced-file-kept")
+            && let Ok(c) = reopen(&inner.path, &inner.options)
+        {
+            conn = c;
+            opened = file_id(&inner.path);
+            (version, cursor) = (None, None);
         }
         match conn.prepare_cached("PRAGMA data_version").and_then(|mut s| s.query_row([], |r| r.get::<_, i64>(0))) {
             Ok(v) if version != Some(v) => {
@@ -787,7 +822,12 @@ impl Wakeup {
         };
         let name = path.file_name()?.as_encoded_bytes().to_vec();
         let fd = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK).ok()?;
-        let flags = inotify::WatchFlags::MODIFY | inotify::WatchFlags::CREATE | inotify::WatchFlags::MOVED_TO;
+        // Deletions and moves too: a database deleted or replaced under its holders.
+        let flags = inotify::WatchFlags::MODIFY
+            | inotify::WatchFlags::CREATE
+            | inotify::WatchFlags::MOVED_TO
+            | inotify::WatchFlags::DELETE
+            | inotify::WatchFlags::MOVED_FROM;
         match inotify::add_watch(&fd, dir, flags) {
             Ok(_) => Some(Self { fd, name }),
             Err(e) => {
@@ -837,13 +877,43 @@ type Job = Box<dyn FnOnce(&mut Connection, &Inner) + Send>;
 
 /// The connection's thread: runs the store's calls one after another until the store is
 /// dropped (its job queue then closes).
+///
+/// Before each call it checks that the file at the database's path is still the one its
+/// connection has open: one deleted or replaced under it (`rm`, a restore) would go on
+/// taking renewals in a file nobody else reads, while candidates elect in the new one. It
+/// then opens the new file (made afresh if the path is empty), where the holder's lease
+/// does not exist, so its next renewal is lost and it steps down.
 fn serve(mut conn: Connection, inner: &std::sync::Weak<Inner>, queue: &std::sync::mpsc::Receiver<Job>) {
+    let mut opened = inner.upgrade().and_then(|i| file_id(&i.path));
     while let Ok(job) = queue.recv() {
         let Some(inner) = inner.upgrade() else { return };
+        let now = file_id(&inner.path);
+        if (now != opened || now.is_none()) && !crate_mutant("sqlite-replaced-file-kept") {
+            tracing::warn!(path = %inner.path.display(), "the database file was deleted or replaced; opening the one at its path");
+            (conn, opened) = match reopen(&inner.path, &inner.options) {
+                Ok(c) => (c, file_id(&inner.path)),
+                Err(e) => {
+                    // Nothing to work on: every call fails (as retryable) until a file
+                    // can be opened again.
+                    tracing::warn!(error = %e, "cannot open the database again");
+                    match Connection::open_in_memory() {
+                        Ok(c) => (c, None),
+                        Err(_) => continue,
+                    }
+                }
+            };
+        }
         // A call that panics fails itself (its answer is dropped, its transaction rolled
         // back), not the calls after it.
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut conn, &inner)));
     }
+}
+
+/// A new connection to the database at `path`, at the current schema.
+fn reopen(path: &Path, options: &SqliteOptions) -> Result<Connection, StoreError> {
+    let conn = connect(path, options)?;
+    retry_busy(options, || migrate(&conn)).map_err(|e| sql_error(path, "creating the lease table", e))?;
+    Ok(conn)
 }
 
 /// The rows changed after `cursor`, as changes for their watchers, and the new cursor.

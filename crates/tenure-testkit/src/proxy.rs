@@ -66,9 +66,15 @@ impl Proxy {
             .to_socket_addrs()?
             .next()
             .ok_or_else(|| std::io::Error::other("the proxy target does not resolve"))?;
-        let listener = StdListener::bind("127.0.0.1:0")?;
+        // A port no live process using the test kit was given (see `servers::claim`).
+        let (listener, port) = loop {
+            let listener = StdListener::bind("127.0.0.1:0")?;
+            let port = listener.local_addr()?.port();
+            if crate::servers::claim(port) {
+                break (listener, port);
+            }
+        };
         listener.set_nonblocking(true)?;
-        let port = listener.local_addr()?.port();
         let mode = Arc::new(Mutex::new(Mode::Pass));
         let strands = Arc::new(AtomicU64::new(0));
         let (stop, stopped) = tokio::sync::oneshot::channel();

@@ -207,19 +207,27 @@ pub fn libfaketime() -> Option<PathBuf> {
 /// it in a directory all such processes share, which the kernel drops when the process
 /// ends, however it ends.
 pub fn free_port() -> u16 {
-    static CLAIMS: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
-    let dir = std::env::temp_dir().join(format!("tenure-testkit-ports-{}", rustix::process::getuid().as_raw()));
-    let _ = std::fs::create_dir(&dir);
     for _ in 0..10_000 {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .expect("no free loopback port");
-        if claim_port(&dir, port, &mut CLAIMS.lock().unwrap_or_else(|e| e.into_inner())) {
+        if claim(port) {
             return port;
         }
     }
     panic!("no loopback port left that no live process was given before");
+}
+
+/// Claims `port` for this process for its life (see [`free_port`]); false if this
+/// process was given it before or another live process holds it. For listeners that bind
+/// a port of the kernel's choosing (the proxy): without the claim, a port a test has just
+/// freed (a server it killed, to see that nothing answers there) could be handed to one.
+pub fn claim(port: u16) -> bool {
+    static CLAIMS: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
+    let dir = std::env::temp_dir().join(format!("tenure-testkit-ports-{}", rustix::process::getuid().as_raw()));
+    let _ = std::fs::create_dir(&dir);
+    claim_port(&dir, port, &mut CLAIMS.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
 /// Claims `port` for this process, keeping the claim (a locked file in `dir`) in `held`;

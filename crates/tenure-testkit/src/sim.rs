@@ -184,6 +184,9 @@ impl World {
 /// One candidate's handle on the store: adds latency and faults; dies with its candidate.
 struct SimStore {
     world: Arc<World>,
+    /// The candidate's name, and whether its calls are logged ([`SimConfig::trace_calls`]).
+    name: String,
+    trace: bool,
     dead: Arc<AtomicBool>,
     /// Until when (ns) this candidate is cut off from the store.
     cut_until: Arc<AtomicU64>,
@@ -234,6 +237,10 @@ impl SimStore {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let w = self.world.clone();
         let cut_until = self.cut_until.clone();
+        let trace = self.trace.then(|| self.name.clone());
+        if let Some(name) = &trace {
+            w.note(format!("{name} {what} sent"));
+        }
         tokio::spawn(async move {
             tokio::time::sleep(w.latency()).await;
             if ns(w.origin) < w.down_until.load(Ordering::SeqCst) {
@@ -247,6 +254,9 @@ impl SimStore {
                 return;
             }
             let out = op.await;
+            if let Some(name) = &trace {
+                w.note(format!("{name} {what} applied: {}", if out.is_ok() { "ok" } else { "error" }));
+            }
             if w.chance(0.03 * w.chaos()) {
                 w.fault("lost answer");
                 return;
@@ -258,7 +268,12 @@ impl SimStore {
             let _ = tx.send(out);
         });
         match rx.await {
-            Ok(out) if !self.dead.load(Ordering::SeqCst) => out,
+            Ok(out) if !self.dead.load(Ordering::SeqCst) => {
+                if self.trace {
+                    self.world.note(format!("{} {what} answered", self.name));
+                }
+                out
+            }
             _ => std::future::pending().await,
         }
     }
@@ -349,11 +364,14 @@ pub struct SimConfig {
     pub mutant: Option<Mutant>,
     /// Keep the event log in the report (for replaying one seed).
     pub keep_log: bool,
+    /// Log every store call (sent, applied, answered) with the candidate, for reading a
+    /// seed's failure; slower.
+    pub trace_calls: bool,
 }
 
 impl Default for SimConfig {
     fn default() -> Self {
-        Self { duration: Duration::from_secs(60), mutant: None, keep_log: false }
+        Self { duration: Duration::from_secs(60), mutant: None, keep_log: false, trace_calls: false }
     }
 }
 
@@ -443,7 +461,13 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
             stops_in_suspend: cfg.mutant == Some(Mutant::MonotonicDeadlines),
             suspend: Mutex::new(None),
         });
-        let store = Arc::new(SimStore { world: world.clone(), dead: dead.clone(), cut_until: cut_until.clone() });
+        let store = Arc::new(SimStore {
+            world: world.clone(),
+            name: name.clone(),
+            trace: cfg.trace_calls,
+            dead: dead.clone(),
+            cut_until: cut_until.clone(),
+        });
         let mut builder =
             Elector::builder(store, ELECTION).holder(&name).config(runtime_cfg.clone()).clock(clock.clone());
         if prioritised {

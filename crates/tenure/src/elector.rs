@@ -1264,9 +1264,17 @@ async fn release(shared: &Shared, lease: &LeaseRecord) -> Result<bool, StoreErro
         match now {
             Some(cur) if cur.holder == lease.holder => {
                 if checks == 0 {
-                    tracing::warn!(election = %lease.election, token = %cur.token,
-                        "the lease still stands after releasing it {} times (renewals given up on kept landing late); it will expire on its own",
-                        RELEASE_CHECKS + 1);
+                    // Why it still stands: the store refused the releases (a full disk, a
+                    // read-only server), or they were applied and renewals given up on
+                    // kept landing behind them.
+                    match &released {
+                        Err(e) => tracing::warn!(election = %lease.election, token = %cur.token,
+                            "the lease still stands: releasing it failed {} times, the last time with: {}; it will expire on its own",
+                            RELEASE_CHECKS + 1, error_chain(e)),
+                        Ok(()) => tracing::warn!(election = %lease.election, token = %cur.token,
+                            "the lease still stands after releasing it {} times (renewals given up on kept landing late); it will expire on its own",
+                            RELEASE_CHECKS + 1),
+                    }
                     return Ok(false);
                 }
                 checks -= 1;
@@ -1276,6 +1284,21 @@ async fn release(shared: &Shared, lease: &LeaseRecord) -> Result<bool, StoreErro
             None => return Ok(true),
         }
     }
+}
+
+/// `e` and its sources, as one line.
+fn error_chain(e: &StoreError) -> String {
+    let mut out = e.to_string();
+    let mut cur = std::error::Error::source(e);
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !out.contains(&m) {
+            out.push_str(": ");
+            out.push_str(&m);
+        }
+        cur = c.source();
+    }
+    out
 }
 
 /// How many times a release releases the record again after reading it still ours: each

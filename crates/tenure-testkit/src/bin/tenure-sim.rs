@@ -55,11 +55,15 @@ fn parse() -> Result<Args, String> {
                     }
                 })
             }
+            "--trace" => {
+                a.cfg.trace_calls = true;
+                a.cfg.keep_log = true;
+            }
             "-v" | "--verbose" => a.verbose = true,
             "--log" => a.cfg.keep_log = true,
             "-h" | "--help" => {
                 return Err("usage: tenure-sim [--seeds N] [--first-seed S] [--duration 60s] [--threads T] \
-                            [--mutant zero-margin|deadline-from-response|renew-without-cas|monotonic-deadlines|refusal-is-fatal|hand-over-without-stepping-down] [-v] [--log]"
+                            [--mutant zero-margin|deadline-from-response|renew-without-cas|monotonic-deadlines|refusal-is-fatal|hand-over-without-stepping-down] [-v] [--log] [--trace]"
                     .into());
             }
             other => return Err(format!("unknown argument {other:?}; see --help")),

@@ -8,7 +8,9 @@
 //! resource (a file that accepts a token only if it is at least the highest accepted so
 //! far) and logs every attempt on the host's monotonic clock. Meanwhile the leader is
 //! killed (SIGKILL), frozen (SIGSTOP for longer than the TTL, then SIGCONT) or stopped
-//! (SIGTERM), or its command's supervisor is killed (SIGKILL), as is now and then the
+//! (SIGTERM), or its command's supervisor is killed (SIGKILL), or `tenure run` is frozen
+//! together with its supervisor, or frozen while its supervisor is killed (only the guard
+//! beside them can stop the command then), as is now and then the
 //! supervisor a follower keeps ready for its next term, or a follower itself is killed
 //! (its standby supervisor must end with it within 2 s); with a server, its connection is cut, black-holed or slowed, the server
 //! restarts, behind Sentinel (`--server redis --sentinel`) it fails over (forced, or a
@@ -232,6 +234,8 @@ struct Candidate {
     id: String,
     child: Child,
     frozen_until: Option<Instant>,
+    /// The command's supervisor, frozen together with `tenure run` (thawed with it).
+    frozen_supervisor: Option<Pid>,
     /// Its own way to the server (server stores only), and when a network fault on it ends.
     proxy: Option<Proxy>,
     network_fault_until: Option<Instant>,
@@ -509,7 +513,14 @@ fn torture(a: Args) -> Result<bool, String> {
             None => (None, store.clone()),
         };
         let child = spawn(&a, &url, &dir, &id, next).map_err(|e| format!("cannot start tenure run: {e}"))?;
-        cands.push(Candidate { id, child, frozen_until: None, proxy, network_fault_until: None });
+        cands.push(Candidate {
+            id,
+            child,
+            frozen_until: None,
+            frozen_supervisor: None,
+            proxy,
+            network_fault_until: None,
+        });
         Ok(())
     };
     for _ in 0..a.candidates {
@@ -558,6 +569,9 @@ fn torture(a: Args) -> Result<bool, String> {
         for c in cands.iter_mut() {
             if c.frozen_until.is_some_and(|t| Instant::now() >= t) {
                 signal(&c.child, Signal::CONT);
+                if let Some(s) = c.frozen_supervisor.take() {
+                    let _ = rustix::process::kill_process(s, Signal::CONT);
+                }
                 c.frozen_until = None;
             }
             if c.network_fault_until.is_some_and(|t| Instant::now() >= t) {
@@ -761,8 +775,26 @@ fn torture(a: Args) -> Result<bool, String> {
             continue;
         };
         let at = now_ns();
-        let kinds = if server_port.is_some() { 7 } else { 4 };
+        let kinds = if server_port.is_some() { 8 } else { 5 };
         match rng.usize(0..kinds) {
+            k if k == kinds - 2 => {
+                // `tenure run` and its supervisor disabled together: both frozen, or
+                // `tenure run` frozen and the supervisor killed. Neither can stop the
+                // command: the guard beside them must, by the deadline.
+                let Some(supervisor) = supervisor_of(cands[i].child.id(), false) else { continue };
+                let c = &mut cands[i];
+                signal(&c.child, Signal::STOP);
+                c.frozen_until = Some(Instant::now() + a.ttl.mul_f64(1.2 + 1.3 * rng.f64()));
+                if rng.bool() {
+                    let _ = rustix::process::kill_process(supervisor, Signal::STOP);
+                    c.frozen_supervisor = Some(supervisor);
+                    note(&mut faults, &dir, "SIGSTOP to tenure run and its supervisor");
+                } else {
+                    let _ = rustix::process::kill_process(supervisor, Signal::KILL);
+                    note(&mut faults, &dir, "SIGSTOP to tenure run, SIGKILL to its supervisor");
+                }
+                records.push(Record::Stop { election: ELECTION.into(), holder: c.id.clone(), at, graceful: false });
+            }
             k if k == kinds - 1 => {
                 // The leader's supervisor is killed (the OOM killer, an operator's
                 // `kill -9`): the command's processes come to `tenure run`, which must stop
