@@ -29,6 +29,10 @@ pub enum Record {
     /// so every leader stepped down, and served again from `at`: some candidate, any
     /// one, must be elected within the crash bound.
     Recovered { election: String, at: u64 },
+    /// `holder`'s work was frozen (a pause between its check and its write) from `from`
+    /// until `until`: it could not campaign before its work came back, so a takeover by
+    /// it is timed from `until` if that is later than the stop.
+    Paused { election: String, holder: String, from: u64, until: u64 },
 }
 
 /// Bounds for the liveness check (I4).
@@ -105,7 +109,8 @@ fn election_of(r: &Record) -> &str {
         | Record::Write { election, .. }
         | Record::Stop { election, .. }
         | Record::Elected { election, .. }
-        | Record::Recovered { election, .. } => election,
+        | Record::Recovered { election, .. }
+        | Record::Paused { election, .. } => election,
     }
 }
 
@@ -313,9 +318,23 @@ fn check_liveness(election: &str, recs: &[&Record], l: Liveness, s: &mut Summary
             .last()
             .map_or(0, |(t, _)| *t);
         let i = elections.partition_point(|(t, _)| *t <= term_start);
-        match elections[i..].iter().find(|(_, h)| *h != holder.as_str()) {
-            Some((t, _)) if t.saturating_sub(*at) <= bound => {
-                let took = t.saturating_sub(*at);
+        let found = elections[i..].iter().find(|(_, h)| *h != holder.as_str());
+        // A winner whose work was frozen when the leader stopped could not campaign
+        // before it came back: its takeover is timed from then.
+        let from = found.map_or(*at, |(_, h)| {
+            recs.iter()
+                .filter_map(|r| match r {
+                    Record::Paused { holder: p, from, until, .. } if p == h && *from <= *at && *until > *at => {
+                        Some(*until)
+                    }
+                    _ => None,
+                })
+                .max()
+                .unwrap_or(*at)
+        });
+        match found {
+            Some((t, _)) if t.saturating_sub(from) <= bound => {
+                let took = t.saturating_sub(from);
                 if *graceful {
                     s.handovers_after_stop.push(took);
                 } else {
@@ -444,6 +463,23 @@ mod tests {
         let slow =
             vec![recovered(1_000), Record::Elected { election: "e".into(), holder: "a".into(), token: 3, at: 9_000 }];
         assert_eq!(invariants(&check(&slow, Some(l))), vec![Invariant::I4Liveness]);
+    }
+
+    #[test]
+    fn a_winner_whose_work_was_frozen_is_timed_from_its_return() {
+        let l = Liveness { after_crash: 100, after_stop: 10, until: 10_000 };
+        let stop = Record::Stop { election: "e".into(), holder: "a".into(), at: 1_000, graceful: false };
+        let won = Record::Elected { election: "e".into(), holder: "b".into(), token: 2, at: 3_050 };
+        let paused =
+            |holder: &str, from, until| Record::Paused { election: "e".into(), holder: holder.into(), from, until };
+        assert_eq!(invariants(&check(&[stop.clone(), won.clone()], Some(l))), vec![Invariant::I4Liveness]);
+        let frozen = vec![stop.clone(), paused("b", 900, 3_000), won.clone()];
+        assert!(check(&frozen, Some(l)).violations.is_empty(), "b could not campaign before 3,000");
+        // Another candidate's pause, or one that ended before the stop, excuses nothing.
+        let other = vec![stop.clone(), paused("c", 900, 3_000), won.clone()];
+        assert_eq!(invariants(&check(&other, Some(l))), vec![Invariant::I4Liveness]);
+        let before = vec![stop, paused("b", 100, 900), won];
+        assert_eq!(invariants(&check(&before, Some(l))), vec![Invariant::I4Liveness]);
     }
 
     #[test]

@@ -193,6 +193,13 @@ struct SimStore {
 }
 
 impl SimStore {
+    /// Logs an answer as the candidate sees it, when its calls are traced.
+    fn note_answer(&self, what: &str) {
+        if self.trace {
+            self.world.note(what.to_string());
+        }
+    }
+
     fn cut(&self) -> bool {
         ns(self.world.origin) < self.cut_until.load(Ordering::SeqCst)
     }
@@ -302,6 +309,7 @@ impl LeaseStore for SimStore {
             Ok(r)
         })
         .await
+        .inspect(|r| self.note_answer(&format!("acquire {}: {r:?}", self.name)))
     }
 
     async fn renew(&self, held: &LeaseRecord, ttl: Duration) -> Result<Renew, StoreError> {
@@ -329,7 +337,9 @@ impl LeaseStore for SimStore {
 
     async fn get(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {
         let (store, e) = (self.world.store.clone(), election.clone());
-        self.call("get", async move { store.get(&e).await }).await
+        self.call("get", async move { store.get(&e).await })
+            .await
+            .inspect(|r| self.note_answer(&format!("get {} {election}: {r:?}", self.name)))
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
@@ -525,7 +535,14 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
                             if w.chance(0.002) {
                                 // A pause (GC, SIGSTOP) between the check and the write.
                                 w.fault("pause before write");
+                                let from = ns(w.origin);
                                 tokio::time::sleep(ttl.mul_f64(2.0 * w.rand())).await;
+                                w.record(Record::Paused {
+                                    election: ELECTION.into(),
+                                    holder: holder.clone(),
+                                    from,
+                                    until: ns(w.origin),
+                                });
                             }
                             w.write(ELECTION, token);
                             if w.chance(0.02) {

@@ -860,6 +860,9 @@ async fn once_seen<T>(notify: &tokio::sync::Notify, mut look: impl FnMut() -> Op
     }
 }
 
+/// A revision of a lease, and the earliest end the readings of it gave.
+type Reading = (crate::store::Revision, Instant);
+
 /// Tracks the leader this candidate last reported, to emit each change once.
 struct View<'a> {
     shared: &'a Shared,
@@ -869,6 +872,9 @@ struct View<'a> {
     lease_ends: Option<Instant>,
     vacant_since: Option<Instant>,
     takeover: Option<Duration>,
+    /// The grant of the last live lease seen while following, and for each of its last
+    /// few revisions when it would end as far as the readings tell (see [`View::ends`]).
+    seen: Option<(HolderId, crate::FencingToken, Vec<Reading>)>,
 }
 
 impl View<'_> {
@@ -878,8 +884,42 @@ impl View<'_> {
         if rec.evicted {
             return;
         }
-        self.lease_ends = Some(self.shared.clock.now() + rec.remaining.unwrap_or(rec.ttl));
+        self.lease_ends = Some(self.ends(rec));
         self.vacant_since = None;
+    }
+
+    /// When the lease `rec` ends, as far as this candidate can tell: the time left the
+    /// store reported, counted from now. A reading tells the time left when the store
+    /// made it, so the later it arrives the later the end it gives: a watch that catches
+    /// up after a partition delivers the renewals it missed, each with a whole TTL left,
+    /// after this candidate has read the latest one itself. Of the readings of one
+    /// revision of a grant, whose end at the store is one, the earliest counts.
+    fn ends(&mut self, rec: &LeaseRecord) -> Instant {
+        /// Revisions remembered per grant: enough for the renewals a catching-up watch
+        /// delivers after a read, few enough to look through at each event.
+        const REMEMBERED: usize = 8;
+        let end = self.shared.clock.now() + rec.remaining.unwrap_or(rec.ttl);
+        if crate::mutant("latest-reading-counts") {
+            return end;
+        }
+        let same_grant = matches!(&self.seen, Some((h, t, _)) if *h == rec.holder && *t == rec.token);
+        if !same_grant {
+            self.seen = Some((rec.holder.clone(), rec.token, Vec::with_capacity(REMEMBERED)));
+        }
+        let Some((_, _, revisions)) = &mut self.seen else { return end };
+        match revisions.iter_mut().find(|(r, _)| *r == rec.revision) {
+            Some((_, earlier)) => {
+                *earlier = (*earlier).min(end);
+                *earlier
+            }
+            None => {
+                if revisions.len() == REMEMBERED {
+                    revisions.remove(0);
+                }
+                revisions.push((rec.revision, end));
+                end
+            }
+        }
     }
 
     /// This candidate won: how long the election had no leader, as far as it saw.
@@ -916,7 +956,7 @@ async fn campaign_loop(shared: &Shared) {
             return;
         }
     }
-    let mut view = View { shared, leader: None, lease_ends: None, vacant_since: None, takeover: None };
+    let mut view = View { shared, leader: None, lease_ends: None, vacant_since: None, takeover: None, seen: None };
     // Unhealthy resignations in a row (a resignation that asked to stand aside).
     let mut unhealthy = 0u32;
     // After a handover: the election is reserved for the successor until then.
@@ -1047,7 +1087,7 @@ async fn follow(shared: &Shared, view: &mut View<'_>, mut defer: Option<Instant>
                         failures.reset();
                         view.saw_record(Some(&rec));
                         view.live(&rec);
-                        wake_at = follower_wake(shared, Some(&rec), watch.is_some());
+                        wake_at = follower_wake(shared, view, Some(&rec), watch.is_some());
                     }
                     Ok(None) => {
                         // Free: leave it only while it is still reserved for a live candidate.
@@ -1086,7 +1126,7 @@ async fn follow(shared: &Shared, view: &mut View<'_>, mut defer: Option<Instant>
                             Ok(Renew::Lost(cur)) => {
                                 unresolved = false;
                                 view.saw_record(cur.as_ref());
-                                wake_at = follower_wake(shared, cur.as_ref(), watch.is_some());
+                                wake_at = follower_wake(shared, view, cur.as_ref(), watch.is_some());
                             }
                             Err(e) => {
                                 failures.note(&e, "confirming a maybe-held lease failed");
@@ -1100,7 +1140,7 @@ async fn follow(shared: &Shared, view: &mut View<'_>, mut defer: Option<Instant>
                         wake_at = if cur.is_none() {
                             shared.clock.now()
                         } else {
-                            follower_wake(shared, cur.as_ref(), watch.is_some())
+                            follower_wake(shared, view, cur.as_ref(), watch.is_some())
                         };
                         attempt = cur.is_none();
                     }
@@ -1119,7 +1159,7 @@ async fn follow(shared: &Shared, view: &mut View<'_>, mut defer: Option<Instant>
                         failures.reset();
                         view.saw_record(Some(&cur));
                         view.live(&cur);
-                        wake_at = follower_wake(shared, Some(&cur), watch.is_some());
+                        wake_at = follower_wake(shared, view, Some(&cur), watch.is_some());
                     }
                     Err(e) if !e.is_retryable() => {
                         tracing::error!(election = %shared.req.election, error = %e, "the store refused; no retry can help, so campaigning stops");
@@ -1159,7 +1199,7 @@ async fn follow(shared: &Shared, view: &mut View<'_>, mut defer: Option<Instant>
                         defer = None;
                         view.saw_record(Some(&rec));
                         view.live(&rec);
-                        wake_at = follower_wake(shared, Some(&rec), true);
+                        wake_at = follower_wake(shared, view, Some(&rec), true);
                     }
                 }
                 Some(Err(e)) => {
@@ -1310,12 +1350,12 @@ const RELEASE_TIMEOUTS: u32 = 3;
 
 /// When a follower that saw `rec` should try again: when the record would expire,
 /// and no later than one poll period if the store cannot tell it of changes.
-fn follower_wake(shared: &Shared, rec: Option<&LeaseRecord>, watching: bool) -> Instant {
+fn follower_wake(shared: &Shared, view: &mut View<'_>, rec: Option<&LeaseRecord>, watching: bool) -> Instant {
     let cfg = &shared.cfg;
     let now = shared.clock.now();
     let floor = now + cfg.retry_period / 10;
     let expiry = match rec {
-        Some(r) => now + r.remaining.unwrap_or(r.ttl),
+        Some(r) => view.ends(r),
         None => now,
     };
     let wake = if watching { expiry } else { expiry.min(now + cfg.jittered(cfg.retry_period)) };

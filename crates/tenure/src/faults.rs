@@ -98,6 +98,8 @@ pub struct FaultyStore {
     by_op: Arc<[AtomicU64; 10]>,
     watch_events: Arc<AtomicU64>,
     watchable: bool,
+    /// Watch events are held until then, and delivered late ([`FaultyStore::hold_watch_until`]).
+    watch_held_until: Arc<Mutex<Option<tokio::time::Instant>>>,
     renewal_times: Option<RenewalTimes>,
     /// The operations the fault applies to; every one if `None`.
     only: Option<Arc<[Op]>>,
@@ -113,6 +115,7 @@ impl FaultyStore {
             by_op: Arc::default(),
             watch_events: Arc::default(),
             watchable: true,
+            watch_held_until: Arc::default(),
             renewal_times: None,
             only: None,
         }
@@ -136,6 +139,12 @@ impl FaultyStore {
     pub fn without_watch(mut self) -> Self {
         self.watchable = false;
         self
+    }
+
+    /// Holds the watch events that come before `until` and delivers them then, late and
+    /// in order (a watch stream that catches up after a partition).
+    pub fn hold_watch_until(&self, until: tokio::time::Instant) {
+        *self.watch_held_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(until);
     }
 
     /// Sets the fault for the following requests.
@@ -231,9 +240,16 @@ impl LeaseStore for FaultyStore {
             return None;
         }
         let events = self.watch_events.clone();
-        Some(Box::pin(self.inner.watch(election)?.map(move |ev| {
+        let held = self.watch_held_until.clone();
+        Some(Box::pin(self.inner.watch(election)?.then(move |ev| {
             events.fetch_add(1, Ordering::SeqCst);
-            ev
+            let until = *held.lock().unwrap_or_else(|p| p.into_inner());
+            async move {
+                if let Some(until) = until {
+                    tokio::time::sleep_until(until).await;
+                }
+                ev
+            }
         })))
     }
     fn expiry(&self) -> ExpiryJudge {

@@ -92,6 +92,33 @@ async fn two_candidates_never_overlap_when_the_leader_is_cut_off() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_watch_that_catches_up_late_does_not_delay_the_takeover() {
+    // B reads the lease itself, then its watch delivers the renewals it missed while cut
+    // off, each saying a whole TTL is left: the earliest end B read for a revision counts.
+    let shared = Arc::new(MemoryStore::new());
+    let a_store = FaultyStore::new(shared.clone());
+    let b_store = FaultyStore::new(shared.clone());
+    let a = elector(Arc::new(a_store.clone()), "a");
+    let b = elector(Arc::new(b_store.clone()), "b");
+    let start = Instant::now();
+    b_store.hold_watch_until(tokio::time::Instant::now() + TTL + TTL / 6);
+    let la = a.leadership().await.unwrap();
+    b.start();
+    // A renews at a third and two thirds of the TTL; B reads the second renewal itself
+    // when the first lease it saw would have ended, and A stops renewing after that.
+    tokio::time::sleep(TTL * 5 / 6).await;
+    a_store.set(Fault::Hang);
+    let lb = b.leadership().await.unwrap();
+    let expired = start + TTL * 2 / 3 + TTL;
+    let took = Instant::now().duration_since(expired);
+    assert!(lb.token() > la.token());
+    assert!(
+        took < TTL / 5,
+        "B was elected {took:?} after A's lease ran out: the late watch events put its takeover off"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn ambiguous_acquire_is_never_acted_on() {
     let inner = Arc::new(MemoryStore::new());
     let store = FaultyStore::new(inner.clone());
