@@ -71,8 +71,8 @@ pub fn boottime_ns() -> u64 {
 /// The instant written in the deadline file; `None` when it cannot be read, which the
 /// supervisor treats as a deadline already passed (it fails closed).
 fn read_stop_at(path: &Path) -> Option<u64> {
-    match std::fs::read_to_string(path) {
-        Ok(s) => s.trim().parse().ok(),
+    match read_private(path) {
+        Ok(s) => std::str::from_utf8(&s).ok()?.trim().parse().ok(),
         // Planted (with the standby's wait skipped): a deadline file not yet written is
         // taken for no deadline.
         Err(_) if mutant("standby-starts-unbidden") => Some(u64::MAX),
@@ -119,12 +119,54 @@ fn env_file(deadline_file: &Path) -> PathBuf {
     deadline_file.with_extension("env")
 }
 
+/// The environment variable that names the store, kept out of every process tenure
+/// starts: its URL may carry a password.
+pub(crate) const STORE_ENV: &str = "TENURE_STORE";
+
 /// Writes `bytes` to `path` atomically: a reader finds the old content or the new.
 fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".new");
-    std::fs::write(&tmp, bytes)?;
+    write_private(Path::new(&tmp), bytes)?;
     std::fs::rename(tmp, path)
+}
+
+/// Writes `bytes` to `path`, a file only this user may read or write (0600 whatever the
+/// umask), never through a symbolic link.
+pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(path)?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    f.write_all(bytes)
+}
+
+/// Reads `path`, but only a file of this user's that nobody else may write, reached
+/// without a symbolic link: a deadline or environment file someone else made or could
+/// change is not the one `tenure run` wrote, and is not believed (an error, which the
+/// readers take as a deadline that has passed).
+fn read_private(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let mut f =
+        std::fs::OpenOptions::new().read(true).custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32).open(path)?;
+    let meta = f.metadata()?;
+    let own = meta.uid() == rustix::process::geteuid().as_raw() && meta.mode() & 0o022 == 0;
+    if !own && !mutant("deadline-file-trusted") {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("{} is not a file of this user's that only it may write", path.display()),
+        ));
+    }
+    let mut buf = Vec::new();
+    f.read_to_end(&mut buf)?;
+    Ok(buf)
 }
 
 /// Writes the instant by which the command must start stopping, atomically.
@@ -135,7 +177,7 @@ fn write_stop_at(path: &Path, stop_at_ns: u64) -> std::io::Result<()> {
 /// The pairs of an environment file; `None` if it cannot be read or is malformed.
 fn read_env(path: &Path) -> Option<Vec<(OsString, OsString)>> {
     use std::os::unix::ffi::OsStringExt;
-    let bytes = std::fs::read(path).ok()?;
+    let bytes = read_private(path).ok()?;
     if bytes.is_empty() {
         return Some(Vec::new());
     }
@@ -274,7 +316,7 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, stan
     // or slow): work must not start on a term that cannot stop it in time.
     // A standby told nothing has no deadline file yet, which fails closed here too.
     if passed_stop_at(deadline_file, boottime_ns()).is_some() {
-        let _ = std::fs::write(stopped_marker(deadline_file), b"");
+        let _ = write_private(&stopped_marker(deadline_file), b"");
         eprintln!("tenure: the term ran out before the command could start; not starting it");
         return 125;
     }
@@ -284,11 +326,11 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, stan
     // terminal (SIGTTIN), stops the command's group, never the supervisor.
     use std::os::unix::process::CommandExt;
     let mut command = std::process::Command::new(program);
-    command.args(args).envs(added_env);
+    command.args(args).envs(added_env).env_remove(STORE_ENV);
     if !mutant("command-in-supervisor-group") {
         command.process_group(0);
     }
-    if let Err(e) = std::fs::write(started_marker(deadline_file), b"") {
+    if let Err(e) = write_private(&started_marker(deadline_file), b"") {
         eprintln!("tenure: cannot start the command: {e}");
         return 125;
     }
@@ -345,7 +387,7 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, stan
             // `tenure` did not extend the deadline: it is frozen or stuck. Leave a mark,
             // so that it reads the exit as a stop, not a finish. The grace period counts
             // from the instant stopping was due, not from now.
-            let _ = std::fs::write(stopped_marker(deadline_file), b"");
+            let _ = write_private(&stopped_marker(deadline_file), b"");
             eprintln!("tenure: the lease was not renewed in time; stopping the command");
             signal_tree(me, Signal::TERM);
             phase = Phase::Terminating(at);
@@ -462,6 +504,7 @@ fn spawn_guard(supervisor: Pid, deadline_file: &Path, grace: Duration) -> Result
     let mut command = Command::new(exe);
     command
         .arg0("tenure")
+        .env_remove(STORE_ENV)
         .arg("__guard")
         .arg(std::process::id().to_string())
         .arg(supervisor.as_raw_pid().to_string())
@@ -489,7 +532,7 @@ async fn wait_to_start(
         eprintln!("tenure: cannot install signal handlers");
         return Err(125);
     };
-    if let Err(e) = std::fs::write(ready_marker(deadline_file), b"") {
+    if let Err(e) = write_private(&ready_marker(deadline_file), b"") {
         eprintln!("tenure: cannot prepare to start the command: {e}");
         return Err(125);
     }
@@ -594,14 +637,21 @@ fn reap_dead_children(me: Pid) {
 
 /// The directory for a supervisor's files (its deadline, its marks, the metadata).
 fn supervisor_dir() -> Result<tempfile::TempDir> {
-    tempfile::Builder::new().prefix("tenure-run-").tempdir().context("cannot create the command's deadline file")
+    use std::os::unix::fs::PermissionsExt;
+    // Only this user may enter it, whatever the umask: what is in it says when the
+    // command must stop, and what it runs with.
+    tempfile::Builder::new()
+        .prefix("tenure-run-")
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir()
+        .context("cannot create the command's deadline file")
 }
 
 /// Writes `metadata`, if any, into `dir` and names it in `env` as `TENURE_METADATA_FILE`.
 fn write_metadata(dir: &Path, metadata: Option<&[u8]>, env: &mut Vec<(&str, String)>) -> Result<Option<PathBuf>> {
     let Some(m) = metadata else { return Ok(None) };
     let file = dir.join("metadata");
-    std::fs::write(&file, m).context("cannot write TENURE_METADATA_FILE")?;
+    write_private(&file, m).context("cannot write TENURE_METADATA_FILE")?;
     env.push(("TENURE_METADATA_FILE", file.display().to_string()));
     Ok(Some(file))
 }
@@ -617,6 +667,9 @@ fn spawn_supervisor(
 ) -> Result<(Child, Pid)> {
     let exe = own_program().context("cannot find the tenure executable to supervise the command")?;
     let mut command = Command::new(exe);
+    // The store's URL (and its password) stays with tenure: neither the supervisor nor
+    // the command needs it.
+    command.env_remove(STORE_ENV);
     command.arg0("tenure").arg("__child").arg(std::process::id().to_string()).arg(deadline_file);
     command.arg(grace.as_millis().to_string());
     if standby {

@@ -41,8 +41,13 @@ pub struct WorkerArgs {
     /// Run CMD (with sh -c) for elections of TOPIC; repeatable
     #[arg(long = "handler", value_name = "TOPIC=CMD")]
     pub handlers: Vec<String>,
-    /// Do not handle the built-in `command` topic
+    /// Handle the built-in `command` topic: run any action with `sh -c`. Off by default:
+    /// with it, anyone who can publish on the broker group can run commands here
     #[arg(long)]
+    pub allow_command: bool,
+    /// The default now (the `command` topic is off unless --allow-command); accepted so
+    /// that older scripts still start
+    #[arg(long, hide = true, conflicts_with = "allow_command")]
     pub no_command: bool,
     /// How often the worker says it is alive
     #[arg(long, default_value = "2s", value_parser = duration)]
@@ -65,7 +70,7 @@ pub struct WorkerArgs {
 /// `tenure gossip worker`: joins the group and runs won actions until SIGINT/SIGTERM,
 /// then leaves cleanly. Prints one line per decision on stdout.
 pub async fn worker(s: WorkerArgs, store: Option<&str>) -> Result<i32> {
-    let mut handlers = if s.no_command { Handlers::new() } else { Handlers::with_command() };
+    let mut handlers = if s.allow_command { Handlers::with_command() } else { Handlers::new() };
     for h in &s.handlers {
         let Some((topic, cmd)) = h.split_once('=') else {
             bail!("--handler {h:?}: write TOPIC=COMMAND, e.g. --handler reindex=./reindex.sh");
@@ -170,6 +175,16 @@ pub async fn elect(
         }
         Err(e) => return Err(e.into()),
     };
+    let mut outcome = outcome;
+    if topic == tenure_gossip::COMMAND_TOPIC
+        && let Some(e) = &mut outcome.error
+        && e.contains("no live worker has a handler")
+    {
+        e.push_str(
+            "; workers run the built-in \"command\" topic only when started with --allow-command \
+             (or name a topic with --topic that their --handler serves)",
+        );
+    }
     if json {
         println!("{}", serde_json::to_string(&outcome)?);
     } else {

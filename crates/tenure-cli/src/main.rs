@@ -40,6 +40,11 @@ struct Cli {
     /// Lease store URL, e.g. sqlite:/var/lib/app/tenure.db
     #[arg(long, global = true, env = "TENURE_STORE", value_name = "URL", hide_env_values = true)]
     store: Option<String>,
+    /// A file whose first line is the lease store URL: the URL (and its password) is then
+    /// in no process's command line or environment. The file must be the caller's and
+    /// unreadable by others
+    #[arg(long, global = true, env = "TENURE_STORE_FILE", value_name = "PATH", conflicts_with = "store")]
+    store_file: Option<std::path::PathBuf>,
     /// More log output on stderr (-v debug, -vv trace); RUST_LOG overrides
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -297,10 +302,11 @@ enum GossipCommand {
     #[command(after_help = "\
 Prints `decided ID WINNER` for every election, `started ID` when this worker
 started the action, and `rejoining: REASON` then `joined GROUP again` when it lost
-the broker or was stalled. The built-in topic `command` runs the action with `sh -c`;
---handler TOPIC=CMD runs CMD for TOPIC with the action in TENURE_GOSSIP_ACTION.
-Anyone who can publish on the broker can make a worker run commands: give the
-workers a broker (or group and credentials) of their own, or --no-command.
+the broker or was stalled. With --allow-command the built-in topic `command` runs the
+action with `sh -c`; --handler TOPIC=CMD runs CMD for TOPIC with the action in
+TENURE_GOSSIP_ACTION. With --allow-command, anyone who can publish on the broker group
+can make the worker run any command: give such workers a broker (or group and
+credentials) of their own.
 On SIGINT/SIGTERM the worker finishes the elections under way, waits for the
 actions it started (their output goes to stderr), and leaves; a second signal stops
 it at once (exit 1). A worker that was frozen or cut off from the broker gives up
@@ -490,7 +496,8 @@ fn init_logging(verbose: u8, quiet: bool, errors_only: bool) {
 }
 
 async fn dispatch(cli: Cli) -> Result<i32> {
-    let store = cli.store.as_deref();
+    let from_file = cli.store_file.as_deref().map(store_url::read_store_file).transpose()?;
+    let store = from_file.as_deref().or(cli.store.as_deref());
     match cli.command {
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "tenure", &mut std::io::stdout());

@@ -905,6 +905,7 @@ async fn run_sh(cmd: &str, env: &[(&'static str, String)], limit: Duration, what
     let mut child = tokio::process::Command::new("sh")
         .arg("-c")
         .arg(cmd)
+        .env_remove(crate::child::STORE_ENV)
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .stdin(std::process::Stdio::null())
         .process_group(0)

@@ -182,6 +182,24 @@ macro_rules! connect {
     }};
 }
 
+/// The store URL in the first line of `path` (`--store-file`): a file of this user's
+/// that nobody else may read or write, since the URL may carry a password.
+pub fn read_store_file(path: &std::path::Path) -> Result<String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).with_context(|| format!("cannot read the store file {}", path.display()))?;
+    if meta.mode() & 0o077 != 0 {
+        anyhow::bail!(
+            "the store file {} may be read or written by others (mode {:o}): it may hold a password; chmod 600 it",
+            path.display(),
+            meta.mode() & 0o777
+        );
+    }
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read the store file {}", path.display()))?;
+    let url = text.lines().map(str::trim).find(|l| !l.is_empty() && !l.starts_with('#'));
+    url.map(str::to_string).with_context(|| format!("the store file {} names no store URL", path.display()))
+}
+
 /// Opens the store `url` names, or the default SQLite database when `url` is `None`.
 pub async fn open(url: Option<&str>) -> Result<Arc<dyn LeaseStore>> {
     let url = url.map(str::trim).filter(|u| !u.is_empty());
@@ -189,7 +207,12 @@ pub async fn open(url: Option<&str>) -> Result<Arc<dyn LeaseStore>> {
         None => {
             let path = default_sqlite_path()?;
             if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir)
+                use std::os::unix::fs::DirBuilderExt;
+                // Only this user's, whatever the umask: the database decides who leads.
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(dir)
                     .with_context(|| format!("cannot create the state directory {}", dir.display()))?;
             }
             path

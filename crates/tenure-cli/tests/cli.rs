@@ -255,6 +255,56 @@ fn evict_moves_leadership_and_status_list_watch_show_it() {
 }
 
 #[test]
+fn the_store_url_reaches_neither_the_command_nor_its_health_check() {
+    // TENURE_STORE may carry the store's password: it stays with tenure.
+    let env = Env::new();
+    let (cmd_env, health_env) = (env.dir.path().join("cmd.env"), env.dir.path().join("health.env"));
+    let dump = |f: &std::path::Path| format!("env > {}", f.display());
+    let out = env.tenure(&[
+        "run",
+        "jobs/secret",
+        "--health-cmd",
+        &dump(&health_env),
+        "--health-interval",
+        "50ms",
+        "--",
+        "sh",
+        "-c",
+        &format!("{}; sleep 0.5", dump(&cmd_env)),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    for f in [cmd_env, health_env] {
+        let seen = std::fs::read_to_string(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        assert!(seen.contains("TENURE_TOKEN="), "{} holds the term's environment", f.display());
+        assert!(!seen.contains("TENURE_STORE"), "{} holds the store's URL:\n{seen}", f.display());
+    }
+}
+
+#[test]
+fn a_store_file_names_the_store_and_must_be_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new();
+    let file = env.dir.path().join("store-url");
+    std::fs::write(&file, format!("# the lease store\n{}\n", env.store())).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut c = Command::new(tenure());
+    c.env_remove("TENURE_STORE").env("TENURE_STORE_FILE", &file).env("RUST_LOG", "warn").stdin(Stdio::null());
+    let out = c.args(["run", "jobs/filed", "--", "true"]).output().unwrap();
+    assert!(!env.dir.path().join("t.db").exists());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(err.contains("may be read or written by others") && err.contains("chmod 600"), "{err}");
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let out = Command::new(tenure())
+        .env_remove("TENURE_STORE")
+        .args(["--store-file", file.to_str().unwrap(), "run", "jobs/filed", "--", "sh", "-c", "exit 3"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(env.dir.path().join("t.db").exists(), "the run used the database the file names");
+}
+
+#[test]
 fn run_exits_with_the_commands_code_and_releases() {
     let env = Env::new();
     let out = env.tenure(&["run", "jobs/once", "--", "sh", "-c", "test \"$TENURE_TOKEN\" -ge 1 && exit 7"]);

@@ -164,8 +164,9 @@ fn a_killed_tenure_run_leaves_nothing_in_the_temporary_directory() {
     }
 }
 
-#[test]
-fn the_supervisor_stops_the_command_when_its_deadline_cannot_be_read() {
+/// Starts a 10 s term whose command works, does `spoil` to its supervisor's directory
+/// (with `tenure run` frozen while it does), and returns how long the command then ran on.
+fn spoil_the_deadline(spoil: impl FnOnce(&Path)) -> Duration {
     let env = Env::new();
     let tmp = env.path("tmp");
     std::fs::create_dir(&tmp).unwrap();
@@ -174,12 +175,77 @@ fn the_supervisor_stops_the_command_when_its_deadline_cannot_be_read() {
     let mut leader = env.run_in(&tmp, "10s", &worker(&pids, &log, false));
     let started = wait_pids(&pids, 1);
     let dir = std::fs::read_dir(&tmp).unwrap().next().unwrap().unwrap().path();
-    // Fail closed: no readable deadline means the deadline has passed.
-    std::fs::remove_file(dir.join("deadline")).unwrap();
+    signal(leader.id(), rustix::process::Signal::STOP);
+    spoil(&dir);
     let took = wait_dead(&started[..1], Duration::from_secs(3));
-    assert!(took < Duration::from_secs(1), "stopped {took:?} after the deadline became unreadable");
+    signal(leader.id(), rustix::process::Signal::CONT);
     signal(leader.id(), rustix::process::Signal::TERM);
     leader.wait().unwrap();
+    took
+}
+
+#[test]
+fn the_supervisor_stops_the_command_when_its_deadline_cannot_be_read() {
+    // Fail closed: no readable deadline means the deadline has passed.
+    let took = spoil_the_deadline(|dir| std::fs::remove_file(dir.join("deadline")).unwrap());
+    assert!(took < Duration::from_secs(1), "stopped {took:?} after the deadline became unreadable");
+}
+
+#[test]
+fn a_deadline_file_others_could_write_is_not_believed() {
+    // Another local user who could write the deadline file would move the deadline out:
+    // the supervisor believes only a file of its user's that nobody else may write.
+    use std::os::unix::fs::PermissionsExt;
+    let took = spoil_the_deadline(|dir| {
+        let forged = dir.join("forged");
+        std::fs::write(&forged, u64::MAX.to_string()).unwrap();
+        std::fs::set_permissions(&forged, std::fs::Permissions::from_mode(0o666)).unwrap();
+        std::fs::rename(&forged, dir.join("deadline")).unwrap();
+    });
+    assert!(took < Duration::from_secs(1), "stopped {took:?} after the deadline file became one anyone may write");
+}
+
+#[test]
+fn the_files_tenure_makes_are_its_users_alone_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new();
+    let (tmp, state) = (env.path("tmp"), env.path("state"));
+    std::fs::create_dir(&tmp).unwrap();
+    let (pids, log) = (env.path("pids"), env.path("log"));
+    let _reap = Reap(pids.clone());
+    let mut leader = Command::new("sh")
+        .args(["-c", r#"umask 000; exec "$0" "$@""#, tenure()])
+        .args(["run", "jobs/modes", "--ttl", "10s", "--metadata", "m", "--", "sh", "-c", &worker(&pids, &log, false)])
+        .env_remove("TENURE_STORE")
+        .env("XDG_STATE_HOME", &state)
+        .env("TMPDIR", &tmp)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .spawn()
+        .map(Proc)
+        .unwrap();
+    wait_pids(&pids, 1);
+    let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777;
+    let supervisor_dir = std::fs::read_dir(&tmp).unwrap().next().unwrap().unwrap().path();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&supervisor_dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.extend(std::fs::read_dir(state.join("tenure")).unwrap().map(|e| e.unwrap().path()));
+    let dirs = (mode(&state.join("tenure")), mode(&supervisor_dir));
+    let modes: Vec<(PathBuf, Option<u32>)> = files
+        .into_iter()
+        .map(|f| {
+            let m = std::fs::symlink_metadata(&f).ok().map(|m| m.permissions().mode() & 0o777);
+            (f, m)
+        })
+        .collect();
+    signal(leader.id(), rustix::process::Signal::TERM);
+    leader.wait().unwrap();
+    assert_eq!(dirs, (0o700, 0o700), "the state directory and the supervisor's");
+    assert!(modes.iter().any(|(f, _)| f.ends_with("tenure.db")) && modes.iter().any(|(f, _)| f.ends_with("deadline")));
+    for (f, m) in &modes {
+        if let Some(m) = m {
+            assert_eq!(*m, 0o600, "{} takes the umask", f.display());
+        }
+    }
 }
 
 #[test]

@@ -45,7 +45,7 @@ fn start_worker(broker: &str, dir: &Path, n: usize) -> Proc {
     let out = std::fs::File::create(dir.join(format!("w{n}.out"))).unwrap();
     let err = std::fs::File::create(dir.join(format!("w{n}.err"))).unwrap();
     let child = tenure(broker)
-        .args(["gossip", "worker", "--group", "t", "--heartbeat", "200ms", "--lost-after", "1500ms"])
+        .args(["gossip", "worker", "--group", "t", "--allow-command", "--heartbeat", "200ms", "--lost-after", "1500ms"])
         .args(["--election-timeout", "500ms"])
         .stdout(out)
         .stderr(err)
@@ -152,6 +152,31 @@ fn rabbitmq_five_workers_two_hundred_elections() {
 }
 
 #[test]
+fn a_worker_runs_no_shell_command_unless_allowed() {
+    // Whoever can publish on the group could otherwise run anything on every worker.
+    let Some(server) = servers::launch(Kind::Redis) else { return };
+    let broker = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::fs::File::create(dir.path().join("w.out")).unwrap();
+    let _w = Proc(
+        tenure(&broker)
+            .args(["gossip", "worker", "--group", "t", "--heartbeat", "200ms"])
+            .stdout(out)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("the worker to join", Duration::from_secs(30), || read(&dir.path().join("w.out")).starts_with("joined"));
+    let ran = dir.path().join("ran");
+    let action = format!("touch {}", ran.display());
+    let out = tenure(&broker).args(["gossip", "elect", "e1", "--group", "t", "--action", &action]).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{said}");
+    assert!(said.contains("--allow-command"), "the error says how to enable it: {said}");
+    assert!(!ran.exists(), "the command ran");
+}
+
+#[test]
 fn a_lone_worker_process_elects_itself_and_unknown_topics_fail_at_the_initiator() {
     let Some(server) = servers::launch(Kind::Redis) else { return };
     let broker = server.url();
@@ -201,7 +226,7 @@ fn store_backed_mode_never_runs_an_id_twice() {
     for (n, group) in ["left", "right"].iter().enumerate() {
         let out = std::fs::File::create(dir.path().join(format!("w{n}.out"))).unwrap();
         let child = tenure(&broker)
-            .args(["--store", &store, "gossip", "worker", "--group", group, "--claim"])
+            .args(["--store", &store, "gossip", "worker", "--group", group, "--claim", "--allow-command"])
             .stdout(out)
             .stderr(Stdio::null())
             .spawn()

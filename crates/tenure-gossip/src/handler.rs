@@ -76,6 +76,8 @@ impl Handler for CommandHandler {
             .env("TENURE_GOSSIP_TOPIC", &job.topic)
             .env("TENURE_GOSSIP_ACTION", &job.action)
             .env("TENURE_GOSSIP_WORKER", &job.worker)
+            // A store URL given to the worker (for --claim) may carry a password.
+            .env_remove("TENURE_STORE")
             .stdin(std::process::Stdio::null())
             // Kept off stdout, where the worker prints its decisions.
             .stdout(stderr_for_child()?);

@@ -150,7 +150,16 @@ impl Inner {
 fn wake_file(path: &Path) -> Option<std::fs::File> {
     let mut name = path.as_os_str().to_owned();
     name.push("-wake");
-    match std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(&name) {
+    use std::os::unix::fs::OpenOptionsExt;
+    // 0600 whatever the umask, and never through a symbolic link.
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(&name)
+    {
         Ok(f) => Some(f),
         Err(e) => {
             tracing::debug!(error = %e, file = ?name, "no wake-up file; SQLite watches find commits by looking again");
@@ -963,6 +972,21 @@ fn migrate(conn: &Connection) -> rusqlite::Result<()> {
 }
 
 fn connect(path: &Path, options: &SqliteOptions) -> Result<Connection, StoreError> {
+    // A database this store makes is this user's alone (0600 whatever the umask; SQLite
+    // gives its WAL and shared-memory files the same mode). An existing one keeps its own.
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let _ = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+            .open(path)
+            .and_then(|f| {
+                use std::os::unix::fs::PermissionsExt;
+                f.set_permissions(std::fs::Permissions::from_mode(0o600))
+            });
+    }
     let conn = Connection::open(path).map_err(|e| sql_error(path, "opening the database", e))?;
     conn.busy_timeout(options.busy_timeout).map_err(|e| sql_error(path, "setting the busy timeout", e))?;
     // Switching a fresh database to WAL takes an exclusive lock for which SQLite does not

@@ -19,17 +19,29 @@ pub fn take_params(url: &str, ours: &[&str]) -> (String, Vec<Option<String>>) {
 }
 
 /// A URL with its passwords replaced by `***`, safe to print: `scheme://user:***@host…`,
-/// and any query parameter whose name holds "password".
+/// and any query parameter whose name holds "password". Whatever a password holds (a
+/// `/`, `#`, `?` or `@` that should have been percent-encoded), everything between
+/// `scheme://user:` and the last `@` is hidden; without `://` (a mistyped scheme),
+/// everything between the first `:` and the last `@`.
 pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
+        return match (url.find(':'), url.rfind('@')) {
+            (Some(colon), Some(at)) if colon < at => format!("{}:***{}", &url[..colon], &url[at..]),
+            _ => url.to_string(),
+        };
     };
-    let (authority, tail) = match rest.find(['/', '?', '#']) {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
+    let (user, after) = match rest.rsplit_once('@') {
+        Some((userinfo, after)) => match userinfo.split_once(':') {
+            Some((user, _)) => (format!("{user}:***@"), after),
+            // No password, unless the user part itself looks like a path (a password with
+            // a `/` and no user): hide it all.
+            None if userinfo.contains(['/', '?', '#']) => ("***@".to_string(), after),
+            None => (format!("{userinfo}@"), after),
+        },
+        None => (String::new(), rest),
     };
     // A query parameter whose name holds "password" (a sentinel's password) is a secret too.
-    let tail = match tail.split_once('?') {
+    let after = match after.split_once('?') {
         Some((path, query)) => {
             let pairs: Vec<String> = query
                 .split('&')
@@ -40,15 +52,9 @@ pub fn redact(url: &str) -> String {
                 .collect();
             format!("{path}?{}", pairs.join("&"))
         }
-        None => tail.to_string(),
+        None => after.to_string(),
     };
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{scheme}://{user}:***@{host}{tail}")
-        }
-        None => format!("{scheme}://{authority}{tail}"),
-    }
+    format!("{scheme}://{user}{after}")
 }
 
 #[cfg(test)]
@@ -75,5 +81,28 @@ mod tests {
             "redis+sentinel://h:1/m?sentinel_password=***"
         );
         assert_eq!(redact("etcd://h:1"), "etcd://h:1");
+    }
+
+    #[test]
+    fn a_password_that_holds_what_a_url_may_not_is_hidden_whole() {
+        for (url, shown) in [
+            ("postgres://app:a/b@db:5432/x", "postgres://app:***@db:5432/x"),
+            ("postgres://app:a#b@db/x", "postgres://app:***@db/x"),
+            ("postgres://app:a?b=c@db/x", "postgres://app:***@db/x"),
+            ("postgres://app:a@b@db/x", "postgres://app:***@db/x"),
+            ("redis://:p/w#?@h:1/0", "redis://:***@h:1/0"),
+            ("mysql://u:pw@h/db?password=x", "mysql://u:***@h/db?password=***"),
+            ("postgres//u:pw@h/db", "postgres//u:***@h/db"),
+            ("postgres:u:p/w@h/db", "postgres:***@h/db"),
+            ("postgres://app@db/x", "postgres://app@db/x"),
+            ("sqlite:/var/lib/a.db", "sqlite:/var/lib/a.db"),
+        ] {
+            assert_eq!(redact(url), shown, "{url}");
+            for secret in ["pw", "a/b", "a#b", "a?b", "a@b", "p/w"] {
+                if url.contains(&format!(":{secret}@")) {
+                    assert!(!redact(url).contains(secret), "{url}");
+                }
+            }
+        }
     }
 }
