@@ -9,12 +9,41 @@ use serde_json::{Value, json};
 use tenure::{ElectionName, Evict, HolderId, Leader, LeaseRecord, LeaseStore};
 use tokio_stream::StreamExt;
 
-fn time(t: Option<SystemTime>) -> Value {
-    t.map(|t| Value::String(humantime::format_rfc3339_millis(t).to_string())).unwrap_or(Value::Null)
+/// `t` in RFC 3339 (to the millisecond with `millis`), or `None` for a time before 1970
+/// or after 9999, which a hostile or corrupted record may hold and RFC 3339 cannot show.
+pub(crate) fn rfc3339(t: SystemTime, millis: bool) -> Option<String> {
+    const LAST: u64 = 253_402_300_799; // 9999-12-31T23:59:59Z
+    let since = t.duration_since(std::time::UNIX_EPOCH).ok()?;
+    (since.as_secs() <= LAST).then(|| {
+        if millis {
+            humantime::format_rfc3339_millis(t).to_string()
+        } else {
+            humantime::format_rfc3339_seconds(t).to_string()
+        }
+    })
 }
 
+fn time(t: Option<SystemTime>) -> Value {
+    t.and_then(|t| rfc3339(t, true)).map(Value::String).unwrap_or(Value::Null)
+}
+
+/// Metadata as JSON carries it (escaped there).
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Metadata for a terminal: control characters (escape sequences that would set a window
+/// title or colours, line breaks that would forge lines) shown as `\u{…}`, not sent.
+pub(crate) fn printable(bytes: &[u8]) -> String {
+    let mut out = String::new();
+    for c in String::from_utf8_lossy(bytes).chars() {
+        if c.is_control() {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// The JSON object for one leader (the `leader` field of `status --json`).
@@ -49,14 +78,13 @@ pub fn status_json(election: &str, r: Option<&LeaseRecord>) -> Value {
 
 fn ago(t: Option<SystemTime>) -> String {
     match t {
-        Some(t) => {
-            let age = SystemTime::now().duration_since(t).unwrap_or_default();
-            format!(
-                "{} ({} ago)",
-                humantime::format_rfc3339_seconds(t),
-                humantime::format_duration(Duration::from_secs(age.as_secs()))
-            )
-        }
+        Some(t) => match rfc3339(t, false) {
+            Some(at) => {
+                let age = SystemTime::now().duration_since(t).unwrap_or_default();
+                format!("{at} ({} ago)", humantime::format_duration(Duration::from_secs(age.as_secs())))
+            }
+            None => "(a time out of range)".into(),
+        },
         None => "-".into(),
     }
 }
@@ -91,7 +119,7 @@ pub async fn status(store: Arc<dyn LeaseStore>, election: &ElectionName, as_json
             writeln!(out, "renewed   {}", ago(r.renewed_at))?;
             writeln!(out, "expires   {}", expires(r))?;
             if !r.metadata.is_empty() {
-                writeln!(out, "metadata  {}", text(&r.metadata))?;
+                writeln!(out, "metadata  {}", printable(&r.metadata))?;
             }
             if let Some(h) = candidates.iter().find(|c| c.holder == r.holder).and_then(|c| c.health) {
                 writeln!(out, "health    {}  (its own check, published with its presence)", h.as_str())?;
@@ -109,7 +137,7 @@ pub async fn status(store: Arc<dyn LeaseStore>, election: &ElectionName, as_json
                 if lead { " (leader)" } else { "" },
                 c.priority,
                 ago(c.seen_at),
-                if c.metadata.is_empty() { String::new() } else { format!("  metadata {}", text(&c.metadata)) }
+                if c.metadata.is_empty() { String::new() } else { format!("  metadata {}", printable(&c.metadata)) }
             )?;
         }
     }
@@ -164,7 +192,7 @@ pub async fn list(store: Arc<dyn LeaseStore>, prefix: &str, as_json: bool) -> Re
             holder,
             r.token.0,
             expires(r),
-            text(&r.metadata)
+            printable(&r.metadata)
         )?;
     }
     Ok(())
@@ -304,8 +332,9 @@ async fn hand_over(
     mut reservation: LeaseRecord,
     evicted: &LeaseRecord,
 ) -> Result<i32> {
-    let ttl = evicted.ttl;
-    let give_up = tokio::time::Instant::now() + evicted.remaining.unwrap_or(ttl) + ttl * 2;
+    // A record's TTL is the store's word: at most a day here, whatever a corrupted one says.
+    let ttl = evicted.ttl.min(tenure::store::MAX_TTL);
+    let give_up = tokio::time::Instant::now() + evicted.remaining.unwrap_or(ttl).min(ttl) + ttl * 2;
     let mut renew_at = tokio::time::Instant::now() + ttl / 3;
     let poll = (ttl / 20).clamp(Duration::from_millis(20), Duration::from_millis(200));
     loop {
@@ -396,7 +425,12 @@ pub async fn watch(store: Arc<dyn LeaseStore>, election: &ElectionName, as_json:
             }
             // The same term with new metadata: the leader proclaimed it.
             (Some(l), false) if last.as_ref().is_some_and(|p| p.holder == l.holder && p.token == l.token) => {
-                format!("{now}  {election}  leader {} (token {}) published {}", l.holder, l.token, text(&l.metadata))
+                format!(
+                    "{now}  {election}  leader {} (token {}) published {}",
+                    l.holder,
+                    l.token,
+                    printable(&l.metadata)
+                )
             }
             (Some(l), false) => format!("{now}  {election}  leader {} (token {})", l.holder, l.token),
             (None, false) => format!("{now}  {election}  no leader"),

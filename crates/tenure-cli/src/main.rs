@@ -477,6 +477,11 @@ pub(crate) fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write durations like 500ms, 10s, 1m30s)"))
 }
 
+/// A duration above zero (a period or a time limit).
+pub(crate) fn positive_duration(s: &str) -> Result<Duration, String> {
+    duration(s).and_then(|d| if d.is_zero() { Err("must be above zero".into()) } else { Ok(d) })
+}
+
 fn init_logging(verbose: u8, quiet: bool, errors_only: bool) {
     use tracing_subscriber::EnvFilter;
     let default = match (quiet, verbose) {

@@ -55,7 +55,9 @@ fn shortest_ttl() -> Duration {
 /// quarters of the most that fits (in whole milliseconds).
 pub fn default_grace(ttl: Duration) -> Duration {
     let budget = grace_budget(&Config::new(ttl));
-    Duration::from_millis((budget.as_millis() as u64 * 3 / 4).max(1)).min(Duration::from_secs(3))
+    Duration::from_millis((budget.as_millis() as u64).saturating_mul(3) / 4)
+        .max(Duration::from_millis(1))
+        .min(Duration::from_secs(3))
 }
 
 /// The flags of every command that campaigns (`run`, `campaign`, `schedule`), turned
@@ -84,10 +86,10 @@ pub struct CampaignArgs {
     #[arg(long, value_name = "CMD")]
     health_cmd: Option<String>,
     /// Time between health checks
-    #[arg(long, default_value = "10s", value_parser = crate::duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::positive_duration)]
     health_interval: Duration,
     /// Longest a health check may take; a slower one counts as failed
-    #[arg(long, default_value = "5s", value_parser = crate::duration)]
+    #[arg(long, default_value = "5s", value_parser = crate::positive_duration)]
     health_timeout: Duration,
     /// Failed health checks in a row that make the leader stand aside
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
@@ -685,7 +687,7 @@ fn already_done(key: &WorkKey, entry: &WorkEntry) {
         "{key} was done by {} (token {}) at {}; not running it",
         entry.holder,
         entry.token,
-        humantime::format_rfc3339_seconds(entry.at)
+        rfc3339(entry.at)
     );
 }
 
@@ -943,7 +945,7 @@ pub fn default_catch_up(schedule: &Schedule, ttl: Duration) -> Duration {
         .and_then(|a| Some((a, schedule.next_after(a)?)))
         .and_then(|(a, b)| b.duration_since(a).ok())
         .unwrap_or_default();
-    period.max(ttl * 2)
+    period.max(ttl.saturating_mul(2))
 }
 
 /// The work key of the slot at `at`.
@@ -970,8 +972,10 @@ fn slots_between(schedule: &Schedule, after: SystemTime, until: SystemTime) -> V
     out.into()
 }
 
-fn rfc3339(t: SystemTime) -> humantime::Rfc3339Timestamp {
-    humantime::format_rfc3339_seconds(t)
+/// `t` to the second, or a note that it cannot be shown (a ledger entry's time from a
+/// hostile or corrupted store may lie past year 9999).
+fn rfc3339(t: SystemTime) -> String {
+    crate::inspect::rfc3339(t, false).unwrap_or_else(|| "(a time out of range)".into())
 }
 
 /// `tenure schedule`: runs `cmd` once for each slot of `schedule`, on whichever replica

@@ -305,6 +305,50 @@ fn a_store_file_names_the_store_and_must_be_private() {
 }
 
 #[test]
+fn a_hostile_record_is_shown_without_a_panic_or_a_control_character() {
+    // A record whose times lie past year 9999 and whose metadata sets the terminal's title.
+    let env = Env::new();
+    let mut leader = env
+        .cmd()
+        .args(["run", "jobs/hostile", "--ttl", "30s", "--", "sleep", "30"])
+        .stdout(Stdio::null())
+        .spawn()
+        .map(Proc)
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while !String::from_utf8_lossy(&env.tenure(&["status", "jobs/hostile"]).stdout).contains("token") {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no leader");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let db = rusqlite::Connection::open(env.dir.path().join("t.db")).unwrap();
+    db.busy_timeout(Duration::from_secs(5)).unwrap();
+    db.execute(
+        "UPDATE tenure_leases SET acquired_ms = ?1, renewed_ms = ?1, metadata = ?2 WHERE election = 'jobs/hostile'",
+        rusqlite::params![i64::MAX, b"\x1b]0;pwned\x07\x1b[31mred".to_vec()],
+    )
+    .unwrap();
+    let watch = env.cmd().args(["watch", "jobs/hostile"]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    for args in [&["status", "jobs/hostile"][..], &["status", "jobs/hostile", "--json"], &["list"], &["list", "--json"]]
+    {
+        let out = env.tenure(args);
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(
+            !stdout.contains('\x1b') && !stdout.contains('\x07'),
+            "{args:?} printed a control character: {stdout:?}"
+        );
+        assert!(stdout.contains("pwned"), "{args:?} shows what can be shown: {stdout}");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    signal(watch.id(), rustix::process::Signal::TERM);
+    let watched = watch.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&watched.stderr);
+    assert!(!stderr.contains("panicked"), "watch: {stderr}");
+    signal(leader.0.id(), rustix::process::Signal::TERM);
+    leader.0.wait().unwrap();
+}
+
+#[test]
 fn run_exits_with_the_commands_code_and_releases() {
     let env = Env::new();
     let out = env.tenure(&["run", "jobs/once", "--", "sh", "-c", "test \"$TENURE_TOKEN\" -ge 1 && exit 7"]);

@@ -86,7 +86,8 @@ impl Config {
         Self {
             ttl,
             renew_interval: ttl / 3,
-            renew_deadline: ttl * 2 / 3,
+            // Without overflow for any TTL: one past MAX_TTL is refused by validate.
+            renew_deadline: ttl.checked_mul(2).map_or(ttl, |d| d / 3),
             retry_period: retry,
             request_timeout: ttl / 5,
             max_drift: 0.01,
