@@ -9,8 +9,10 @@
 //! - `GET /is-leader`: 200 with this leader's token and time left, 503 elsewhere (for
 //!   readiness probes and load balancers that route to the leader only).
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -45,16 +47,56 @@ pub async fn serve(
     let bound = listener.local_addr()?;
     tracing::info!(%bound, "serving /metrics, /healthz, /leader and /is-leader");
     let state = Arc::new(State { metrics, elector, store });
-    tokio::spawn(async move {
-        loop {
-            let Ok((conn, _)) = listener.accept().await else { continue };
-            let state = state.clone();
-            tokio::spawn(async move {
-                let _ = tokio::time::timeout(std::time::Duration::from_secs(10), answer(conn, &state)).await;
-            });
+    tokio::spawn(accept_loop(listener, move |conn| {
+        let state = state.clone();
+        async move {
+            let _ = tokio::time::timeout(ANSWER_TIMEOUT, answer(conn, &state)).await;
         }
-    });
+    }));
     Ok(bound)
+}
+
+/// Most connections an `--http` address serves at once. Beyond it, new ones wait in the
+/// kernel's queue and cost this process no descriptor, so that a flood of connections
+/// cannot take the descriptors that renewing the lease and stopping the command need.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// Longest a client may take to send its request's head.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Longest a request may take, its answer included (server-sent events aside).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Accepts connections on `listener` for ever, at most [`MAX_CONNECTIONS`] at once, each
+/// served by `serve` in a task of its own. When accepting fails (no descriptor left), it
+/// waits before trying again, longer each time up to a second, instead of spinning.
+pub async fn accept_loop<F, Fut>(listener: TcpListener, serve: F)
+where
+    F: Fn(TcpStream) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let cap = if crate::child::mutant("http-uncapped") { tokio::sync::Semaphore::MAX_PERMITS } else { MAX_CONNECTIONS };
+    let permits = Arc::new(tokio::sync::Semaphore::new(cap));
+    let mut pause = Duration::from_millis(10);
+    loop {
+        let Ok(permit) = permits.clone().acquire_owned().await else { return };
+        match listener.accept().await {
+            Ok((conn, _)) => {
+                pause = Duration::from_millis(10);
+                let served = serve(conn);
+                tokio::spawn(async move {
+                    served.await;
+                    drop(permit);
+                });
+            }
+            Err(e) => {
+                drop(permit);
+                tracing::debug!(error = %e, "accepting a connection failed; waiting {pause:?}");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
 }
 
 struct State {
@@ -63,9 +105,24 @@ struct State {
     store: Arc<dyn LeaseStore>,
 }
 
-/// Reads a request's head; the path of a GET, or `None` after answering anything else
-/// (or when the client went away).
-pub async fn read_get(conn: &mut TcpStream) -> std::io::Result<Option<String>> {
+/// A GET request: its path and its `Host` header, if it had one.
+pub struct Get {
+    /// The path, without the query.
+    pub path: String,
+    /// The `Host` header's value.
+    pub host: Option<String>,
+}
+
+/// Reads a request's head within [`HEAD_TIMEOUT`]; the GET, or `None` after answering
+/// anything else (or when the client went away or was too slow).
+pub async fn read_get(conn: &mut TcpStream) -> std::io::Result<Option<Get>> {
+    match tokio::time::timeout(HEAD_TIMEOUT, read_head(conn)).await {
+        Ok(read) => read,
+        Err(_) => Ok(None),
+    }
+}
+
+async fn read_head(conn: &mut TcpStream) -> std::io::Result<Option<Get>> {
     let mut head = Vec::new();
     let mut buf = [0u8; 2048];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -79,19 +136,24 @@ pub async fn read_get(conn: &mut TcpStream) -> std::io::Result<Option<String>> {
             return Ok(None);
         }
     }
-    let line = String::from_utf8_lossy(&head);
-    let mut parts = line.split_whitespace();
+    let text = String::from_utf8_lossy(&head);
+    let mut lines = text.split("\r\n");
+    let mut parts = lines.next().unwrap_or("").split_whitespace();
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     if method != "GET" {
         respond(conn, 405, "text/plain", "only GET\n").await?;
         return Ok(None);
     }
-    Ok(Some(target.split('?').next().unwrap_or("").to_string()))
+    let host = lines
+        .filter_map(|l| l.split_once(':'))
+        .find(|(name, _)| name.trim().eq_ignore_ascii_case("host"))
+        .map(|(_, v)| v.trim().to_string());
+    Ok(Some(Get { path: target.split('?').next().unwrap_or("").to_string(), host }))
 }
 
 /// Reads one request's head and answers it; one request per connection.
 async fn answer(mut conn: TcpStream, state: &State) -> std::io::Result<()> {
-    let Some(path) = read_get(&mut conn).await? else { return Ok(()) };
+    let Some(Get { path, .. }) = read_get(&mut conn).await? else { return Ok(()) };
     match path.as_str() {
         "/metrics" => {
             let text = state.metrics.render();
@@ -141,6 +203,7 @@ async fn answer(mut conn: TcpStream, state: &State) -> std::io::Result<()> {
 pub async fn respond(conn: &mut TcpStream, status: u16, content_type: &str, body: &str) -> std::io::Result<()> {
     let reason = match status {
         200 => "OK",
+        403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
         431 => "Request Header Fields Too Large",

@@ -147,6 +147,47 @@ fn prometheus_sees_one_leader_and_is_leader_follows_a_crash() {
 }
 
 #[test]
+fn a_flood_of_idle_connections_neither_restarts_the_command_nor_keeps_a_core_busy() {
+    // 600 idle connections against 256 descriptors: the connections must not take what
+    // renewing the lease and keeping the command's deadline need.
+    let dir = tempfile::tempdir().unwrap();
+    let port = servers::free_port();
+    let log = dir.path().join("starts");
+    let script = format!("echo start >> {}; exec sleep 600", log.display());
+    let leader = Proc(
+        Command::new("sh")
+            .args(["-c", r#"ulimit -n 256; exec "$0" "$@""#, tenure()])
+            .args(["run", "jobs/flooded", "--ttl", "2s", "--grace", "300ms"])
+            .args(["--http", &format!("127.0.0.1:{port}"), "--", "sh", "-c", &script])
+            .env("TENURE_STORE", format!("sqlite:{}", dir.path().join("s.db").display()))
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("the command to start", Duration::from_secs(20), || log.exists());
+    let cpu = || {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", leader.id())).unwrap();
+        let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+        // utime and stime, in clock ticks (100 a second here).
+        fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+    };
+    let before = cpu();
+    let flood: Vec<TcpStream> = (0..600).filter_map(|_| TcpStream::connect(("127.0.0.1", port)).ok()).collect();
+    assert!(flood.len() > 300, "only {} connections were made", flood.len());
+    // Three TTLs of flood.
+    std::thread::sleep(Duration::from_secs(6));
+    let busy = cpu() - before;
+    let starts = std::fs::read_to_string(&log).unwrap().lines().count();
+    drop(flood);
+    assert_eq!(starts, 1, "the command was started again during the flood");
+    assert!(busy < 100, "tenure run used {busy} ticks of CPU in 6 s of idle connections");
+    wait_for("/healthz to answer after the flood", Duration::from_secs(10), || {
+        get(port, "/healthz", Duration::from_secs(2)).is_some_and(|(s, _)| s == 200)
+    });
+}
+
+#[test]
 fn a_frozen_leader_answers_no_probe_and_a_taken_address_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let port = servers::free_port();
