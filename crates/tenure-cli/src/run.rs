@@ -1087,10 +1087,14 @@ async fn run_due_slots(
     if *handled < window {
         // A term of a process that has not dealt with this stretch of slots: it resumes
         // where the schedule left off, at the latest slot the ledger has an entry for (that
-        // one included: its run may have been cut short). None in the catch-up: the
-        // schedule has not run lately (a first start, or every replica was down for longer
-        // than the catch-up), and the slots from this process's start on are its own.
-        *handled = match latest_recorded(ledger, l.election(), schedule, window, now).await? {
+        // one included: its run may have been cut short; those before the catch-up are
+        // given up). It looks back two catch-ups: the last leader may have fallen behind
+        // by up to one before its term ended, and the slots after the one it reached are
+        // still due. None there: the schedule has not run lately (a first start, or every
+        // replica was down for longer than that), and the slots from this process's start
+        // on are its own.
+        let look_back = window.checked_sub(catch_up).unwrap_or(std::time::UNIX_EPOCH);
+        *handled = match latest_recorded(ledger, l.election(), schedule, look_back, now).await? {
             Some(slot) => slot.checked_sub(Duration::from_millis(1)).unwrap_or(slot),
             None => seen.started.max(window),
         };
