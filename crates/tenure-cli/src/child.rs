@@ -451,16 +451,52 @@ pub fn guard(parent: i32, supervisor: i32, deadline_file: &Path, grace: Duration
     let late = (grace + STOP_SLACK).as_nanos() as u64;
     let mut parent_gone_at: Option<u64> = None;
     let mut told = false;
+    // The command's processes seen so far (pid and start time): killed with `tenure run`
+    // and the supervisor both gone, the processes are re-parented away from either, and
+    // only this memory still finds them.
+    let mut known: HashMap<i32, u64> = HashMap::new();
+    // Once a deadline was read, a file that can no longer be read (removed, replaced by
+    // one that is not this user's, garbage) counts as a deadline passed when that was
+    // first seen: fail closed, as the supervisor does.
+    let mut armed = false;
+    let mut unreadable_since: Option<u64> = None;
     if mutant("guard-off") {
         return 0;
     }
     loop {
         let now = boottime_ns();
+        if alive(supervisor) {
+            for p in descendants(supervisor) {
+                if let Some(t) = start_time(p) {
+                    known.insert(p.as_raw_pid(), t);
+                }
+            }
+        }
+        known.retain(|p, t| Pid::from_raw(*p).and_then(start_time) == Some(*t));
+        let remembered = || -> Vec<Pid> {
+            let mut tree = Vec::new();
+            for p in known.keys().filter_map(|p| Pid::from_raw(*p)) {
+                tree.push(p);
+                tree.extend(descendants(p));
+            }
+            tree
+        };
         let parent_alive = rustix::process::getppid().map(Pid::as_raw_pid) == Some(parent);
         let tree = if parent_alive {
-            match read_stop_at(deadline_file) {
+            let stop_at = match read_stop_at(deadline_file) {
+                Some(at) => {
+                    armed = true;
+                    unreadable_since = None;
+                    Some(at)
+                }
+                None if armed && !mutant("guard-believes-no-file") => Some(*unreadable_since.get_or_insert(now)),
+                None => None,
+            };
+            match stop_at {
                 Some(stop_at) if now >= stop_at.saturating_add(late) => {
-                    descendants(parent_pid).into_iter().filter(|p| *p != me).collect()
+                    let mut tree: Vec<Pid> = descendants(parent_pid).into_iter().filter(|p| *p != me).collect();
+                    tree.extend(remembered());
+                    tree
                 }
                 _ => Vec::new(),
             }
@@ -470,6 +506,13 @@ pub fn guard(parent: i32, supervisor: i32, deadline_file: &Path, grace: Duration
             if alive(supervisor) {
                 tree.push(supervisor);
             }
+            if !mutant("guard-forgets-orphans") {
+                tree.extend(remembered());
+            }
+            tree.sort_by_key(|p| p.as_raw_pid());
+            tree.dedup();
+            // Killed already, and left unreaped by whoever they were re-parented to.
+            tree.retain(|p| !finished(*p));
             if tree.is_empty() {
                 return 0;
             }
@@ -489,6 +532,25 @@ pub fn guard(parent: i32, supervisor: i32, deadline_file: &Path, grace: Duration
         }
         std::thread::sleep(CHECK_EVERY);
     }
+}
+
+/// When `pid` started (clock ticks after boot), to tell it from a later process that
+/// was given the same number; `None` if it is gone.
+fn start_time(pid: Pid) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_pid())).ok()?;
+    // Fields after "PID (COMM)": the state is field 3, the start time field 22.
+    stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().nth(19)).and_then(|t| t.parse().ok())
+}
+
+/// Whether `pid` is gone for good: no such process, or a zombie with no thread left
+/// (a process whose main thread ended while others work also shows as a zombie).
+fn finished(pid: Pid) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_pid())) else { return true };
+    let mut fields = stat.rfind(')').map(|i| stat[i + 1..].split_whitespace()).into_iter().flatten();
+    let state = fields.next();
+    // Field 20, the number of threads, is the 18th after the state.
+    let threads: Option<u64> = fields.nth(16).and_then(|t| t.parse().ok());
+    matches!(state, Some("X")) || (state == Some("Z") && threads.is_none_or(|t| t <= 1))
 }
 
 /// Whether `pid` is a process that runs (not gone, not a zombie).
@@ -601,14 +663,14 @@ fn has_children() -> bool {
 /// the walks through `/proc`, a few milliseconds each on a busy host and on the way from a
 /// command's exit to the release, are skipped. That is the usual case: a supervisor that
 /// returns on its own has no descendant left.
-fn sweep_orphans() {
+fn sweep_orphans(spare: Option<Pid>) {
     // The planted bug: orphans of a killed supervisor are left to run.
     if mutant("orphans-not-swept") || !has_children() {
         return;
     }
     let me = rustix::process::getpid();
     for _ in 0..500 {
-        let left = descendants(me);
+        let left: Vec<Pid> = descendants(me).into_iter().filter(|p| Some(*p) != spare).collect();
         for &p in &left {
             let _ = rustix::process::kill_process(p, Signal::KILL);
         }
@@ -887,12 +949,19 @@ impl Supervised {
     /// returns only then).
     pub async fn wait(&mut self) -> i32 {
         let code = self.child.wait().await.map(exit_code).unwrap_or(1);
-        self.end_guard().await;
-        sweep_orphans();
+        self.sweep_then_end_guard().await;
         code
     }
 
-    /// Stops the guard: the tree is gone, or about to be swept here.
+    /// Kills what is left of the command's tree, then stops the guard: if this process
+    /// dies during the sweep (killed with the supervisor), the guard finishes it.
+    async fn sweep_then_end_guard(&mut self) {
+        let guard = self.guard.as_ref().and_then(|g| g.id()).and_then(|p| Pid::from_raw(p as i32));
+        sweep_orphans(guard);
+        self.end_guard().await;
+    }
+
+    /// Stops the guard: the tree is gone.
     async fn end_guard(&mut self) {
         if let Some(mut guard) = self.guard.take() {
             let _ = guard.kill().await;
@@ -918,8 +987,7 @@ impl Supervised {
                 self.child.wait().await.map(exit_code).unwrap_or(1)
             }
         };
-        self.end_guard().await;
-        sweep_orphans();
+        self.sweep_then_end_guard().await;
         code
     }
 }

@@ -37,7 +37,9 @@ fn text(bytes: &[u8]) -> String {
 pub(crate) fn printable(bytes: &[u8]) -> String {
     let mut out = String::new();
     for c in String::from_utf8_lossy(bytes).chars() {
-        if c.is_control() {
+        // Controls, and the marks that reorder or break lines (a right-to-left override
+        // would make `a.sh` read as `hs.a`).
+        if c.is_control() || matches!(c, '\u{200e}' | '\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2066}'..='\u{2069}') {
             out.extend(c.escape_unicode());
         } else {
             out.push(c);

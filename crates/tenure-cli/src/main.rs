@@ -477,9 +477,14 @@ pub(crate) fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write durations like 500ms, 10s, 1m30s)"))
 }
 
-/// A duration above zero (a period or a time limit).
+/// A duration above zero and at most a day (a period or a time limit).
 pub(crate) fn positive_duration(s: &str) -> Result<Duration, String> {
-    duration(s).and_then(|d| if d.is_zero() { Err("must be above zero".into()) } else { Ok(d) })
+    const DAY: Duration = Duration::from_secs(24 * 3600);
+    duration(s).and_then(|d| match d {
+        d if d.is_zero() => Err("must be above zero".into()),
+        d if d > DAY => Err("must be at most a day (24h)".into()),
+        d => Ok(d),
+    })
 }
 
 fn init_logging(verbose: u8, quiet: bool, errors_only: bool) {

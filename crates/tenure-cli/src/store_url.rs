@@ -187,6 +187,13 @@ macro_rules! connect {
 pub fn read_store_file(path: &std::path::Path) -> Result<String> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(path).with_context(|| format!("cannot read the store file {}", path.display()))?;
+    if meta.uid() != rustix::process::geteuid().as_raw() {
+        anyhow::bail!(
+            "the store file {} belongs to another user (uid {}): it must be yours",
+            path.display(),
+            meta.uid()
+        );
+    }
     if meta.mode() & 0o077 != 0 {
         anyhow::bail!(
             "the store file {} may be read or written by others (mode {:o}): it may hold a password; chmod 600 it",
@@ -214,6 +221,20 @@ pub async fn open(url: Option<&str>) -> Result<Arc<dyn LeaseStore>> {
                     .mode(0o700)
                     .create(dir)
                     .with_context(|| format!("cannot create the state directory {}", dir.display()))?;
+                // One made before, by someone else or open to others, could have its
+                // database swapped under this user: refuse it.
+                use std::os::unix::fs::MetadataExt;
+                let meta = std::fs::metadata(dir)
+                    .with_context(|| format!("cannot read the state directory {}", dir.display()))?;
+                if meta.uid() != rustix::process::geteuid().as_raw() || meta.mode() & 0o022 != 0 {
+                    bail!(
+                        "the state directory {} is not yours alone (owner uid {}, mode {:o}): others could replace \
+                         the database that decides who leads; chown it to this user and chmod 700 it, or pass --store",
+                        dir.display(),
+                        meta.uid(),
+                        meta.mode() & 0o777
+                    );
+                }
             }
             path
         }
@@ -224,6 +245,14 @@ pub async fn open(url: Option<&str>) -> Result<Arc<dyn LeaseStore>> {
             let Some(kind) = STORES.iter().find(|k| k.schemes.contains(&scheme)) else {
                 bail!("unknown store scheme {scheme:?} in {:?}; supported:\n{}", redact(url), forms());
             };
+            // Every store but SQLite is `scheme://HOST…`: a URL without it (`postgres:u:pw@h`,
+            // `postgres///…`) would reach the client library, which may connect to its
+            // default server and send the rest (a password with it) as a database name.
+            if kind.family != Family::Sqlite
+                && !rest.strip_prefix("//").is_some_and(|a| !a.is_empty() && !a.starts_with('/'))
+            {
+                bail!("store URL {:?} does not start with {scheme}://HOST; supported:\n{}", redact(url), forms());
+            }
             match kind.family {
                 Family::Sqlite => {
                     let path = rest.strip_prefix("//").unwrap_or(rest);
@@ -289,6 +318,20 @@ mod tests {
                 let named = if *scheme == "sqlite" { "sqlite:".to_string() } else { format!("{scheme}://") };
                 assert!(cli_md.contains(&format!("`{named}")), "docs/cli.md lacks {named}");
             }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_url_without_its_host_part_is_refused_before_any_connection() {
+        for url in [
+            "postgres:u:S3CRET@127.0.0.1:1/db",
+            "postgres:///u:S3CRET@127.0.0.1:1/db",
+            "mysql:u:S3CRET@127.0.0.1:1/db",
+            "redis:S3CRET@127.0.0.1:1",
+        ] {
+            let err = format!("{:#}", open(Some(url)).await.err().expect(url));
+            assert!(err.contains("does not start with") && err.contains("://HOST"), "{url}: {err}");
+            assert!(!err.contains("S3CRET"), "{url}: {err}");
         }
     }
 

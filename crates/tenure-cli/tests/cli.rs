@@ -281,6 +281,25 @@ fn the_store_url_reaches_neither_the_command_nor_its_health_check() {
 }
 
 #[test]
+fn a_state_directory_others_may_write_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("tenure");
+    std::fs::create_dir(&state).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = Command::new(tenure())
+        .env_remove("TENURE_STORE")
+        .env("XDG_STATE_HOME", dir.path())
+        .args(["run", "jobs/x", "--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("is not yours alone") && err.contains("chmod 700"), "{err}");
+    assert!(!state.join("tenure.db").exists(), "a database was made there");
+}
+
+#[test]
 fn a_store_file_names_the_store_and_must_be_private() {
     use std::os::unix::fs::PermissionsExt;
     let env = Env::new();

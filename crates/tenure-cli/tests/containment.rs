@@ -936,6 +936,41 @@ fn the_guard_stops_the_command_when_tenure_run_is_frozen_and_its_supervisor_kill
     });
 }
 
+#[test]
+fn the_guard_stops_the_command_when_tenure_run_and_its_supervisor_are_both_killed() {
+    // The command's processes are re-parented away from both: the guard remembers them.
+    both_disabled_and_the_work_stops(|leader, supervisor| {
+        signal(supervisor as u32, rustix::process::Signal::KILL);
+        signal(leader, rustix::process::Signal::KILL);
+    });
+}
+
+#[test]
+fn the_guard_takes_a_deadline_file_it_can_no_longer_trust_for_a_deadline_passed() {
+    // tenure run and its supervisor frozen, and the deadline file made one anyone may
+    // write: only the guard is left, and it must not believe the file either.
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new();
+    let tmp = env.path("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let (pids, log) = (env.path("pids"), env.path("log"));
+    let _reap = Reap(pids.clone());
+    let mut leader = env.run_in(&tmp, "10s", &worker(&pids, &log, true));
+    let started = wait_pids(&pids, 1);
+    let supervisor = running_supervisor_of(leader.id());
+    let dir = std::fs::read_dir(&tmp).unwrap().next().unwrap().unwrap().path();
+    signal(supervisor as u32, rustix::process::Signal::STOP);
+    signal(leader.id(), rustix::process::Signal::STOP);
+    std::fs::set_permissions(dir.join("deadline"), std::fs::Permissions::from_mode(0o666)).unwrap();
+    let took = wait_dead(&started[..1], Duration::from_secs(5));
+    for sig in [rustix::process::Signal::KILL, rustix::process::Signal::CONT] {
+        signal(supervisor as u32, sig);
+        signal(leader.id(), sig);
+    }
+    leader.wait().unwrap();
+    assert!(took < Duration::from_secs(2), "stopped {took:?} after the deadline file became one anyone may write");
+}
+
 /// Run by the test below, in a process of its own: a subreaper (as tini or `docker
 /// --init` is) that starts `tenure run` in its own session, prints its pid, and reaps
 /// whatever comes to it until its standard input closes.

@@ -526,7 +526,17 @@ impl LeaseStore for SqliteStore {
                     )?;
                 }
                 None => {
-                    let (token, revision) = row.map(|r| (r.token + 1, r.revision + 1)).unwrap_or((first_token(), 1));
+                    // A row whose counters cannot go on (written by hand, or corrupted) is
+                    // refused, never wrapped or panicked on: tokens only grow, from 1.
+                    let (token, revision) = match row {
+                        Some(r) => r
+                            .token
+                            .checked_add(1)
+                            .filter(|t| *t > 0)
+                            .zip(r.revision.checked_add(1))
+                            .ok_or(rusqlite::Error::IntegralValueOutOfRange(0, r.token))?,
+                        None => (first_token(), 1),
+                    };
                     exec(
                         tx,
                         &INSERT_ROW,
