@@ -201,6 +201,20 @@ fn remove_deadline_dir(deadline_file: &Path) {
 
 /// Every live descendant of `root`, found through `/proc` (parents before children).
 pub fn descendants(root: Pid) -> Vec<Pid> {
+    descendants_of(&[root])
+}
+
+/// How often the guard checks the deadline and its parent: it acts at most this much
+/// after the grace and [`STOP_SLACK`], well within the margin `tenure run` leaves between
+/// that and the lease's end, and costs next to nothing meanwhile.
+const GUARD_EVERY: Duration = Duration::from_millis(50);
+
+/// How many checks of the guard go by between its looks over the command's tree (each
+/// reads all of `/proc`).
+const REMEMBER_EVERY: u32 = 10;
+
+/// Every live descendant of any of `roots`, from one reading of `/proc`.
+fn descendants_of(roots: &[Pid]) -> Vec<Pid> {
     let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
     for entry in dir.flatten() {
@@ -220,7 +234,7 @@ pub fn descendants(root: Pid) -> Vec<Pid> {
         children.entry(ppid).or_default().push(pid);
     }
     let mut out = Vec::new();
-    let mut queue = vec![root.as_raw_pid()];
+    let mut queue: Vec<i32> = roots.iter().map(|r| r.as_raw_pid()).collect();
     while let Some(p) = queue.pop() {
         for &c in children.get(&p).map(Vec::as_slice).unwrap_or(&[]) {
             if let Some(pid) = Pid::from_raw(c) {
@@ -459,33 +473,46 @@ pub fn guard(parent: i32, supervisor: i32, deadline_file: &Path, grace: Duration
     // one that is not this user's, garbage) counts as a deadline passed when that was
     // first seen: fail closed, as the supervisor does.
     let mut armed = false;
+    let mut armed_at: Option<u32> = None;
     let mut unreadable_since: Option<u64> = None;
     if mutant("guard-off") {
         return 0;
     }
+    let mut round: u32 = 0;
     loop {
         let now = boottime_ns();
-        if alive(supervisor) {
+        // The tree is looked over every REMEMBER_EVERY, not at every check: a look reads
+        // all of /proc, and the guard should cost next to nothing while all is well.
+        // Every check for a while after the deadline first appears (the command has just
+        // started, and starts its own processes), every REMEMBER_EVERY after that.
+        let lately_armed = armed_at.is_some_and(|a| round.saturating_sub(a) < 2 * REMEMBER_EVERY);
+        if (lately_armed || round.is_multiple_of(REMEMBER_EVERY)) && alive(supervisor) {
+            known.retain(|p, t| Pid::from_raw(*p).and_then(start_time) == Some(*t));
             for p in descendants(supervisor) {
                 if let Some(t) = start_time(p) {
                     known.insert(p.as_raw_pid(), t);
                 }
             }
         }
-        known.retain(|p, t| Pid::from_raw(*p).and_then(start_time) == Some(*t));
+        round = round.wrapping_add(1);
         let remembered = || -> Vec<Pid> {
-            let mut tree = Vec::new();
-            for p in known.keys().filter_map(|p| Pid::from_raw(*p)) {
-                tree.push(p);
-                tree.extend(descendants(p));
-            }
+            let alive: Vec<Pid> = known
+                .iter()
+                .filter(|(p, t)| Pid::from_raw(**p).and_then(start_time) == Some(**t))
+                .filter_map(|(p, _)| Pid::from_raw(*p))
+                .collect();
+            let mut tree = descendants_of(&alive);
+            tree.extend(alive);
             tree
         };
         let parent_alive = rustix::process::getppid().map(Pid::as_raw_pid) == Some(parent);
         let tree = if parent_alive {
             let stop_at = match read_stop_at(deadline_file) {
                 Some(at) => {
-                    armed = true;
+                    if !armed {
+                        armed = true;
+                        armed_at = Some(round);
+                    }
                     unreadable_since = None;
                     Some(at)
                 }
@@ -530,7 +557,7 @@ pub fn guard(parent: i32, supervisor: i32, deadline_file: &Path, grace: Duration
                 let _ = rustix::process::kill_process(p, Signal::KILL);
             }
         }
-        std::thread::sleep(CHECK_EVERY);
+        std::thread::sleep(GUARD_EVERY);
     }
 }
 

@@ -905,6 +905,9 @@ fn both_disabled_and_the_work_stops(disable: impl FnOnce(u32, i32)) {
     let mut leader = env.run(&env.sqlite(), "a", &format!("setsid sh -c {w} & sh -c {w} & wait"));
     wait_pids(&pids, 2);
     let supervisor = running_supervisor_of(leader.id());
+    // The guard looks over the tree at every check (50 ms) in the command's first second:
+    // a tree disabled before its first look is outside what it can find once re-parented.
+    std::thread::sleep(Duration::from_millis(300));
     let disabled_at = wall_ns();
     disable(leader.id(), supervisor);
     std::thread::sleep(TTL * 2);
