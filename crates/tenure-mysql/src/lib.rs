@@ -930,7 +930,12 @@ impl LeaseStore for MysqlStore {
             attempt += 1;
             match self.ledger_write_once(election.as_str(), key.as_str(), value, expected, keep_us).await {
                 Ok(out) => return Ok(out),
-                Err(e) if attempt < 4 && is_deadlock(&e) => continue,
+                // Writes of many keys at once (and the sweep of old entries) deadlock on
+                // the index's gap locks now and then; each is rolled back whole. Again
+                // after a spread, so that the same writers do not meet again at once.
+                Err(e) if attempt < 8 && is_deadlock(&e) => {
+                    tokio::time::sleep(Duration::from_millis(fastrand::u64(2..20) * attempt)).await;
+                }
                 Err(e) => return Err(my_error(WHAT, e)),
             }
         }
