@@ -259,7 +259,8 @@ fn the_store_url_reaches_neither_the_command_nor_its_health_check() {
     // TENURE_STORE may carry the store's password: it stays with tenure.
     let env = Env::new();
     let (cmd_env, health_env) = (env.dir.path().join("cmd.env"), env.dir.path().join("health.env"));
-    let dump = |f: &std::path::Path| format!("env > {}", f.display());
+    // Written whole or not at all: a check cut short when the term ends leaves the last one.
+    let dump = |f: &std::path::Path| format!("env > {f}.new && mv {f}.new {f}", f = f.display());
     let out = env.tenure(&[
         "run",
         "jobs/secret",
