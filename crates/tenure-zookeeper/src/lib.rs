@@ -317,7 +317,8 @@ impl ZkStore {
         // their TTL like any other store's (the work they guard may still be stopping).
         // The planted bug: a session shorter than the TTL, which the server expires while
         // the holder still believes it leads.
-        let asked = if mutant("session-shorter-than-ttl") { ms / 2 } else { ms };
+        // (A fifth of the TTL: a half could expire late enough on a busy machine to pass.)
+        let asked = if mutant("session-shorter-than-ttl") { (ms / 5).max(200) } else { ms };
         let c = self.open_session(Duration::from_millis(asked), true).await?;
         let granted = c.session_timeout();
         if granted != Duration::from_millis(asked) {
