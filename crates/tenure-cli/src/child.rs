@@ -472,7 +472,6 @@ pub fn guard(parent: i32, supervisor: i32, deadline_file: &Path, grace: Duration
     // Once a deadline was read, a file that can no longer be read (removed, replaced by
     // one that is not this user's, garbage) counts as a deadline passed when that was
     // first seen: fail closed, as the supervisor does.
-    let mut armed = false;
     let mut armed_at: Option<u32> = None;
     let mut unreadable_since: Option<u64> = None;
     if mutant("guard-off") {
@@ -509,14 +508,13 @@ pub fn guard(parent: i32, supervisor: i32, deadline_file: &Path, grace: Duration
         let tree = if parent_alive {
             let stop_at = match read_stop_at(deadline_file) {
                 Some(at) => {
-                    if !armed {
-                        armed = true;
-                        armed_at = Some(round);
-                    }
+                    armed_at.get_or_insert(round);
                     unreadable_since = None;
                     Some(at)
                 }
-                None if armed && !mutant("guard-believes-no-file") => Some(*unreadable_since.get_or_insert(now)),
+                None if armed_at.is_some() && !mutant("guard-believes-no-file") => {
+                    Some(*unreadable_since.get_or_insert(now))
+                }
                 None => None,
             };
             match stop_at {
@@ -561,30 +559,34 @@ pub fn guard(parent: i32, supervisor: i32, deadline_file: &Path, grace: Duration
     }
 }
 
-/// When `pid` started (clock ticks after boot), to tell it from a later process that
-/// was given the same number; `None` if it is gone.
-fn start_time(pid: Pid) -> Option<u64> {
+/// The fields of `/proc/PID/stat` from the state on (field 3; COMM, which may hold
+/// spaces and parentheses, ends at the last ')'), or `None` if `pid` is gone.
+fn stat_fields(pid: Pid) -> Option<Vec<String>> {
     let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_pid())).ok()?;
-    // Fields after "PID (COMM)": the state is field 3, the start time field 22.
-    stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().nth(19)).and_then(|t| t.parse().ok())
+    stat.rfind(')').map(|i| stat[i + 1..].split_whitespace().map(String::from).collect())
+}
+
+/// When `pid` started (clock ticks after boot, field 22), to tell it from a later
+/// process that was given the same number; `None` if it is gone.
+fn start_time(pid: Pid) -> Option<u64> {
+    stat_fields(pid)?.get(19)?.parse().ok()
 }
 
 /// Whether `pid` is gone for good: no such process, or a zombie with no thread left
-/// (a process whose main thread ended while others work also shows as a zombie).
+/// (field 20; a process whose main thread ended while others work also shows as a zombie).
 fn finished(pid: Pid) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_pid())) else { return true };
-    let mut fields = stat.rfind(')').map(|i| stat[i + 1..].split_whitespace()).into_iter().flatten();
-    let state = fields.next();
-    // Field 20, the number of threads, is the 18th after the state.
-    let threads: Option<u64> = fields.nth(16).and_then(|t| t.parse().ok());
-    matches!(state, Some("X")) || (state == Some("Z") && threads.is_none_or(|t| t <= 1))
+    let Some(f) = stat_fields(pid) else { return true };
+    let threads: Option<u64> = f.get(17).and_then(|t| t.parse().ok());
+    match f.first().map(String::as_str) {
+        Some("X") => true,
+        Some("Z") => threads.is_none_or(|t| t <= 1),
+        _ => false,
+    }
 }
 
 /// Whether `pid` is a process that runs (not gone, not a zombie).
 fn alive(pid: Pid) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_pid())) else { return false };
-    let state = stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next());
-    !matches!(state, None | Some("Z") | Some("X"))
+    stat_fields(pid).is_some_and(|f| !matches!(f.first().map(String::as_str), None | Some("Z") | Some("X")))
 }
 
 /// Starts the guard of the supervisor `supervisor`, whose deadline file is `deadline_file`.

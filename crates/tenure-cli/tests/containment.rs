@@ -519,17 +519,27 @@ fn freeze_and_check_work_stops(leader: &mut Proc, log: &Path) {
         assert!(t0.elapsed() < Duration::from_secs(20), "the command did not start working");
         std::thread::sleep(Duration::from_millis(10));
     }
-    let frozen_at = wall_ns();
-    signal(leader.id(), rustix::process::Signal::STOP);
+    let pid = leader.id();
+    disable_and_check_work_stops(leader, log, "tenure froze", &[], || signal(pid, rustix::process::Signal::STOP));
+}
+
+/// Does `disable`, waits two TTLs, and checks the command's tree (logging to `log`)
+/// stopped working within one TTL of it; then kills `leader` and `others` for good.
+fn disable_and_check_work_stops(leader: &mut Proc, log: &Path, what: &str, others: &[u32], disable: impl FnOnce()) {
+    let disabled_at = wall_ns();
+    disable();
     std::thread::sleep(TTL * 2);
     let last = last_work(log);
+    for p in others {
+        signal(*p, rustix::process::Signal::KILL);
+    }
     signal(leader.id(), rustix::process::Signal::KILL);
     signal(leader.id(), rustix::process::Signal::CONT);
     leader.wait().unwrap();
     assert!(
-        last < frozen_at + TTL.as_nanos() as u64,
-        "the command's tree was still working {} ms after tenure froze, with a {TTL:?} lease",
-        (last - frozen_at) / 1_000_000
+        last < disabled_at + TTL.as_nanos() as u64,
+        "the command's tree was still working {} ms after {what}, with a {TTL:?} lease",
+        (last - disabled_at) / 1_000_000
     );
 }
 
@@ -908,18 +918,13 @@ fn both_disabled_and_the_work_stops(disable: impl FnOnce(u32, i32)) {
     // The guard looks over the tree at every check (50 ms) in the command's first second:
     // a tree disabled before its first look is outside what it can find once re-parented.
     std::thread::sleep(Duration::from_millis(300));
-    let disabled_at = wall_ns();
-    disable(leader.id(), supervisor);
-    std::thread::sleep(TTL * 2);
-    let last = last_work(&log);
-    signal(supervisor as u32, rustix::process::Signal::KILL);
-    signal(leader.id(), rustix::process::Signal::KILL);
-    signal(leader.id(), rustix::process::Signal::CONT);
-    leader.wait().unwrap();
-    assert!(
-        last < disabled_at + TTL.as_nanos() as u64,
-        "the command's tree was still working {} ms after tenure run and its supervisor were disabled, with a {TTL:?} lease",
-        (last - disabled_at) / 1_000_000
+    let leader_pid = leader.id();
+    disable_and_check_work_stops(
+        &mut leader,
+        &log,
+        "tenure run and its supervisor were disabled",
+        &[supervisor as u32],
+        || disable(leader_pid, supervisor),
     );
 }
 
