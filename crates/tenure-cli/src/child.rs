@@ -506,13 +506,19 @@ pub fn guard(parent: i32, supervisor: i32, deadline_file: &Path, grace: Duration
         };
         let parent_alive = rustix::process::getppid().map(Pid::as_raw_pid) == Some(parent);
         let tree = if parent_alive {
-            let stop_at = match read_stop_at(deadline_file) {
+            // A file that is there but cannot be believed (not this user's alone, garbage)
+            // arms the guard as a good one does: it is written whole (renamed into place),
+            // so only a term's start puts it there.
+            let read = read_private(deadline_file);
+            let missing = matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+            let stop_at = match read.ok().and_then(|s| std::str::from_utf8(&s).ok()?.trim().parse::<u64>().ok()) {
                 Some(at) => {
                     armed_at.get_or_insert(round);
                     unreadable_since = None;
                     Some(at)
                 }
-                None if armed_at.is_some() && !mutant("guard-believes-no-file") => {
+                None if (armed_at.is_some() || !missing) && !mutant("guard-believes-no-file") => {
+                    armed_at.get_or_insert(round);
                     Some(*unreadable_since.get_or_insert(now))
                 }
                 None => None,
