@@ -212,13 +212,17 @@ pub async fn evict(
         println!("{election}: no leader; nothing to evict");
         return Ok(0);
     };
-    if let Some(to) = &to {
-        if cur.holder == *to && !cur.evicted {
-            println!("{to} already leads {election}; nothing to do");
-            return Ok(0);
+    let to = match to {
+        Some(to) => {
+            let named = |h: &HolderId| *h == to || h.instance_name() == Some(to.as_str());
+            if named(&cur.holder) && !cur.evicted {
+                println!("{} already leads {election}; nothing to do", cur.holder);
+                return Ok(0);
+            }
+            Some(check_successor(&*store, election, &to).await?)
         }
-        check_successor(&*store, election, to).await?;
-    }
+        None => None,
+    };
     if !yes {
         if !std::io::stdin().is_terminal() {
             eprintln!(
@@ -299,13 +303,24 @@ pub async fn evict(
     }
 }
 
-/// Refuses a successor that is not a live announcing candidate; warns when a candidate
-/// of higher priority would take the election from it.
-async fn check_successor(store: &dyn LeaseStore, election: &ElectionName, to: &HolderId) -> Result<()> {
+/// The announcing candidate `to` names: its holder id, or the `--id` it was given if
+/// one live candidate has that name. Refuses a successor that is not a live announcing
+/// candidate, or a name two of them were given; warns when a candidate of higher
+/// priority would take the election from it.
+async fn check_successor(store: &dyn LeaseStore, election: &ElectionName, to: &HolderId) -> Result<HolderId> {
     let candidates = tenure::candidates(store, election)
         .await
         .with_context(|| format!("cannot list the candidates of {election}"))?;
-    let Some(target) = candidates.iter().find(|c| c.holder == *to) else {
+    let named: Vec<_> = candidates.iter().filter(|c| c.holder.instance_name() == Some(to.as_str())).collect();
+    if named.len() > 1 {
+        let ids: Vec<&str> = named.iter().map(|c| c.holder.as_str()).collect();
+        bail!(
+            "{} announced candidates of {election} were given the name {to} ({}); name one by its holder id",
+            named.len(),
+            ids.join(", ")
+        );
+    }
+    let Some(target) = candidates.iter().find(|c| c.holder == *to).or(named.first().copied()) else {
         let names: Vec<&str> = candidates.iter().map(|c| c.holder.as_str()).collect();
         bail!(
             "{to} is not an announced candidate of {election} ({}); only a candidate started with --announce or --priority can be handed the election",
@@ -322,7 +337,7 @@ async fn check_successor(store: &dyn LeaseStore, election: &ElectionName, to: &H
             higher.holder, higher.priority, target.priority, higher.holder
         );
     }
-    Ok(())
+    Ok(target.holder.clone())
 }
 
 /// Keeps the reservation for `to` until it leads (renewing it every third of its TTL),

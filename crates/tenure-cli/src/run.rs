@@ -67,7 +67,8 @@ pub struct CampaignArgs {
     /// The election, e.g. billing/nightly-report
     #[arg(value_parser = crate::election)]
     election: tenure::ElectionName,
-    /// Holder id (default hostname.pid.random)
+    /// This candidate's name, to which each process adds '.' and 8 random characters for
+    /// its holder id (default hostname.pid.random)
     #[arg(long)]
     id: Option<String>,
     /// Lease TTL: how long the lease outlives a leader that died
@@ -236,6 +237,9 @@ impl Campaign {
             None => None,
         };
         let elector = self.elector(store.clone())?;
+        if self.id.is_some() {
+            tokio::spawn(name_clashes(elector.events(), elector.holder().clone()));
+        }
         if let (Some(addr), Some(metrics)) = (self.http, metrics) {
             crate::http::serve(addr, metrics, elector.clone(), store).await?;
         }
@@ -248,7 +252,11 @@ impl Campaign {
         let renew_deadline = self.renew_deadline()?;
         let mut b = Elector::builder(store, &self.election).ttl(self.ttl).renew_deadline(renew_deadline);
         if let Some(id) = &self.id {
-            b = b.holder(id);
+            if crate::child::mutant("id-shared-across-processes") {
+                b = b.holder(id);
+            } else {
+                b = b.holder(tenure::HolderId::instance_of(id).map_err(|e| anyhow::anyhow!("invalid --id: {e}"))?);
+            }
         }
         if let Some(m) = &self.metadata {
             b = b.metadata(m.as_bytes().to_vec());
@@ -378,6 +386,30 @@ fn stop_at_ns(l: &Leadership, grace: Duration) -> u64 {
 /// between the renewal and now) must not start work it cannot stop in time.
 fn can_start(l: &Leadership, grace: Duration) -> bool {
     l.remaining() > grace + KILL_MARGIN + MIN_RUN
+}
+
+/// Logs an error each time a leader turns up that was given this candidate's `--id` in
+/// another process (`me` is this one's instance of it): a second process with the same
+/// id, or an earlier one that has not released. Each has an id of its own, so this one
+/// only waits, as a follower, until that lease ends.
+async fn name_clashes(mut events: tokio::sync::broadcast::Receiver<tenure::Event>, me: tenure::HolderId) {
+    use tokio::sync::broadcast::error::RecvError;
+    let Some(name) = me.instance_name().map(String::from) else { return };
+    loop {
+        match events.recv().await {
+            Ok(tenure::Event::LeaderChanged(Some(leader)))
+                if leader.holder != me && leader.holder.instance_name() == Some(name.as_str()) =>
+            {
+                tracing::error!(
+                    leader = %leader.holder, token = leader.token.0, mine = %me,
+                    "another process given --id {name} leads (a second process with this id, or an earlier one \
+                     that has not released); ids must be unique per process: this one waits as a follower"
+                );
+            }
+            Ok(_) | Err(RecvError::Lagged(_)) => {}
+            Err(RecvError::Closed) => return,
+        }
+    }
 }
 
 /// The least time a command gets before its supervisor must start stopping it.

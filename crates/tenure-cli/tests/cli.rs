@@ -7,7 +7,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 mod common;
-use common::{Proc, tenure};
+use common::{Proc, name_of, tenure};
 
 struct Env {
     dir: tempfile::TempDir,
@@ -42,8 +42,8 @@ impl Env {
     /// `tenure run` whose child logs `start|tick HOLDER TOKEN PID WALL_NS` lines.
     fn run(&self, id: &str, ttl: &str) -> Proc {
         let script = format!(
-            "echo start $TENURE_HOLDER $TENURE_TOKEN $$ $(date +%s%N) >> {log}; \
-             while true; do echo tick $TENURE_HOLDER $TENURE_TOKEN $$ $(date +%s%N) >> {log}; sleep 0.05; done",
+            "echo start ${{TENURE_HOLDER%.*}} $TENURE_TOKEN $$ $(date +%s%N) >> {log}; \
+             while true; do echo tick ${{TENURE_HOLDER%.*}} $TENURE_TOKEN $$ $(date +%s%N) >> {log}; sleep 0.05; done",
             log = self.log().display()
         );
         self.cmd()
@@ -137,6 +137,48 @@ fn stop_all(children: Vec<Proc>) {
 }
 
 #[test]
+fn two_runs_given_one_id_never_lead_at_once_and_the_second_names_the_clash() {
+    // `--id $(hostname)` on two hosts with one name, or a copied configuration.
+    let env = Env::new();
+    let mut first = env.run("web", "2s");
+    wait_starts(&env.log(), 1, Duration::from_secs(20));
+    let err = env.dir.path().join("second.err");
+    let script = format!(
+        "echo start ${{TENURE_HOLDER%.*}} $TENURE_TOKEN $$ $(date +%s%N) >> {log}; exec sleep 600",
+        log = env.log().display()
+    );
+    let second = env
+        .cmd()
+        .args(["run", "jobs/report", "--id", "web", "--ttl", "2s", "--grace", "300ms", "--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .map(Proc)
+        .unwrap();
+    let t0 = Instant::now();
+    let said = loop {
+        let said = std::fs::read_to_string(&err).unwrap_or_default();
+        if said.contains("another process given --id web leads") {
+            break said;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "the second process did not name the clash: {said:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(said.contains("ERROR"), "{said}");
+    // A TTL and more: the first still leads, and the second has started nothing.
+    std::thread::sleep(Duration::from_millis(2500));
+    let s = starts(&env.log());
+    assert_eq!(s.len(), 1, "two processes given one --id both started their command: {s:?}");
+    // The first stops: the second takes over, with a token of its own.
+    signal(first.id(), rustix::process::Signal::TERM);
+    first.wait().unwrap();
+    let s = wait_starts(&env.log(), 2, Duration::from_secs(10));
+    assert!(s[1].token > s[0].token && s[1].pid != s[0].pid, "{s:?}");
+    stop_all(vec![second]);
+    assert_no_overlap(&env.log());
+}
+
+#[test]
 fn three_runs_one_child_at_a_time_and_sigkill_takes_the_child_along() {
     let env = Env::new();
     let mut runs: Vec<(String, Proc)> =
@@ -196,7 +238,7 @@ fn evict_moves_leadership_and_status_list_watch_show_it() {
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["election"], "jobs/report");
-    assert_eq!(v["leader"]["holder"], first.holder.as_str());
+    assert_eq!(v["leader"]["holder"].as_str().map(name_of), Some(first.holder.as_str()));
     assert_eq!(v["leader"]["token"], first.token);
     assert!(v["leader"]["expires_in_ms"].as_u64().unwrap() <= 3000);
     let human = String::from_utf8(env.tenure(&["status", "jobs/report"]).stdout).unwrap();
@@ -205,7 +247,7 @@ fn evict_moves_leadership_and_status_list_watch_show_it() {
     let out = env.tenure(&["list", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v.as_array().unwrap().len(), 1);
-    assert_eq!(v[0]["leader"]["holder"], first.holder.as_str());
+    assert_eq!(v[0]["leader"]["holder"].as_str().map(name_of), Some(first.holder.as_str()));
     let table = String::from_utf8(env.tenure(&["list", "jobs/"]).stdout).unwrap();
     assert!(table.contains("jobs/report") && table.contains(&first.holder), "{table}");
 
@@ -220,7 +262,7 @@ fn evict_moves_leadership_and_status_list_watch_show_it() {
 
     let v: serde_json::Value =
         serde_json::from_slice(&env.tenure(&["status", "jobs/report", "--json"]).stdout).unwrap();
-    assert_eq!(v["leader"]["holder"], second.holder.as_str());
+    assert_eq!(v["leader"]["holder"].as_str().map(name_of), Some(second.holder.as_str()));
 
     // Give watchers a moment: a leadership shorter than the store's notification
     // interval (20 ms for SQLite) may be coalesced away.
@@ -239,7 +281,8 @@ fn evict_moves_leadership_and_status_list_watch_show_it() {
         .lines()
         .map(|l| serde_json::from_str(&l.unwrap()).unwrap())
         .collect();
-    let holders: Vec<Option<String>> = lines.iter().map(|v| v["leader"]["holder"].as_str().map(String::from)).collect();
+    let holders: Vec<Option<String>> =
+        lines.iter().map(|v| v["leader"]["holder"].as_str().map(|h| name_of(h).to_string())).collect();
     let a = holders.iter().position(|h| h.as_deref() == Some(&first.holder)).expect("watch showed the first leader");
     let b = holders.iter().position(|h| h.as_deref() == Some(&second.holder)).unwrap_or_else(|| {
         panic!(
@@ -396,7 +439,7 @@ fn sigterm_stops_the_command_releases_and_exits_zero() {
 fn schedule_runs_ticks_on_the_leader_only() {
     let env = Env::new();
     let log = env.log();
-    let script = format!("echo tick $TENURE_HOLDER $TENURE_TOKEN $$ $(date +%s%N) >> {}", log.display());
+    let script = format!("echo tick ${{TENURE_HOLDER%.*}} $TENURE_TOKEN $$ $(date +%s%N) >> {}", log.display());
     let scheds: Vec<Proc> = ["s-1", "s-2"]
         .iter()
         .map(|id| {
@@ -482,7 +525,7 @@ fn crash_takeover_with(url: String, ttl: &str, bound: Duration) {
     let first = wait_starts(&env.log(), 1, Duration::from_secs(20)).remove(0);
     let v: serde_json::Value =
         serde_json::from_slice(&env.tenure(&["status", "jobs/report", "--json"]).stdout).unwrap();
-    assert_eq!(v["leader"]["holder"], first.holder.as_str());
+    assert_eq!(v["leader"]["holder"].as_str().map(name_of), Some(first.holder.as_str()));
     let i = runs.iter().position(|(id, _)| *id == first.holder).unwrap();
     let (_, mut leader) = runs.remove(i);
     let killed = wall_ns();
@@ -709,7 +752,7 @@ fn status_list_and_watch_print_the_same_leader_object() {
     for (what, v) in [("status", &status), ("list", &list[0]), ("watch", &watched)] {
         assert_eq!(keys(v), expected, "{what}: {v}");
         assert_eq!(
-            (v["leader"]["holder"].as_str(), v["leader"]["token"].as_u64()),
+            (v["leader"]["holder"].as_str().map(name_of), v["leader"]["token"].as_u64()),
             (Some("a"), status["leader"]["token"].as_u64()),
             "{what}"
         );
@@ -722,7 +765,7 @@ fn a_leading_command_publishes_new_metadata_through_its_file_and_watch_shows_it(
     let env = Env::new();
     let mut watch = Proc(env.cmd().args(["watch", "jobs/proclaim"]).stdout(Stdio::piped()).spawn().unwrap());
     let script = format!(
-        "echo start $TENURE_HOLDER $TENURE_TOKEN $$ $(date +%s%N) >> {log}; sleep 0.5; \
+        "echo start ${{TENURE_HOLDER%.*}} $TENURE_TOKEN $$ $(date +%s%N) >> {log}; sleep 0.5; \
          printf 10.0.0.7:9090 > \"$TENURE_METADATA_FILE.new\" && mv \"$TENURE_METADATA_FILE.new\" \"$TENURE_METADATA_FILE\"; \
          sleep 60",
         log = env.log().display()
@@ -766,8 +809,10 @@ fn a_leading_command_publishes_new_metadata_through_its_file_and_watch_shows_it(
 fn status_lists_the_candidates_that_announce_themselves_and_list_hides_their_presence() {
     let env = Env::new();
     let announcing = |id: &str| {
-        let script =
-            format!("echo start $TENURE_HOLDER $TENURE_TOKEN $$ $(date +%s%N) >> {}; sleep 60", env.log().display());
+        let script = format!(
+            "echo start ${{TENURE_HOLDER%.*}} $TENURE_TOKEN $$ $(date +%s%N) >> {}; sleep 60",
+            env.log().display()
+        );
         let args = ["run", "jobs/announce", "--id", id, "--ttl", "3s", "--grace", "300ms", "--announce"];
         Proc(
             env.cmd()
@@ -790,13 +835,21 @@ fn status_lists_the_candidates_that_announce_themselves_and_list_hides_their_pre
         assert!(t0.elapsed() < Duration::from_secs(10), "both candidates are listed: {v}");
         std::thread::sleep(Duration::from_millis(50));
     };
-    assert_eq!(v["leader"]["holder"], leader.holder.as_str());
+    assert_eq!(v["leader"]["holder"].as_str().map(name_of), Some(leader.holder.as_str()));
     let c = &v["candidates"];
-    assert_eq!((c[0]["holder"].as_str(), c[0]["metadata"].as_str()), (Some("run-a"), Some("run-a:8080")), "{v}");
-    assert_eq!((c[1]["holder"].as_str(), c[1]["metadata"].as_str()), (Some("run-b"), Some("run-b:8080")), "{v}");
+    assert_eq!(
+        (c[0]["holder"].as_str().map(name_of), c[0]["metadata"].as_str()),
+        (Some("run-a"), Some("run-a:8080")),
+        "{v}"
+    );
+    assert_eq!(
+        (c[1]["holder"].as_str().map(name_of), c[1]["metadata"].as_str()),
+        (Some("run-b"), Some("run-b:8080")),
+        "{v}"
+    );
     assert!(c[0]["expires_in_ms"].as_u64().unwrap() <= 3000);
     let human = String::from_utf8(env.tenure(&["status", "jobs/announce"]).stdout).unwrap();
-    assert!(human.contains(&format!("{} (leader)", leader.holder)), "{human}");
+    assert!(human.contains(&format!("{} (leader)", v["leader"]["holder"].as_str().unwrap())), "{human}");
     let listed: serde_json::Value = serde_json::from_slice(&env.tenure(&["list", "--json"]).stdout).unwrap();
     let names: Vec<&str> = listed.as_array().unwrap().iter().filter_map(|r| r["election"].as_str()).collect();
     assert_eq!(names, ["jobs/announce"], "presence leases are not elections to list");
@@ -812,8 +865,8 @@ fn priorities_hand_over_gracefully_and_evict_to_hands_over_to_the_named_candidat
     let env = Env::new();
     let run = |id: &str, priority: &str| {
         let script = format!(
-            "echo start $TENURE_HOLDER $TENURE_TOKEN $$ $(date +%s%N) >> {log}; \
-             while true; do echo tick $TENURE_HOLDER $TENURE_TOKEN $$ $(date +%s%N) >> {log}; sleep 0.05; done",
+            "echo start ${{TENURE_HOLDER%.*}} $TENURE_TOKEN $$ $(date +%s%N) >> {log}; \
+             while true; do echo tick ${{TENURE_HOLDER%.*}} $TENURE_TOKEN $$ $(date +%s%N) >> {log}; sleep 0.05; done",
             log = env.log().display()
         );
         let args = ["run", "jobs/report", "--id", id, "--ttl", "3s", "--grace", "300ms", "--priority", priority];
@@ -841,14 +894,15 @@ fn priorities_hand_over_gracefully_and_evict_to_hands_over_to_the_named_candidat
     let out = env.tenure(&["evict", "jobs/report", "--yes", "--to", "c"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout} {}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("c leads jobs/report now"), "{stdout}");
+    let led = stdout.lines().find(|l| l.contains(" leads jobs/report now")).and_then(|l| l.split(' ').next());
+    assert_eq!(led.map(name_of), Some("c"), "{stdout}");
     assert_eq!(holders(), ["a", "c"]);
     let out = env.tenure(&["evict", "jobs/report", "--yes", "--to", "nobody"]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("nobody is not an announced candidate of jobs/report"), "{stderr}");
     // a, evicted, is not announced while it stands aside.
-    assert!(stderr.contains("announced: ") && stderr.contains("b, c"), "{stderr}");
+    assert!(stderr.contains("announced: b.") && stderr.contains(", c.") && !stderr.contains(", a."), "{stderr}");
     // A candidate of higher priority takes over within a renew interval and the grace.
     runs.push(run("d", "9"));
     let t0 = Instant::now();

@@ -415,8 +415,8 @@ fn a_leader_whose_health_check_fails_stands_aside_and_another_leads() {
     let env = Env::new();
     let log = env.path("log");
     let sick = env.path("sick");
-    let script = format!("echo start $TENURE_HOLDER $(date +%s%N) >> {}; exec sleep 600", log.display());
-    let health = format!("test ! -e {}-$TENURE_HOLDER", sick.display());
+    let script = format!("echo start ${{TENURE_HOLDER%.*}} $(date +%s%N) >> {}; exec sleep 600", log.display());
+    let health = format!("test ! -e {}-${{TENURE_HOLDER%.*}}", sick.display());
     let spawn = |id: &str| {
         Command::new(tenure())
             .env("TENURE_STORE", env.sqlite())
@@ -806,7 +806,7 @@ fn a_following_tenure_run_starts_nothing_and_a_kill_takes_its_standby_supervisor
 fn a_new_leader_starts_its_command_through_its_standby_supervisor_with_the_terms_environment() {
     let Handover { env, pids: _, go, token_a, seen_b, tmp_b, _reap, mut a } = Handover::new();
     let script_b = format!(
-        r#"echo "$TENURE_ELECTION $TENURE_TOKEN $TENURE_HOLDER $(cat "$TENURE_METADATA_FILE") $PPID" > {s}.new; mv {s}.new {s}; exec sleep 600"#,
+        r#"echo "$TENURE_ELECTION $TENURE_TOKEN ${{TENURE_HOLDER%.*}} $(cat "$TENURE_METADATA_FILE") $PPID" > {s}.new; mv {s}.new {s}; exec sleep 600"#,
         s = seen_b.display()
     );
     let b = run_standby_test(&env, &tmp_b, "b", &script_b);

@@ -33,7 +33,7 @@ impl Env {
     fn run(&self, args: &[&str], script: &str) -> Command {
         let mut c = self.cmd();
         let logged = format!(
-            "echo run $TENURE_HOLDER $TENURE_TOKEN ${{TENURE_ONCE_KEY:--}} ${{TENURE_ONCE_ATTEMPT:-0}} $(date +%s%N) >> {}; {script}",
+            "echo run ${{TENURE_HOLDER%.*}} $TENURE_TOKEN ${{TENURE_ONCE_KEY:--}} ${{TENURE_ONCE_ATTEMPT:-0}} $(date +%s%N) >> {}; {script}",
             self.log().display()
         );
         c.arg("run").args(args).args(["--", "sh", "-c", &logged]);
@@ -220,7 +220,7 @@ fn no_wait_and_wait_timeout_give_up_with_the_documented_code() {
 /// `tenure schedule --every PERIOD` logging `slot HOLDER TOKEN TENURE_SLOT WALL_NS`.
 fn scheduler(env: &Env, id: &str, period: &str, skew: Option<(&Path, &str)>) -> Proc {
     let script =
-        format!("echo slot $TENURE_HOLDER $TENURE_TOKEN $TENURE_SLOT $(date +%s%N) >> {}", env.log().display());
+        format!("echo slot ${{TENURE_HOLDER%.*}} $TENURE_TOKEN $TENURE_SLOT $(date +%s%N) >> {}", env.log().display());
     let mut c = env.cmd();
     if let Some((lib, by)) = skew {
         c.env("LD_PRELOAD", lib).env("FAKETIME", by);

@@ -130,12 +130,69 @@ struct Inner {
     wake: Option<std::fs::File>,
     /// How releases are committed: see [`release_durability`].
     release_durability: Durability,
+    /// The file the connection has open (device, inode), as the connection's thread last
+    /// opened it: a grant committed while the path named another file was made in a
+    /// database nobody else reads.
+    opened: std::sync::Mutex<Option<(u64, u64)>>,
+    /// The elections this store may hold a lease of, and a shared lock on the database's
+    /// directory kept while there is one: see [`withhold_if_a_leader_may_live`].
+    leading: std::sync::Mutex<Leading>,
     /// Tests only: what each transaction was, and the `synchronous` level it ran with.
     #[cfg(test)]
     levels: std::sync::Mutex<Vec<(&'static str, i64)>>,
 }
 
+/// What [`Inner::leading`] keeps.
+#[derive(Default)]
+struct Leading {
+    elections: std::collections::HashSet<String>,
+    lock: Option<std::fs::File>,
+}
+
 impl Inner {
+    /// Takes the shared lock on the database's directory before a grant may be made
+    /// (kept while this store may hold a lease), so that a process that makes the
+    /// database anew meanwhile knows a leader may live.
+    fn lock_for_grant(&self) -> Result<(), StoreError> {
+        let mut l = self.leading.lock().unwrap_or_else(|e| e.into_inner());
+        if l.lock.is_some() {
+            return Ok(());
+        }
+        let dir = database_dir(&self.path);
+        let file = std::fs::File::open(dir)
+            .map_err(|e| StoreError::unavailable(format!("cannot open {} to lock it", dir.display())).with_source(e))?;
+        // Held exclusively only for the moment a new file is checked.
+        for _ in 0..1000 {
+            match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockShared) {
+                Ok(()) => {
+                    l.lock = Some(file);
+                    return Ok(());
+                }
+                Err(rustix::io::Errno::WOULDBLOCK | rustix::io::Errno::INTR) => {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => {
+                    return Err(StoreError::unavailable(format!("cannot lock {}", dir.display())).with_source(e));
+                }
+            }
+        }
+        Err(StoreError::unavailable(format!("{} stayed locked for a second", dir.display())))
+    }
+
+    /// Notes whether this store may still hold a lease of `election`; with none left, the
+    /// directory lock goes.
+    fn settle(&self, election: &str, holds: bool) {
+        let mut l = self.leading.lock().unwrap_or_else(|e| e.into_inner());
+        if holds {
+            l.elections.insert(election.to_string());
+        } else {
+            l.elections.remove(election);
+        }
+        if l.elections.is_empty() {
+            l.lock = None;
+        }
+    }
+
     /// Tells the watch threads on this database that a commit is visible now.
     fn announce(&self) {
         use std::os::unix::fs::FileExt;
@@ -185,6 +242,7 @@ impl SqliteStore {
     fn open_blocking(path: PathBuf, options: SqliteOptions) -> Result<Self, StoreError> {
         check_file_system(&path)?;
         let conn = connect(&path, &options)?;
+        let opened = file_id(&path);
         let version: i64 = retry_busy(&options, || conn.query_row("PRAGMA user_version", [], |r| r.get(0)))
             .map_err(|e| sql_error(&path, "reading the schema version", e))?;
         if version > SCHEMA_VERSION {
@@ -199,7 +257,8 @@ impl SqliteStore {
         // Only a new or older database is written to: opening one that is in use takes no
         // write lock.
         if version < SCHEMA_VERSION {
-            retry_busy(&options, || migrate(&conn)).map_err(|e| sql_error(&path, "creating the lease table", e))?;
+            retry_busy(&options, || migrate(&conn, &path))
+                .map_err(|e| sql_error(&path, "creating the lease table", e))?;
         }
         let wake = wake_file(&path);
         let (jobs, queue) = std::sync::mpsc::channel();
@@ -217,6 +276,8 @@ impl SqliteStore {
             poller: AtomicBool::new(false),
             wake,
             release_durability,
+            opened: std::sync::Mutex::new(opened),
+            leading: Default::default(),
             #[cfg(test)]
             levels: Default::default(),
         });
@@ -293,6 +354,65 @@ impl SqliteStore {
                 inner.announce();
             }
             Ok(out)
+        })
+        .await
+    }
+
+    /// The grant itself, in the file the connection has open; `Err(left)` when the file
+    /// withholds grants for `left` more (see [`withhold_if_a_leader_may_live`]).
+    async fn acquire_in_file(&self, req: AcquireRequest) -> Result<Result<Acquire, Duration>, StoreError> {
+        self.transact("acquire", move |tx, now| {
+            let e = req.election.as_str();
+            let row = select_row(tx, e)?;
+            let expires = now.ns.saturating_add(ttl_ns(req.ttl));
+            let ttl_ms = req.ttl.as_millis() as i64;
+            match row.as_ref().and_then(|r| r.live(now)) {
+                Some(cur) if cur.holder != req.holder || cur.evicted => return Ok(Ok(Acquire::Held(cur))),
+                Some(_) => {
+                    exec(
+                        tx,
+                        "UPDATE tenure_leases SET revision = revision + 1, ttl_ms = ?2, expires_ns = ?3,
+                         renewed_ms = ?4, metadata = ?5 WHERE election = ?1",
+                        params![e, ttl_ms, expires, wall_ms(), req.metadata],
+                    )?;
+                }
+                None => {
+                    if let Some(left) = withheld(tx, now, req.ttl)? {
+                        return Ok(Err(left));
+                    }
+                    // A row whose counters cannot go on (written by hand, or corrupted) is
+                    // refused, never wrapped or panicked on: tokens only grow, from 1.
+                    let (token, revision) = match row {
+                        Some(r) => r
+                            .token
+                            .checked_add(1)
+                            .filter(|t| *t > 0)
+                            // At least the wall clock's microseconds, as a first token is:
+                            // a database restored from a backup goes on above every
+                            // token granted since the backup.
+                            .map(|t| t.max(first_token()))
+                            .zip(r.revision.checked_add(1))
+                            .ok_or(rusqlite::Error::IntegralValueOutOfRange(0, r.token))?,
+                        None => (first_token(), 1),
+                    };
+                    exec(
+                        tx,
+                        &INSERT_ROW,
+                        params![
+                            e,
+                            req.holder.as_str(),
+                            token,
+                            revision,
+                            ttl_ms,
+                            now.boot_id,
+                            expires,
+                            wall_ms(),
+                            req.metadata
+                        ],
+                    )?;
+                }
+            }
+            Ok(Ok(Acquire::Acquired(reread(tx, e, now)?)))
         })
         .await
     }
@@ -510,59 +630,41 @@ impl LeaseStore for SqliteStore {
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
         req.validate()?;
         let req = req.clone();
-        self.transact("acquire", move |tx, now| {
-            let e = req.election.as_str();
-            let row = select_row(tx, e)?;
-            let expires = now.ns.saturating_add(ttl_ns(req.ttl));
-            let ttl_ms = req.ttl.as_millis() as i64;
-            match row.as_ref().and_then(|r| r.live(now)) {
-                Some(cur) if cur.holder != req.holder || cur.evicted => return Ok(Acquire::Held(cur)),
-                Some(_) => {
-                    exec(
-                        tx,
-                        "UPDATE tenure_leases SET revision = revision + 1, ttl_ms = ?2, expires_ns = ?3,
-                         renewed_ms = ?4, metadata = ?5 WHERE election = ?1",
-                        params![e, ttl_ms, expires, wall_ms(), req.metadata],
-                    )?;
-                }
-                None => {
-                    // A row whose counters cannot go on (written by hand, or corrupted) is
-                    // refused, never wrapped or panicked on: tokens only grow, from 1.
-                    let (token, revision) = match row {
-                        Some(r) => r
-                            .token
-                            .checked_add(1)
-                            .filter(|t| *t > 0)
-                            .zip(r.revision.checked_add(1))
-                            .ok_or(rusqlite::Error::IntegralValueOutOfRange(0, r.token))?,
-                        None => (first_token(), 1),
-                    };
-                    exec(
-                        tx,
-                        &INSERT_ROW,
-                        params![
-                            e,
-                            req.holder.as_str(),
-                            token,
-                            revision,
-                            ttl_ms,
-                            now.boot_id,
-                            expires,
-                            wall_ms(),
-                            req.metadata
-                        ],
-                    )?;
-                }
-            }
-            Ok(Acquire::Acquired(reread(tx, e, now)?))
-        })
-        .await
+        let e = req.election.as_str().to_string();
+        let inner = &self.inner;
+        inner.lock_for_grant()?;
+        let out = self.acquire_in_file(req).await;
+        match &out {
+            Ok(Ok(Acquire::Acquired(_))) | Err(_) => inner.settle(&e, true),
+            Ok(_) => inner.settle(&e, false),
+        }
+        // Made while the path named another file: in a database nobody else reads.
+        if out.is_ok() && file_id(&inner.path) != *inner.opened.lock().unwrap_or_else(|e| e.into_inner()) {
+            return Err(StoreError::ambiguous(format!(
+                "{} was deleted or replaced while a lease was granted; the grant may be in the file that went",
+                inner.path.display()
+            )));
+        }
+        match out? {
+            Ok(a) => Ok(a),
+            Err(left) => Err(StoreError::unavailable(format!(
+                "{} was made anew while a leader of the database it replaced may still run its command; \
+                 nothing is granted for {} more",
+                inner.path.display(),
+                humantime_ms(left)
+            ))),
+        }
     }
 
     async fn renew(&self, held: &LeaseRecord, ttl: Duration) -> Result<Renew, StoreError> {
         check_ttl(ttl)?;
         let held = held.clone();
-        self.transact("renew", move |tx, now| renew_in(tx, &held, ttl, now)).await
+        let e = held.election.as_str().to_string();
+        let out = self.transact("renew", move |tx, now| renew_in(tx, &held, ttl, now)).await;
+        if let Ok(Renew::Lost(_)) = &out {
+            self.inner.settle(&e, false);
+        }
+        out
     }
 
     /// Every renewal in one transaction: one write to the disk for all of them.
@@ -570,6 +672,7 @@ impl LeaseStore for SqliteStore {
         if let Err(e) = check_ttl(ttl) {
             return held.iter().map(|_| Err(e.duplicate())).collect();
         }
+        let names: Vec<String> = held.iter().map(|h| h.election.as_str().to_string()).collect();
         let held = held.to_vec();
         let n = held.len();
         match self
@@ -578,7 +681,14 @@ impl LeaseStore for SqliteStore {
             })
             .await
         {
-            Ok(v) => v.into_iter().map(Ok).collect::<Vec<_>>(),
+            Ok(v) => {
+                for (name, r) in names.iter().zip(&v) {
+                    if let Renew::Lost(_) = r {
+                        self.inner.settle(name, false);
+                    }
+                }
+                v.into_iter().map(Ok).collect::<Vec<_>>()
+            }
             Err(e) => (0..n).map(|_| Err(e.duplicate())).collect(),
         }
     }
@@ -586,8 +696,14 @@ impl LeaseStore for SqliteStore {
     /// Committed without waiting for the disk where that is safe (see "Durability" in
     /// docs/stores/sqlite.md).
     async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
+        let e = held.election.as_str().to_string();
         let held = held.clone();
-        self.transact_with("release", self.inner.release_durability, move |tx, _now| release_in(tx, &held)).await
+        let out =
+            self.transact_with("release", self.inner.release_durability, move |tx, _now| release_in(tx, &held)).await;
+        if out.is_ok() {
+            self.inner.settle(&e, false);
+        }
+        out
     }
 
     /// Every release in one transaction, committed as [`release`](Self::release) is.
@@ -595,15 +711,18 @@ impl LeaseStore for SqliteStore {
         if held.is_empty() {
             return Vec::new();
         }
+        let names: Vec<String> = held.iter().map(|h| h.election.as_str().to_string()).collect();
         let (all, n) = (held.to_vec(), held.len());
         let release_all =
             move |tx: &rusqlite::Transaction<'_>, _now: Now<'_>| all.iter().try_for_each(|h| release_in(tx, h));
         match self.transact_with("release", self.inner.release_durability, release_all).await {
-            Ok(()) => (0..n).map(|_| Ok(())).collect(),
+            Ok(()) => {
+                names.iter().for_each(|e| self.inner.settle(e, false));
+                (0..n).map(|_| Ok(())).collect()
+            }
             Err(e) => (0..n).map(|_| Err(e.duplicate())).collect(),
         }
     }
-
     async fn get(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {
         let election = election.clone();
         self.with_conn("get", move |conn, inner| {
@@ -751,10 +870,10 @@ fn poll_changes(inner: &Arc<Inner>) {
         let now = file_id(&inner.path);
         if now != opened
             && !crate_mutant("sqlite-replaced-file-kept")
-            && let Ok(c) = reopen(&inner.path, &inner.options)
+            && let Ok((c, now_open)) = reopen(&inner.path, &inner.options, true)
         {
             conn = c;
-            opened = file_id(&inner.path);
+            opened = now_open;
             (version, cursor) = (None, None);
         }
         match conn.prepare_cached("PRAGMA data_version").and_then(|mut s| s.query_row([], |r| r.get::<_, i64>(0))) {
@@ -903,14 +1022,14 @@ type Job = Box<dyn FnOnce(&mut Connection, &Inner) + Send>;
 /// then opens the new file (made afresh if the path is empty), where the holder's lease
 /// does not exist, so its next renewal is lost and it steps down.
 fn serve(mut conn: Connection, inner: &std::sync::Weak<Inner>, queue: &std::sync::mpsc::Receiver<Job>) {
-    let mut opened = inner.upgrade().and_then(|i| file_id(&i.path));
     while let Ok(job) = queue.recv() {
         let Some(inner) = inner.upgrade() else { return };
         let now = file_id(&inner.path);
+        let opened = *inner.opened.lock().unwrap_or_else(|e| e.into_inner());
         if (now != opened || now.is_none()) && !crate_mutant("sqlite-replaced-file-kept") {
             tracing::warn!(path = %inner.path.display(), "the database file was deleted or replaced; opening the one at its path");
-            (conn, opened) = match reopen(&inner.path, &inner.options) {
-                Ok(c) => (c, file_id(&inner.path)),
+            let (c, opened) = match reopen(&inner.path, &inner.options, true) {
+                Ok(c) => c,
                 Err(e) => {
                     // Nothing to work on: every call fails (as retryable) until a file
                     // can be opened again.
@@ -921,6 +1040,8 @@ fn serve(mut conn: Connection, inner: &std::sync::Weak<Inner>, queue: &std::sync
                     }
                 }
             };
+            conn = c;
+            *inner.opened.lock().unwrap_or_else(|e| e.into_inner()) = opened;
         }
         // A call that panics fails itself (its answer is dropped, its transaction rolled
         // back), not the calls after it.
@@ -928,11 +1049,90 @@ fn serve(mut conn: Connection, inner: &std::sync::Weak<Inner>, queue: &std::sync
     }
 }
 
-/// A new connection to the database at `path`, at the current schema.
-fn reopen(path: &Path, options: &SqliteOptions) -> Result<Connection, StoreError> {
+/// A new connection to the database at `path`, at the current schema, and the file it
+/// has open. `replaced`: this process had another file open at the path (deleted or
+/// replaced under it).
+fn reopen(
+    path: &Path,
+    options: &SqliteOptions,
+    replaced: bool,
+) -> Result<(Connection, Option<(u64, u64)>), StoreError> {
     let conn = connect(path, options)?;
-    retry_busy(options, || migrate(&conn)).map_err(|e| sql_error(path, "creating the lease table", e))?;
-    Ok(conn)
+    let opened = file_id(path);
+    retry_busy(options, || migrate(&conn, path)).map_err(|e| sql_error(path, "creating the lease table", e))?;
+    // A file that was there already (a copy moved into place) is marked after the fact.
+    if replaced && a_leader_may_live(path) {
+        retry_busy(options, || {
+            conn.execute_batch("BEGIN IMMEDIATE")?;
+            let out = mark_withheld(&conn);
+            conn.execute_batch(if out.is_ok() { "COMMIT" } else { "ROLLBACK" })?;
+            out
+        })
+        .map_err(|e| sql_error(path, "marking the replaced database", e))?;
+    }
+    Ok((conn, opened))
+}
+
+/// The directory of the database at `path`.
+fn database_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// Whether a leader of a database at `path` may still run: a database made anew there
+/// (its lease table created now), or one a process found replacing the file it had open,
+/// may have replaced a file whose leader does not know yet. It finds out at its next call
+/// to the store (or through its watch) and then stops its command within its grace
+/// period, so a grant in the new file could give two leaders at once. Every store that
+/// may hold a lease keeps a shared lock on the database's directory: if one is held (this
+/// process's own included), the new file grants nothing for one TTL (see
+/// [`mark_withheld`]). Nobody holds it when a deployment first starts, and then nothing
+/// waits.
+fn a_leader_may_live(path: &Path) -> bool {
+    let free = std::fs::File::open(database_dir(path))
+        .is_ok_and(|f| rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok());
+    !free && !crate_mutant("sqlite-fresh-file-grants")
+}
+
+/// Marks the database, in the caller's transaction, as granting nothing for one TTL from
+/// now (the TTL each request asks for: the replaced term's deadline lies within one TTL
+/// of its last renewal, which came before its file went).
+fn mark_withheld(conn: &Connection) -> rusqlite::Result<()> {
+    tracing::warn!(
+        "the database was made anew while a leader of the one before may still run: no lease is granted for one TTL"
+    );
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS tenure_fresh (made_ns INTEGER NOT NULL, boot_id TEXT NOT NULL);
+         DELETE FROM tenure_fresh;",
+    )?;
+    conn.execute("INSERT INTO tenure_fresh (made_ns, boot_id) VALUES (?1, ?2)", params![monotonic_ns(), boot_id()])?;
+    Ok(())
+}
+
+/// How much longer the database withholds grants of a `ttl` lease, if it does (see
+/// [`withhold_if_a_leader_may_live`]); a mark from before a reboot withholds nothing.
+fn withheld(tx: &Connection, now: Now<'_>, ttl: Duration) -> rusqlite::Result<Option<Duration>> {
+    let marked: bool = tx.query_row(
+        "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'tenure_fresh'",
+        [],
+        |r| r.get(0),
+    )?;
+    if !marked {
+        return Ok(None);
+    }
+    let mark: Option<(i64, String)> =
+        tx.query_row("SELECT made_ns, boot_id FROM tenure_fresh", [], |r| Ok((r.get(0)?, r.get(1)?))).optional()?;
+    Ok(mark.and_then(|(made, boot)| {
+        let until = made.saturating_add(ttl_ns(ttl));
+        (boot == now.boot_id && now.ns < until).then(|| Duration::from_nanos((until - now.ns) as u64))
+    }))
+}
+
+/// `d` in whole milliseconds, for messages.
+fn humantime_ms(d: Duration) -> String {
+    format!("{} ms", d.as_millis())
 }
 
 /// The rows changed after `cursor`, as changes for their watchers, and the new cursor.
@@ -948,7 +1148,7 @@ fn changed_since(conn: &Connection, cursor: i64, boot_id: &str) -> rusqlite::Res
 }
 
 /// Brings the database to the current schema version, in one transaction.
-fn migrate(conn: &Connection) -> rusqlite::Result<()> {
+fn migrate(conn: &Connection, path: &Path) -> rusqlite::Result<()> {
     conn.execute_batch("BEGIN IMMEDIATE")?;
     let run = || -> rusqlite::Result<()> {
         // Read again under the write lock: another process may have migrated meanwhile.
@@ -957,6 +1157,17 @@ fn migrate(conn: &Connection) -> rusqlite::Result<()> {
             return Ok(());
         }
         if version < 1 {
+            // A file without the lease table: new, or made anew under a leader of the one
+            // it replaced. Marked in the transaction that makes the table, so that no
+            // grant in it comes first.
+            let fresh: bool = conn.query_row(
+                "SELECT count(*) = 0 FROM sqlite_master WHERE type = 'table' AND name = 'tenure_leases'",
+                [],
+                |r| r.get(0),
+            )?;
+            if fresh && a_leader_may_live(path) {
+                mark_withheld(conn)?;
+            }
             conn.execute_batch(SCHEMA)?;
         }
         if version < 2 {
@@ -1353,6 +1564,30 @@ mod tests {
         let (changes, _) = changed_since(&conn, 0, &boot_id()).unwrap();
         assert_eq!(changes.len(), 1);
         let Acquire::Acquired(next) = store.try_acquire(&req("a", "new")).await.unwrap() else { panic!("not won") };
-        assert_eq!(next.token, FencingToken(8));
+        assert!(next.token > FencingToken(7), "{:?}", next.token);
+    }
+
+    #[tokio::test]
+    async fn a_database_restored_from_a_backup_grants_no_token_granted_since_the_backup() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, backup) = (dir.path().join("t.db"), dir.path().join("backup.db"));
+        let store = SqliteStore::open(&path).await.unwrap();
+        let Acquire::Acquired(first) = store.try_acquire(&req("a", "x")).await.unwrap() else { panic!("not won") };
+        store.release(&first).await.unwrap();
+        connect(&path, &SqliteOptions::default())
+            .unwrap()
+            .execute("VACUUM INTO ?1", [backup.to_str().unwrap()])
+            .unwrap();
+        let mut last = first.token;
+        for _ in 0..3 {
+            let Acquire::Acquired(l) = store.try_acquire(&req("a", "x")).await.unwrap() else { panic!("not won") };
+            store.release(&l).await.unwrap();
+            last = l.token;
+        }
+        drop(store);
+        std::fs::rename(&backup, &path).unwrap();
+        let restored = SqliteStore::open(&path).await.unwrap();
+        let Acquire::Acquired(l) = restored.try_acquire(&req("a", "x")).await.unwrap() else { panic!("not won") };
+        assert!(l.token > last, "the restored database granted {:?} after {:?}", l.token, last);
     }
 }

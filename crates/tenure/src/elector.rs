@@ -147,7 +147,8 @@ impl ElectorBuilder {
     /// This candidate's id (default [`HolderId::generate`]). An id names one candidate at
     /// a time: shut a candidate down before building another with the same id, since a
     /// store takes a record of the same holder for the same candidate's (its own live
-    /// lease is a renewal to it, and a stopping candidate releases it).
+    /// lease is a renewal to it, and a stopping candidate releases it). For a name that
+    /// other processes may also be given, pass [`HolderId::instance_of`]`(name)`.
     pub fn holder(mut self, holder: impl AsRef<str>) -> Self {
         self.holder = Some(HolderId::new(holder));
         self

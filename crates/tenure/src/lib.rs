@@ -68,7 +68,8 @@ pub use elector::{
 };
 pub use memory::MemoryStore;
 pub use name::{
-    ELECTION_NAME_RULE, ElectionName, HOLDER_ID_RULE, HolderId, NameError, WORK_KEY_RULE, WorkKey, host_name,
+    ELECTION_NAME_RULE, ElectionName, HOLDER_ID_RULE, HolderId, INSTANCE_NAME_MAX, NameError, WORK_KEY_RULE, WorkKey,
+    host_name,
 };
 pub use observe::{Observer, observe, observe_with};
 pub use once::Once;

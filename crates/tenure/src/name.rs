@@ -99,11 +99,47 @@ impl HolderId {
         Self(format!("{host}.{}.{random}", std::process::id()).into())
     }
 
+    /// The id of one process instance of the candidate named `name`: `name.<8 random
+    /// characters>`. Two processes given one name (`--id $(hostname)` on hosts that share
+    /// a host name, a copied configuration, a container's pid 1) get different ids, so a
+    /// store never takes one's lease for the other's, and a restarted process does not
+    /// inherit its predecessor's lease. `name` may be at most [`INSTANCE_NAME_MAX`]
+    /// characters, leaving room for the suffix.
+    pub fn instance_of(name: &str) -> Result<Self, NameError> {
+        Self::new(name)?;
+        if name.len() > INSTANCE_NAME_MAX {
+            return Err(NameError {
+                what: "holder id",
+                value: truncate(name),
+                problem: format!(
+                    "it is {} characters long, and a candidate's name gets 9 more (a '.' and 8 random \
+                     characters for its process instance): at most {INSTANCE_NAME_MAX} fit",
+                    name.chars().count()
+                ),
+                rule: HOLDER_ID_RULE,
+            });
+        }
+        let random: String = (0..8).map(|_| fastrand::alphanumeric().to_ascii_lowercase()).collect();
+        Self::new(format!("{name}.{random}"))
+    }
+
+    /// The name this id was made from by [`HolderId::instance_of`] (or, for a
+    /// [generated](HolderId::generate) id, `hostname.pid`): the id without its final
+    /// `.` and 8 lowercase letters or digits; `None` for an id without that suffix.
+    pub fn instance_name(&self) -> Option<&str> {
+        let (name, suffix) = self.0.rsplit_once('.')?;
+        let random = suffix.len() == 8 && suffix.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+        (random && !name.is_empty()).then_some(name)
+    }
+
     /// The id as text.
     pub fn as_str(&self) -> &str {
         &self.0
     }
 }
+
+/// The longest name [`HolderId::instance_of`] takes: 200 characters less its suffix.
+pub const INSTANCE_NAME_MAX: usize = 191;
 
 /// The name of one unit of work within an election: the key of a `--once` run
 /// (`2026-11-27`), a schedule slot, a gossip election id. See [`crate::ledger`].
@@ -252,6 +288,23 @@ mod tests {
             assert!(e.contains(why), "{n:?}: {e}");
             assert!(e.contains(ELECTION_NAME_RULE), "{e}");
         }
+    }
+
+    #[test]
+    fn instances_of_one_name_are_different_ids_that_name_it() {
+        let a = HolderId::instance_of("web-1").unwrap();
+        let b = HolderId::instance_of("web-1").unwrap();
+        assert_ne!(a, b, "two processes given one name");
+        assert_eq!((a.instance_name(), b.instance_name()), (Some("web-1"), Some("web-1")));
+        assert_eq!(HolderId::new("web-1").unwrap().instance_name(), None);
+        assert_eq!(HolderId::new("a.b").unwrap().instance_name(), None);
+        assert_eq!(HolderId::new("x.ABCDEFGH").unwrap().instance_name(), None);
+        HolderId::instance_of(&"x".repeat(INSTANCE_NAME_MAX)).unwrap();
+        let e = HolderId::instance_of(&"x".repeat(INSTANCE_NAME_MAX + 1)).unwrap_err().to_string();
+        assert!(e.contains("at most 191 fit"), "{e}");
+        assert!(HolderId::instance_of("a b").unwrap_err().to_string().contains("' '"));
+        let g = HolderId::generate();
+        assert_eq!(g.instance_name(), Some(format!("{}.{}", crate::host_name(), std::process::id()).as_str()));
     }
 
     #[test]

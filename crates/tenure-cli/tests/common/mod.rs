@@ -36,3 +36,13 @@ impl std::ops::DerefMut for Proc {
         &mut self.0
     }
 }
+
+/// The name a holder id was made from with `--id NAME`: the id without the '.' and 8
+/// random characters each process adds (`a.k3j9x2ab` → `a`); any other id as it is.
+#[allow(dead_code)]
+pub fn name_of(holder: &str) -> &str {
+    match holder.rsplit_once('.') {
+        Some((name, r)) if r.len() == 8 && r.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()) => name,
+        _ => holder,
+    }
+}

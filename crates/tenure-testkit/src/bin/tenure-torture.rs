@@ -17,7 +17,9 @@
 //! killed primary), and the server refuses writes for a while as after a failover (Redis
 //! `REPLICAOF` or `min-replicas-to-write`, PostgreSQL `default_transaction_read_only`,
 //! MariaDB `read_only`); Redis is sometimes restarted from a snapshot taken a while
-//! before, bringing back records of terms that have ended since. At the end the history checker judges the log: one actor at a
+//! before, bringing back records of terms that have ended since. Now and then a second
+//! process is given the leader's `--id`, and on SQLite the database is deleted under its
+//! leader. At the end the history checker judges the log: one actor at a
 //! time, counting every process of every term (I1), growing tokens (I2), no stale write
 //! accepted (I3), a new leader within TTL + 1 s of a crash, a freeze or the end of a
 //! refusal, and within 1 s of a stop (I4). A candidate that exits without being stopped
@@ -82,7 +84,9 @@ enum ProbeMode {
 /// The probe a candidate runs while it leads: it writes every 10 ms to the fenced file
 /// and logs every attempt.
 fn probe(dir: &Path, mode: ProbeMode) -> ExitCode {
-    let holder = std::env::var("TENURE_HOLDER").unwrap_or_default();
+    // The candidate process, as the torture round named it: two processes given one
+    // `--id` (a fault of its own) are two actors.
+    let holder = std::env::var("TORTURE_CAND").or_else(|_| std::env::var("TENURE_HOLDER")).unwrap_or_default();
     let token: u64 = std::env::var("TENURE_TOKEN").ok().and_then(|t| t.parse().ok()).unwrap_or(0);
     let slot: u64 = std::env::var("TENURE_SLOT").ok().and_then(|t| t.parse().ok()).unwrap_or(0);
     let run_for = std::env::var("TORTURE_SLOT_RUN_MS").ok().and_then(|t| t.parse().ok()).map(Duration::from_millis);
@@ -232,6 +236,8 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
 
 struct Candidate {
     id: String,
+    /// The `--id` it was given: its own id, or another live candidate's.
+    name: String,
     child: Child,
     frozen_until: Option<Instant>,
     /// The command's supervisor, frozen together with `tenure run` (thawed with it).
@@ -315,7 +321,8 @@ fn emulator_env(cmd: &mut Command) {
         .env("AZURE_STORAGE_CONNECTION_STRING", "UseDevelopmentStorage=true");
 }
 
-fn spawn(a: &Args, store: &str, dir: &Path, id: &str, n: usize) -> std::io::Result<Child> {
+/// Starts candidate `id` (its probes log that name) as `tenure run --id NAME`.
+fn spawn(a: &Args, store: &str, dir: &Path, id: &str, name: &str, n: usize) -> std::io::Result<Child> {
     let me = std::env::current_exe()?;
     let mut cmd = Command::new(&a.tenure);
     if a.server.is_some() {
@@ -345,12 +352,12 @@ setsid "$P" probe --dir "$D" --ignore-term &
     let (ttl, grace) = (format!("{}ms", a.ttl.as_millis()), format!("{}ms", a.grace.as_millis()));
     match a.slots {
         None => {
-            cmd.args(["run", ELECTION, "--store", store, "--id", id, "--ttl", &ttl, "--grace", &grace])
+            cmd.args(["run", ELECTION, "--store", store, "--id", name, "--ttl", &ttl, "--grace", &grace])
                 .args(["--", "sh", "-c", tree]);
         }
         Some(period) => {
             let catch_up = format!("{}ms", SLOT_CATCH_UP.as_millis());
-            cmd.args(["schedule", ELECTION, "--store", store, "--id", id, "--ttl", &ttl, "--grace", &grace])
+            cmd.args(["schedule", ELECTION, "--store", store, "--id", name, "--ttl", &ttl, "--grace", &grace])
                 .args(["--every", &format!("{}ms", period.as_millis()), "--catch-up", &catch_up])
                 .args(["--", "sh", "-c", slot_tree])
                 // A run short beside the period: each slot also costs a claim, a process
@@ -364,6 +371,7 @@ setsid "$P" probe --dir "$D" --ignore-term &
     cmd.arg(me)
         .arg(dir)
         .env("ENDS_MAIN", ends_main)
+        .env("TORTURE_CAND", id)
         .env("RUST_LOG", std::env::var("TORTURE_RUST_LOG").unwrap_or_else(|_| log.into()))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -499,13 +507,15 @@ fn torture(a: Args) -> Result<bool, String> {
         (None, None) => format!("sqlite:{}", dir.join("store.db").display()),
     };
     let events = dir.join("events");
+    let sqlite_file = store.strip_prefix("sqlite:").filter(|_| a.store.is_none()).map(PathBuf::from);
     let mut rng = fastrand::Rng::with_seed(a.seed);
     let mut next = 0;
     let mut cands: Vec<Candidate> = Vec::new();
     let server_port = server.as_ref().map(|s| s.port());
-    let mut add = |cands: &mut Vec<Candidate>| -> Result<(), String> {
+    let mut add = |cands: &mut Vec<Candidate>, name: Option<String>| -> Result<(), String> {
         next += 1;
         let id = format!("cand-{next}");
+        let name = name.unwrap_or_else(|| id.clone());
         // With a server, each candidate reaches it through a proxy of its own.
         let (proxy, url) = match server_port {
             Some(port) => {
@@ -515,9 +525,10 @@ fn torture(a: Args) -> Result<bool, String> {
             }
             None => (None, store.clone()),
         };
-        let child = spawn(&a, &url, &dir, &id, next).map_err(|e| format!("cannot start tenure run: {e}"))?;
+        let child = spawn(&a, &url, &dir, &id, &name, next).map_err(|e| format!("cannot start tenure run: {e}"))?;
         cands.push(Candidate {
             id,
+            name,
             child,
             frozen_until: None,
             frozen_supervisor: None,
@@ -527,7 +538,7 @@ fn torture(a: Args) -> Result<bool, String> {
         Ok(())
     };
     for _ in 0..a.candidates {
-        add(&mut cands)?;
+        add(&mut cands, None)?;
     }
     println!(
         "torture: {} candidates on {store}, TTL {:?}, grace {:?}, for {:?} (seed {})",
@@ -663,7 +674,7 @@ fn torture(a: Args) -> Result<bool, String> {
         for _ in cands.len()..before {
             gave_up += 1;
             append(&dir.join("faults"), &format!("{} a candidate exited on its own", now_ns()));
-            add(&mut cands)?;
+            add(&mut cands, None)?;
         }
         // moto keeps everything in memory: its restart would wipe the store, which no real
         // S3 or DynamoDB does, so it is not one of the faults there. Nor on MariaDB and
@@ -723,9 +734,33 @@ fn torture(a: Args) -> Result<bool, String> {
             note(&mut faults, &dir, what);
             continue;
         }
+        // The database deleted under its leader (SQLite, the default store): the leader
+        // must step down, and a fresh file must never grant a token already used.
+        if sqlite_file.as_ref().is_some_and(|f| f.exists()) && rng.usize(0..10) == 0 {
+            let file = sqlite_file.as_ref().expect("checked");
+            for suffix in ["", "-wal", "-shm"] {
+                let mut p = file.clone().into_os_string();
+                p.push(suffix);
+                let _ = std::fs::remove_file(p);
+            }
+            // The leader steps down and nobody leads until someone opens a new file.
+            restart_times.push(now_ns());
+            note(&mut faults, &dir, "SQLite database deleted");
+            continue;
+        }
         let Some(leader) = current_leader(&events) else {
             continue;
         };
+        // A second process given the leader's `--id` (`--id $(hostname)` on two hosts
+        // with one name, a copied configuration): it must not lead while the leader lives.
+        if rng.usize(0..10) == 0
+            && cands.len() < a.candidates + 2
+            && let Some(name) = cands.iter().find(|c| c.id == leader).map(|c| c.name.clone())
+        {
+            add(&mut cands, Some(name))?;
+            note(&mut faults, &dir, "a second process given the leader's --id");
+            continue;
+        }
         // A follower's standby supervisor is killed: the follower starts nothing for it,
         // and still starts its command, afresh, when its term comes.
         if rng.usize(0..6) == 0
@@ -769,7 +804,7 @@ fn torture(a: Args) -> Result<bool, String> {
                     let _ = rustix::process::kill_process(s, Signal::KILL);
                 }
             }
-            add(&mut cands)?;
+            add(&mut cands, None)?;
             continue;
         }
         let Some(i) =
@@ -814,7 +849,7 @@ fn torture(a: Args) -> Result<bool, String> {
                 if matches!(cands[i].child.try_wait(), Ok(Some(_))) {
                     let c = cands.remove(i);
                     records.push(Record::Stop { election: ELECTION.into(), holder: c.id, at, graceful: false });
-                    add(&mut cands)?;
+                    add(&mut cands, None)?;
                 }
             }
             3 | 4 => {
@@ -856,7 +891,7 @@ fn torture(a: Args) -> Result<bool, String> {
                 let _ = c.child.wait();
                 records.push(Record::Stop { election: ELECTION.into(), holder: c.id, at, graceful: false });
                 note(&mut faults, &dir, "SIGKILL");
-                add(&mut cands)?;
+                add(&mut cands, None)?;
             }
             1 => {
                 let c = &mut cands[i];
@@ -871,7 +906,7 @@ fn torture(a: Args) -> Result<bool, String> {
                 let _ = c.child.wait();
                 records.push(Record::Stop { election: ELECTION.into(), holder: c.id, at, graceful: true });
                 note(&mut faults, &dir, "SIGTERM");
-                add(&mut cands)?;
+                add(&mut cands, None)?;
             }
         }
     }
