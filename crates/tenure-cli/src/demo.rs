@@ -111,9 +111,14 @@ pub async fn demo(candidates: usize, ttl: Duration) -> Result<()> {
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
     // Crash: SIGKILL the leading `tenure run`.
-    let i = procs.iter().position(|(id, _)| id == first.holder.as_str()).context("the leader is not one of ours")?;
-    let (crashed_id, mut crashed) = procs.remove(i);
-    let job_pid: i32 = std::fs::read_to_string(dir.path().join(format!("{crashed_id}.pid")))
+    let ours = |holder: &tenure::HolderId| {
+        procs
+            .iter()
+            .position(|(id, _)| holder.instance_name() == Some(id.as_str()))
+            .context("the leader is not one of ours")
+    };
+    let (crashed_id, mut crashed) = procs.remove(ours(&first.holder)?);
+    let job_pid: i32 = std::fs::read_to_string(dir.path().join(format!("{}.pid", first.holder)))
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(0);
@@ -145,7 +150,10 @@ pub async fn demo(candidates: usize, ttl: Duration) -> Result<()> {
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
     // Graceful: SIGTERM the new leader; it stops its job and releases.
-    let i = procs.iter().position(|(id, _)| id == second.holder.as_str()).context("the leader is not one of ours")?;
+    let i = procs
+        .iter()
+        .position(|(id, _)| second.holder.instance_name() == Some(id.as_str()))
+        .context("the leader is not one of ours")?;
     let (stopped_id, mut stopped) = procs.remove(i);
     d.say(format!("stopping the leader {stopped_id} gracefully (SIGTERM): it stops its job, then releases the lease"));
     let term = Instant::now();

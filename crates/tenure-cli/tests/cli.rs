@@ -799,7 +799,9 @@ fn a_leading_command_publishes_new_metadata_through_its_file_and_watch_shows_it(
     signal(watch.id(), rustix::process::Signal::INT);
     assert!(watch.wait().unwrap().success());
     let lines: Vec<String> = BufReader::new(watch.stdout.take().unwrap()).lines().map(Result::unwrap).collect();
-    let leader = format!("leader run-p (token {})", started.token);
+    let holder = v["leader"]["holder"].as_str().unwrap();
+    assert_eq!(name_of(holder), "run-p");
+    let leader = format!("leader {holder} (token {})", started.token);
     let first = lines.iter().position(|l| l.ends_with(&leader)).unwrap_or_else(|| panic!("{lines:?}"));
     let published = format!("{leader} published 10.0.0.7:9090");
     assert!(lines[first + 1..].iter().any(|l| l.ends_with(&published)), "watch shows the new metadata: {lines:?}");

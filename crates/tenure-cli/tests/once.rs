@@ -197,7 +197,7 @@ fn no_wait_and_wait_timeout_give_up_with_the_documented_code() {
     let out = env.run(&["jobs/x", "--no-wait"], "true").output().unwrap();
     assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
     assert!(t0.elapsed() < Duration::from_secs(5), "--no-wait gives up at once, took {:?}", t0.elapsed());
-    assert!(stderr(&out).contains("leader leads"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("giving up: leader.") && stderr(&out).contains(" leads (token "), "{}", stderr(&out));
     let out = env.run(&["jobs/x", "--no-wait", "--conflict-exit-code", "9"], "true").output().unwrap();
     assert_eq!(out.status.code(), Some(9), "{}", stderr(&out));
     let t0 = Instant::now();
