@@ -273,27 +273,27 @@ fn check_writes(election: &str, recs: &[&Record], s: &mut Summary) {
 /// I4: after each stop of the current leader, someone else is granted the lease or
 /// elected within the bound.
 fn check_liveness(election: &str, recs: &[&Record], l: Liveness, s: &mut Summary) {
-    let mut elections: Vec<(u64, &str)> = recs
+    let mut elections: Vec<(u64, &str, u64)> = recs
         .iter()
         .filter_map(|r| match r {
-            Record::Elected { holder, at, .. } => Some((*at, holder.as_str())),
+            Record::Elected { holder, at, token, .. } => Some((*at, holder.as_str(), *token)),
             // A grant is a takeover even if its holder dies before it is elected.
-            Record::Grant { holder, completed, .. } => Some((*completed, holder.as_str())),
+            Record::Grant { holder, completed, token, .. } => Some((*completed, holder.as_str(), *token)),
             _ => None,
         })
         .collect();
     elections.sort();
     for r in recs {
         if let Record::Recovered { at, .. } = r {
-            let i = elections.partition_point(|(t, _)| *t < *at);
+            let i = elections.partition_point(|(t, _, _)| *t < *at);
             match elections.get(i) {
-                Some((t, _)) if t - at <= l.after_crash => s.elections_after_recovery.push(t - at),
+                Some((t, _, _)) if t - at <= l.after_crash => s.elections_after_recovery.push(t - at),
                 _ if at + l.after_crash > l.until => {}
                 found => s.violations.push(Violation {
                     invariant: Invariant::I4Liveness,
                     election: election.into(),
                     detail: match found {
-                        Some((t, h)) => format!(
+                        Some((t, h, _)) => format!(
                             "{h} was elected {} ns after the store served again; the bound is {} ns",
                             t - at,
                             l.after_crash
@@ -311,14 +311,19 @@ fn check_liveness(election: &str, recs: &[&Record], l: Liveness, s: &mut Summary
         let bound = if *graceful { l.after_stop } else { l.after_crash };
         // Another holder elected after the stopping holder's last election counts, even
         // if it came before the stop was recorded (the old term had already expired).
-        let term_start = elections
+        let (term_start, term_token) = elections
             .iter()
-            .take_while(|(t, _)| *t <= *at)
-            .filter(|(_, h)| *h == holder.as_str())
+            .take_while(|(t, _, _)| *t <= *at)
+            .filter(|(_, h, _)| *h == holder.as_str())
             .last()
-            .map_or(0, |(t, _)| *t);
-        let i = elections.partition_point(|(t, _)| *t <= term_start);
-        let found = elections[i..].iter().find(|(_, h)| *h != holder.as_str());
+            .map_or((0, None), |(t, _, k)| (*t, Some(*k)));
+        let i = elections.partition_point(|(t, _, _)| *t <= term_start);
+        // Another holder counts, and so does a new term of the stopping holder after the
+        // stop (a candidate cut off, healed and elected again: the election has a leader).
+        let found = elections[i..]
+            .iter()
+            .find(|(t, h, k)| *h != holder.as_str() || (*t > *at && Some(*k) != term_token))
+            .map(|(t, h, _)| (*t, *h));
         // A winner whose work was frozen when the leader stopped could not campaign
         // before it came back: its takeover is timed from then.
         let from = found.map_or(*at, |(_, h)| {
@@ -463,6 +468,16 @@ mod tests {
         let slow =
             vec![recovered(1_000), Record::Elected { election: "e".into(), holder: "a".into(), token: 3, at: 9_000 }];
         assert_eq!(invariants(&check(&slow, Some(l))), vec![Invariant::I4Liveness]);
+        // A leader cut off (a stop) that heals and is elected again, with a new token,
+        // within the bound: the election had a leader. Its old term's work starting late
+        // (the same token) does not count.
+        let elected =
+            |holder: &str, token, at| Record::Elected { election: "e".into(), holder: holder.into(), token, at };
+        let cut = Record::Stop { election: "e".into(), holder: "a".into(), at: 1_000, graceful: false };
+        let healed = vec![elected("a", 1, 0), cut.clone(), elected("a", 4, 1_060), elected("b", 5, 5_000)];
+        assert!(check(&healed, Some(l)).violations.is_empty(), "{:?}", check(&healed, Some(l)).violations);
+        let same_term = vec![elected("a", 1, 0), cut, elected("a", 1, 1_060), elected("b", 5, 5_000)];
+        assert_eq!(invariants(&check(&same_term, Some(l))), vec![Invariant::I4Liveness]);
     }
 
     #[test]
