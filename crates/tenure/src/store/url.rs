@@ -21,10 +21,16 @@ pub fn take_params(url: &str, ours: &[&str]) -> (String, Vec<Option<String>>) {
 /// A URL with its passwords replaced by `***`, safe to print: `scheme://user:***@host…`,
 /// and any query parameter whose name holds "password". Whatever a password holds (a
 /// `/`, `#`, `?` or `@` that should have been percent-encoded), everything between
-/// `scheme://user:` and the last `@` is hidden; without `://` (a mistyped scheme),
-/// everything between the first `:` and the last `@`.
+/// `scheme://user:` and the last `@` is hidden; without `://` after a scheme (a mistyped
+/// scheme), everything between the first `:` and the last `@`.
 pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
+    // A scheme is a letter, then letters, digits, `+`, `-` or `.`: a `://` after anything
+    // else is inside a password (`postgres//u://pw@h`).
+    let scheme_like = |s: &str| {
+        s.starts_with(|c: char| c.is_ascii_alphabetic())
+            && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+    };
+    let Some((scheme, rest)) = url.split_once("://").filter(|(s, _)| scheme_like(s)) else {
         return match (url.find(':'), url.rfind('@')) {
             (Some(colon), Some(at)) if colon < at => format!("{}:***{}", &url[..colon], &url[at..]),
             _ => url.to_string(),
@@ -67,6 +73,12 @@ mod tests {
         assert_eq!(url, "postgres://u:p@h/db?sslmode=require&x=1");
         assert_eq!(v, vec![Some("t2".to_string()), None]);
         assert_eq!(take_params("redis://h", &["prefix"]), ("redis://h".to_string(), vec![None]));
+    }
+
+    #[test]
+    fn a_password_holding_a_scheme_separator_is_hidden_under_a_mistyped_scheme() {
+        assert_eq!(redact("postgres//a://b@a"), "postgres//a:***@a");
+        assert_eq!(redact("postgres://u:x://y@h/db"), "postgres://u:***@h/db");
     }
 
     #[test]
