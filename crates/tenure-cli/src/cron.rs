@@ -88,7 +88,7 @@ impl Cron {
         })
     }
 
-    fn matches(&self, secs: u64) -> bool {
+    pub(crate) fn matches(&self, secs: u64) -> bool {
         let days = secs / 86_400;
         let (_, month, day) = civil_from_days(days as i64);
         let rem = secs % 86_400;

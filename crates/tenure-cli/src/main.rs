@@ -14,6 +14,8 @@ mod cron;
 mod dashboard;
 mod demo;
 mod docs;
+#[cfg(test)]
+mod fuzz;
 mod gossip;
 mod http;
 mod inspect;

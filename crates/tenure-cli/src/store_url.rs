@@ -207,6 +207,28 @@ pub fn read_store_file(path: &std::path::Path) -> Result<String> {
     url.map(str::to_string).with_context(|| format!("the store file {} names no store URL", path.display()))
 }
 
+/// The store a URL names and the rest of it after `scheme:`, checked as far as can be
+/// without a connection: a known scheme, `scheme://HOST` for every store but SQLite, a
+/// file for SQLite.
+pub(crate) fn classify(url: &str) -> Result<(&'static StoreKind, &str)> {
+    let (scheme, rest) = url
+        .split_once(':')
+        .with_context(|| format!("store URL {:?} has no scheme; supported:\n{}", redact(url), forms()))?;
+    let Some(kind) = STORES.iter().find(|k| k.schemes.contains(&scheme)) else {
+        bail!("unknown store scheme {scheme:?} in {:?}; supported:\n{}", redact(url), forms());
+    };
+    // Every store but SQLite is `scheme://HOST…`: a URL without it (`postgres:u:pw@h`,
+    // `postgres///…`) would reach the client library, which may connect to its
+    // default server and send the rest (a password with it) as a database name.
+    if kind.family != Family::Sqlite && !rest.strip_prefix("//").is_some_and(|a| !a.is_empty() && !a.starts_with('/')) {
+        bail!("store URL {:?} does not start with {scheme}://HOST; supported:\n{}", redact(url), forms());
+    }
+    if kind.family == Family::Sqlite && rest.strip_prefix("//").unwrap_or(rest).is_empty() {
+        bail!("store URL {url:?} names no file; write sqlite:PATH, e.g. sqlite:/var/lib/app/tenure.db");
+    }
+    Ok((kind, rest))
+}
+
 /// Opens the store `url` names, or the default SQLite database when `url` is `None`.
 pub async fn open(url: Option<&str>) -> Result<Arc<dyn LeaseStore>> {
     let url = url.map(str::trim).filter(|u| !u.is_empty());
@@ -239,28 +261,9 @@ pub async fn open(url: Option<&str>) -> Result<Arc<dyn LeaseStore>> {
             path
         }
         Some(url) => {
-            let (scheme, rest) = url
-                .split_once(':')
-                .with_context(|| format!("store URL {:?} has no scheme; supported:\n{}", redact(url), forms()))?;
-            let Some(kind) = STORES.iter().find(|k| k.schemes.contains(&scheme)) else {
-                bail!("unknown store scheme {scheme:?} in {:?}; supported:\n{}", redact(url), forms());
-            };
-            // Every store but SQLite is `scheme://HOST…`: a URL without it (`postgres:u:pw@h`,
-            // `postgres///…`) would reach the client library, which may connect to its
-            // default server and send the rest (a password with it) as a database name.
-            if kind.family != Family::Sqlite
-                && !rest.strip_prefix("//").is_some_and(|a| !a.is_empty() && !a.starts_with('/'))
-            {
-                bail!("store URL {:?} does not start with {scheme}://HOST; supported:\n{}", redact(url), forms());
-            }
+            let (kind, rest) = classify(url)?;
             match kind.family {
-                Family::Sqlite => {
-                    let path = rest.strip_prefix("//").unwrap_or(rest);
-                    if path.is_empty() {
-                        bail!("store URL {url:?} names no file; write sqlite:PATH, e.g. sqlite:/var/lib/app/tenure.db");
-                    }
-                    PathBuf::from(path)
-                }
+                Family::Sqlite => PathBuf::from(rest.strip_prefix("//").unwrap_or(rest)),
                 Family::Postgres => connect!("postgres", kind, tenure_postgres::PostgresStore, url),
                 Family::Redis => connect!("redis", kind, tenure_redis::RedisStore, url),
                 Family::Mysql => connect!("mysql", kind, tenure_mysql::MysqlStore, url),
