@@ -576,3 +576,48 @@ mod tests {
         assert!(Body::parse("k", later).unwrap_err().to_string().contains("format 2"));
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    //! Fuzz targets for the records the object stores read back: arbitrary and hostile
+    //! JSON never panics, and a record as written reads back as it was.
+    use proptest::prelude::*;
+
+    fn json_value() -> impl Strategy<Value = serde_json::Value> {
+        prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<u64>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            any::<f64>().prop_map(serde_json::Value::from),
+            "[ -~]{0,20}".prop_map(serde_json::Value::from),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn records_never_panic(
+            raw in prop::collection::vec(any::<u8>(), 0..200),
+            fields in prop::collection::vec(
+                (prop::sample::select(vec!["tenure", "holder", "token", "rev", "ttl_ms", "evicted", "acquired_ms",
+                    "renewed_ms", "metadata", "tenure_work", "keep_until_ms", "value"]), json_value()),
+                0..12,
+            ),
+        ) {
+            let election = tenure::ElectionName::new("e").unwrap();
+            let _ = super::Body::parse("k", &raw);
+            let mut object: serde_json::Map<String, serde_json::Value> =
+                fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+            object.insert("tenure".into(), 1.into());
+            object.insert("tenure_work".into(), 1.into());
+            let bytes = serde_json::to_vec(&object).unwrap();
+            if let Ok(body) = super::Body::parse("k", &bytes) {
+                let _ = body.record(&election, None);
+                prop_assert_eq!(super::Body::parse("k", &body.encode()).ok(), Some(body));
+            }
+            if let Ok(w) = super::WorkBody::parse("k", &bytes) {
+                let _ = w.entry("k", "1".into());
+            }
+        }
+    }
+}

@@ -1514,3 +1514,26 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    //! Fuzz target for the store's URL parser: arbitrary input never panics, and a
+    //! refusal never prints the password.
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn urls_never_panic_and_refusals_hide_the_password(
+            scheme in prop_oneof![Just("etcd://"), Just("etcds://"), Just("etcd:/"), Just("")],
+            pw in "[a-z]{10}",
+            rest in "[ -~]{0,50}",
+            any in any::<String>(),
+        ) {
+            let url = format!("{scheme}u:{pw}@{rest}");
+            if let Err(e) = super::parse_url(&url) {
+                prop_assert!(!e.to_string().contains(&pw), "{}", e);
+            }
+            let _ = super::parse_url(&any);
+        }
+    }
+}

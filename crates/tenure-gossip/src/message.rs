@@ -173,3 +173,23 @@ mod tests {
         assert_eq!(digest("", ""), "af63bd4c8601b7df");
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    //! Fuzz target for the messages workers read off the broker: anything anyone publishes
+    //! never panics, and a message as written reads back as it was.
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn messages_never_panic(
+            raw in prop::collection::vec(any::<u8>(), 0..300),
+            text in "\\{\"v\":2,\"from\":\"[a-z]{0,5}\",\"incarnation\":[0-9]{0,21},\"clock\":[0-9]{0,21},\"type\":\"[a-z]{0,10}\"[ -~]{0,40}\\}",
+        ) {
+            let _ = super::Envelope::decode(&raw);
+            if let Some(env) = super::Envelope::decode(text.as_bytes()) {
+                prop_assert_eq!(super::Envelope::decode(&env.encode()), Some(env));
+            }
+        }
+    }
+}

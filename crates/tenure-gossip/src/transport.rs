@@ -403,3 +403,26 @@ mod tests {
         assert_eq!((t.port, t.user.as_str(), t.vhost.as_str()), (5672, "guest", "/"));
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    //! Fuzz target for the AMQP URL parser: arbitrary input never panics, and a refusal
+    //! never prints the password.
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn amqp_urls_never_panic_and_refusals_hide_the_password(
+            pw in "[a-z]{10}",
+            rest in "[ -~]{0,50}",
+            any in any::<String>(),
+        ) {
+            let url = format!("amqp://u:{pw}@{rest}");
+            if let Err(e) = super::AmqpTransport::new(&url, "g") {
+                prop_assert!(!e.to_string().contains(&pw), "{}", e);
+            }
+            let _ = super::AmqpTransport::new(&any, "g");
+            let _ = super::decode(&any);
+        }
+    }
+}

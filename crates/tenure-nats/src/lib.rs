@@ -779,3 +779,32 @@ mod tests {
         assert_eq!(decode(b"tenure1 h 1 2 0\n"), None);
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    //! Fuzz targets for the store's URL parser and the values it reads back: arbitrary
+    //! input never panics, and a refusal never prints the password.
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn urls_never_panic_and_refusals_hide_the_password(
+            scheme in prop_oneof![Just("nats://"), Just("tls://"), Just("nats:/"), Just("")],
+            pw in "[a-z]{10}",
+            rest in "[ -~]{0,50}",
+            any in any::<String>(),
+        ) {
+            let url = format!("{scheme}u:{pw}@{rest}");
+            if let Err(e) = super::parse_url(&url) {
+                prop_assert!(!e.to_string().contains(&pw), "{}", e);
+            }
+            let _ = super::parse_url(&any);
+        }
+
+        #[test]
+        fn values_never_panic(raw in prop::collection::vec(any::<u8>(), 0..300), text in "tenure1 [ -~]{0,60}\n[ -~]{0,10}") {
+            let _ = super::decode(&raw);
+            let _ = super::decode(text.as_bytes());
+        }
+    }
+}

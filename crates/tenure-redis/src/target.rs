@@ -262,3 +262,26 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    //! Fuzz target for the Sentinel URL parser: arbitrary input never panics, and a
+    //! refusal never prints a password.
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn sentinel_urls_never_panic_and_refusals_hide_the_passwords(
+            pw in "[a-z]{10}",
+            hosts in "[a-z0-9.:,]{0,30}",
+            rest in "[ -~]{0,40}",
+            any in any::<String>(),
+        ) {
+            let url = format!("redis+sentinel://u:{pw}@{hosts}{rest}&sentinel_password={pw}");
+            if let Err(e) = super::parse_sentinel_url(&url) {
+                prop_assert!(!e.to_string().contains(&pw), "{}", e);
+            }
+            let _ = super::parse_sentinel_url(&any);
+        }
+    }
+}

@@ -989,3 +989,54 @@ mod tests {
         assert!(node_name("jobs/nightly").starts_with(&node_name("jobs/")));
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    //! Fuzz targets for the store's URL parser and the nodes it reads back: arbitrary
+    //! input never panics, and a refusal never prints the password.
+    use proptest::prelude::*;
+
+    fn stat(czxid: i64, mzxid: i64, ctime: i64, mtime: i64) -> super::zk::Stat {
+        super::zk::Stat {
+            czxid,
+            mzxid,
+            pzxid: 0,
+            ctime,
+            mtime,
+            version: 0,
+            cversion: 0,
+            aversion: 0,
+            ephemeral_owner: 0,
+            data_length: 0,
+            num_children: 0,
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn urls_never_panic_and_refusals_hide_the_password(
+            scheme in prop_oneof![Just("zk://"), Just("zookeeper://"), Just("zk:/"), Just("")],
+            pw in "[a-z]{10}",
+            rest in "[ -~]{0,50}",
+            any in any::<String>(),
+        ) {
+            let url = format!("{scheme}u:{pw}@{rest}");
+            if let Err(e) = super::parse_url(&url) {
+                prop_assert!(!e.to_string().contains(&pw), "{}", e);
+            }
+            let _ = super::parse_url(&any);
+        }
+
+        #[test]
+        fn nodes_never_panic(
+            raw in prop::collection::vec(any::<u8>(), 0..300),
+            text in "tenure1\n[ -~]{0,20}\n[0-9]{0,22}\n[01]?\n[ -~]{0,10}",
+            times in (any::<i64>(), any::<i64>(), any::<i64>(), any::<i64>()),
+        ) {
+            let election = tenure::ElectionName::new("e").unwrap();
+            let s = stat(times.0, times.1, times.2, times.3);
+            let _ = super::decode(&election, &raw, &s);
+            let _ = super::decode(&election, text.as_bytes(), &s);
+        }
+    }
+}
