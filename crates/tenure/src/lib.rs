@@ -49,6 +49,8 @@ mod clock;
 mod config;
 mod elector;
 pub mod faults;
+#[cfg(test)]
+mod fuzz;
 pub mod ledger;
 mod memory;
 mod metrics;

@@ -6,10 +6,10 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
+use crate::ledger::{WorkEntry, WorkState};
+use crate::store::{Change, StoredValue};
+use crate::{ElectionName, FencingToken, HolderId, WorkKey};
 use proptest::prelude::*;
-use tenure::ledger::{WorkEntry, WorkState};
-use tenure::store::{Change, StoredValue};
-use tenure::{ElectionName, FencingToken, HolderId, WorkKey};
 
 /// Text that is mostly the characters names are made of, with anything now and then.
 fn name_like() -> impl Strategy<Value = String> {
@@ -39,7 +39,7 @@ proptest! {
                 prop_assert_eq!(h.instance_name(), Some(s.as_str()));
                 prop_assert!(h.as_str().len() <= 200);
             }
-            Err(e) => prop_assert!(HolderId::new(&s).is_err() || s.len() > tenure::INSTANCE_NAME_MAX, "{}", e),
+            Err(e) => prop_assert!(HolderId::new(&s).is_err() || s.len() > crate::INSTANCE_NAME_MAX, "{}", e),
         }
         if let Ok(k) = WorkKey::new(&s) {
             prop_assert!(!s.is_empty() && s.len() <= 200 && s != "." && s != "..");
@@ -120,12 +120,12 @@ proptest! {
         // that holds no password: nothing tells the two apart.
         prop_assume!(!(scheme.is_empty() && password.starts_with("//")));
         let url = format!("{scheme}{user}:{password}@{host}{tail}");
-        let shown = tenure::store::url::redact(&url);
+        let shown = crate::store::url::redact(&url);
         // A password of three characters or more must not survive: shorter ones may
         // occur in the rest of the URL by chance.
         if password.len() >= 3 && !format!("{scheme}{user}:@{host}{tail}***").contains(password.as_str()) {
             prop_assert!(!shown.contains(password.as_str()), "{} shown as {}", url, shown);
         }
-        let _ = tenure::store::url::take_params(&url, &["ca", "cert", "key"]);
+        let _ = crate::store::url::take_params(&url, &["ca", "cert", "key"]);
     }
 }
