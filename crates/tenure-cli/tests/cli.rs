@@ -548,6 +548,30 @@ fn tenure_run_on_postgres() {
 }
 
 #[test]
+fn a_postgres_password_can_come_from_pgpassword_or_a_pgpass_file_instead_of_the_url() {
+    use std::os::unix::fs::PermissionsExt;
+    let secret = "pg-secret-7f3a";
+    let Some(server) = tenure_testkit::servers::launch_with(tenure_testkit::servers::Kind::Postgres, Some(secret))
+    else {
+        return;
+    };
+    let env = Env::with_store(format!("postgres://postgres@127.0.0.1:{}/postgres", server.port()));
+    let status = |cmd: &mut Command| cmd.args(["status", "jobs/pg", "--json"]).output().unwrap();
+    let out = status(&mut env.cmd());
+    assert_ne!(out.status.code(), Some(0), "no password, yet: {}", String::from_utf8_lossy(&out.stdout));
+    let out = status(env.cmd().env("PGPASSWORD", secret));
+    assert_eq!(out.status.code(), Some(0), "PGPASSWORD: {}", String::from_utf8_lossy(&out.stderr));
+    let file = env.dir.path().join("pgpass");
+    std::fs::write(&file, format!("127.0.0.1:{}:*:postgres:{secret}\n", server.port())).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let out = status(env.cmd().env("PGPASSFILE", &file));
+    assert_eq!(out.status.code(), Some(0), "PGPASSFILE: {}", String::from_utf8_lossy(&out.stderr));
+    for out in [status(&mut env.cmd()), status(env.cmd().env("PGPASSWORD", "wrong"))] {
+        assert!(!String::from_utf8_lossy(&out.stderr).contains(secret));
+    }
+}
+
+#[test]
 fn tenure_run_on_redis() {
     let Some(server) = tenure_testkit::servers::launch(tenure_testkit::servers::Kind::Redis) else { return };
     crash_takeover_on(server.url());
