@@ -229,6 +229,55 @@ pub(crate) fn classify(url: &str) -> Result<(&'static StoreKind, &str)> {
     Ok((kind, rest))
 }
 
+/// The first host `url` names that is not this machine, if the store is reached without
+/// TLS that verifies the server (or, for ZooKeeper, which this build cannot reach over
+/// TLS, at all): whoever can watch or change that traffic can read the credentials and
+/// choose the leader.
+pub(crate) fn plaintext_remote(url: &str) -> Option<String> {
+    let (kind, rest) = classify(url).ok()?;
+    let scheme = url.split_once(':').map(|(s, _)| s)?;
+    let query = rest.split_once('?').map(|(_, q)| q).unwrap_or_default();
+    let param = |name: &str| {
+        query.split('&').filter_map(|p| p.split_once('=')).find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v)
+    };
+    let verified = match kind.family {
+        Family::Sqlite => return None,
+        Family::Postgres => matches!(param("sslmode"), Some("verify-ca" | "verify-full")),
+        Family::Mysql => param("ssl-mode")
+            .is_some_and(|m| m.eq_ignore_ascii_case("verify_ca") || m.eq_ignore_ascii_case("verify_identity")),
+        Family::Redis => scheme == "rediss" || param("tls").is_some_and(|v| v != "no" && v != "false"),
+        Family::Etcd => scheme == "etcds",
+        Family::Nats => param("ca").is_some(),
+        Family::ZooKeeper => false,
+        // HTTPS to the cloud service unless an endpoint says otherwise.
+        Family::AzureBlob | Family::S3 | Family::DynamoDb | Family::Gcs => {
+            return param("endpoint").filter(|e| e.starts_with("http://")).and_then(|e| {
+                let host = e.trim_start_matches("http://").split(['/', '?']).next().unwrap_or_default();
+                (!loopback(host)).then(|| host.to_string())
+            });
+        }
+    };
+    if verified {
+        return None;
+    }
+    let authority = rest.trim_start_matches("//").split(['/', '?']).next().unwrap_or_default();
+    let hosts = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    hosts.split(',').find(|h| !loopback(h)).map(str::to_string)
+}
+
+/// Whether `host` (with or without its port) is this machine: `localhost`, 127.0.0.0/8
+/// or `::1`.
+fn loopback(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => host
+            .rsplit_once(':')
+            .filter(|(h, p)| !h.contains(':') && p.chars().all(|c| c.is_ascii_digit()))
+            .map_or(host, |(h, _)| h),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
 /// Opens the store `url` names, or the default SQLite database when `url` is `None`.
 pub async fn open(url: Option<&str>) -> Result<Arc<dyn LeaseStore>> {
     let url = url.map(str::trim).filter(|u| !u.is_empty());
@@ -262,6 +311,12 @@ pub async fn open(url: Option<&str>) -> Result<Arc<dyn LeaseStore>> {
         }
         Some(url) => {
             let (kind, rest) = classify(url)?;
+            if let Some(host) = plaintext_remote(url) {
+                tracing::warn!(
+                    "the store at {host} is reached without TLS that verifies the server: whoever can watch or \
+                     change that traffic can read its credentials and choose the leader (see docs/security.md)"
+                );
+            }
             match kind.family {
                 Family::Sqlite => PathBuf::from(rest.strip_prefix("//").unwrap_or(rest)),
                 Family::Postgres => connect!("postgres", kind, tenure_postgres::PostgresStore, url),
@@ -335,6 +390,33 @@ mod tests {
             let err = format!("{:#}", open(Some(url)).await.err().expect(url));
             assert!(err.contains("does not start with") && err.contains("://HOST"), "{url}: {err}");
             assert!(!err.contains("S3CRET"), "{url}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_remote_store_without_verified_tls_is_named_and_a_local_or_verified_one_is_not() {
+        for (url, warned) in [
+            ("sqlite:/tmp/x.db", None),
+            ("postgres://u:p@127.0.0.1:5432/db", None),
+            ("postgres://u:p@localhost/db", None),
+            ("postgres://u:p@db.example:5432/db", Some("db.example:5432")),
+            ("postgres://u:p@db.example/db?sslmode=require", Some("db.example")),
+            ("postgres://u:p@db.example/db?sslmode=verify-full", None),
+            ("mysql://u:p@10.0.0.5/db?ssl-mode=VERIFY_IDENTITY", None),
+            ("mysql://u:p@10.0.0.5/db", Some("10.0.0.5")),
+            ("redis://:p@[::1]:6379/0", None),
+            ("redis://:p@cache.example:6379/0", Some("cache.example:6379")),
+            ("rediss://:p@cache.example:6379/0", None),
+            ("etcd://127.0.0.1:2379,10.0.0.2:2379", Some("10.0.0.2:2379")),
+            ("etcds://10.0.0.2:2379", None),
+            ("nats://10.0.0.3:4222", Some("10.0.0.3:4222")),
+            ("nats://10.0.0.3:4222?ca=/etc/ca.pem", None),
+            ("zk://u:p@zk.example:2181", Some("zk.example:2181")),
+            ("s3://bucket", None),
+            ("s3://bucket?endpoint=http://127.0.0.1:9000", None),
+            ("s3://bucket?endpoint=http://minio.example:9000", Some("minio.example:9000")),
+        ] {
+            assert_eq!(plaintext_remote(url).as_deref(), warned, "{url}");
         }
     }
 
