@@ -291,7 +291,12 @@ struct Params {
     /// How many replicas must acknowledge a grant or renewal (`min_replicas=N`); `None`:
     /// the default for the URL's kind.
     min_replicas: Option<u64>,
+    /// `ca=`, `cert=`, `key=`: files for TLS (`rediss://`).
+    tls: target::TlsFiles,
 }
+
+/// The parameters a `redis://` or `rediss://` URL may carry: ours, then the client's.
+const KNOWN_PARAMS: &str = "prefix, restart_guard, min_replicas, ca, cert, key, protocol";
 
 /// A duration written as whole `ms`, `s` or `m`, in milliseconds.
 fn parse_ms(v: &str) -> Option<u64> {
@@ -305,9 +310,39 @@ fn parse_ms(v: &str) -> Option<u64> {
     })
 }
 
-/// Splits our own parameters (`prefix`, `restart_guard`) off the URL and checks them.
+/// Splits our own parameters (`prefix`, `restart_guard`, `min_replicas`, `ca`, `cert`,
+/// `key`) off the URL and checks them; on one server, any other but the client's
+/// `protocol` is refused rather than ignored.
 fn split_params(url: &str) -> Result<Params, StoreError> {
-    let (url, ours) = tenure::store::url::take_params(url, &["prefix", "restart_guard", "min_replicas"]);
+    let (url, ours) =
+        tenure::store::url::take_params(url, &["prefix", "restart_guard", "min_replicas", "ca", "cert", "key"]);
+    let tls = target::TlsFiles { ca: ours[3].clone(), cert: ours[4].clone(), key: ours[5].clone() };
+    if !url.starts_with("redis+sentinel://") {
+        let query = url.split_once('?').map(|(_, q)| q).unwrap_or_default();
+        if let Some(k) = query
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .map(|p| p.split_once('=').map_or(p, |(k, _)| k))
+            .find(|k| *k != "protocol")
+        {
+            return Err(StoreError::invalid(format!(
+                "unknown parameter {k:?} in the Redis URL (known: {KNOWN_PARAMS})"
+            )));
+        }
+    } else if tls.any() {
+        return Err(StoreError::invalid("ca=, cert= and key= are not supported behind Sentinel yet"));
+    }
+    if url.contains("#insecure") {
+        return Err(StoreError::invalid(
+            "rediss://…#insecure (TLS that does not verify the server) is refused: give the server's CA with ca=PATH",
+        ));
+    }
+    if tls.any() && !url.starts_with("rediss://") {
+        return Err(StoreError::invalid("ca=, cert= and key= are TLS settings: write rediss:// to use TLS"));
+    }
+    if tls.cert.is_some() != tls.key.is_some() {
+        return Err(StoreError::invalid("cert= and key= go together: a client certificate needs its key"));
+    }
     let min_replicas =
         match ours[2].as_deref() {
             None => None,
@@ -334,7 +369,7 @@ fn split_params(url: &str) -> Result<Params, StoreError> {
             "key prefix {prefix:?} is not allowed: use letters, digits and . _ - : /"
         )));
     }
-    Ok(Params { url, prefix, guard, min_replicas })
+    Ok(Params { url, prefix, guard, min_replicas, tls })
 }
 
 impl RedisStore {
@@ -345,8 +380,8 @@ impl RedisStore {
     /// is made on first use and remade after failures (behind Sentinel, to the primary of
     /// the moment), so a server that is down now is not an error yet.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let Params { url, prefix, guard, min_replicas } = split_params(url)?;
-        let (target, described) = Target::new(&url)?;
+        let Params { url, prefix, guard, min_replicas, tls } = split_params(url)?;
+        let (target, described) = Target::new(&url, &tls)?;
         // Behind Sentinel a grant must reach a replica by default: a primary cut off from
         // its replicas (demoted, or restarted empty before the sentinels demote it) cannot
         // then grant or renew next to the one they promoted.

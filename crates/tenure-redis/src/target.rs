@@ -100,9 +100,50 @@ fn connection_config() -> redis::aio::ConnectionManagerConfig {
     redis::aio::ConnectionManagerConfig::new().set_connection_timeout(Some(CONNECT_TIMEOUT)).set_number_of_retries(1)
 }
 
+/// The files of `ca=`, `cert=` and `key=` (PEM), for a server reached over TLS.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct TlsFiles {
+    /// The certificate authority the server's certificate must chain to (else the
+    /// system's roots).
+    pub ca: Option<String>,
+    /// A client certificate, for a server that asks for one.
+    pub cert: Option<String>,
+    /// The client certificate's key.
+    pub key: Option<String>,
+}
+
+impl TlsFiles {
+    /// Whether any is given.
+    pub fn any(&self) -> bool {
+        self.ca.is_some() || self.cert.is_some() || self.key.is_some()
+    }
+
+    /// The files' contents, as the client takes them.
+    fn read(&self) -> Result<redis::TlsCertificates, StoreError> {
+        let read = |what: &str, path: &str| {
+            std::fs::read(path).map_err(|e| {
+                StoreError::new(ErrorKind::Misconfigured, format!("cannot read the {what} file {path}")).with_source(e)
+            })
+        };
+        let root_cert = self.ca.as_deref().map(|p| read("CA certificate (ca=)", p)).transpose()?;
+        let client_tls = match (&self.cert, &self.key) {
+            (Some(c), Some(k)) => Some(redis::ClientTlsConfig {
+                client_cert: read("client certificate (cert=)", c)?,
+                client_key: read("client key (key=)", k)?,
+            }),
+            _ => None,
+        };
+        Ok(redis::TlsCertificates { client_tls, root_cert })
+    }
+}
+
 impl Target {
-    /// A target for what `url` names: sentinels for `redis+sentinel://`, else one server.
-    pub(crate) fn new(url: &str) -> Result<(Self, String), StoreError> {
+    /// A target for what `url` names: sentinels for `redis+sentinel://`, else one server
+    /// (over TLS with `tls`'s files, if any).
+    pub(crate) fn new(url: &str, tls: &TlsFiles) -> Result<(Self, String), StoreError> {
+        // rustls needs a process-wide crypto provider; one installed already (by the
+        // program, or another store) stays.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         if url.starts_with("redis+sentinel://") {
             let u = parse_sentinel_url(url)?;
             let addrs = u.sentinels.iter().map(|(h, p)| redis::ConnectionAddr::Tcp(h.clone(), *p));
@@ -128,7 +169,7 @@ impl Target {
             });
             return Ok((target, described));
         }
-        let client = redis::Client::open(url)
+        let client = if tls.any() { redis::Client::build_with_tls(url, tls.read()?) } else { redis::Client::open(url) }
             .map_err(|e| StoreError::new(ErrorKind::Misconfigured, "the Redis URL is not valid").with_source(e))?;
         let described = format!("redis://{}", client.get_connection_info().addr());
         Ok((Target::Direct { client, conn: std::sync::Mutex::new((0, None)) }, described))

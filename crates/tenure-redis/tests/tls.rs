@@ -1,0 +1,182 @@
+//! `rediss://` with a private certificate authority: the server is verified against
+//! `ca=` (a server signed by another CA is refused), a server that asks for a client
+//! certificate gets `cert=` and `key=`, and TLS settings that would be ignored or would
+//! not verify are refused before any connection.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use tenure::store::{Acquire, AcquireRequest};
+use tenure::{ElectionName, HolderId, LeaseStore};
+use tenure_redis::RedisStore;
+use tenure_testkit::servers::{self, Kind};
+
+/// Runs openssl with `args` in `dir`.
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl").current_dir(dir).args(args).output().expect("openssl runs");
+    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A certificate `NAME.pem` with key `NAME.key` for `san`, signed by the CA `by`.
+fn issue(dir: &Path, name: &str, by: &str, san: &str) {
+    let ext = dir.join(format!("{name}.ext"));
+    std::fs::write(&ext, format!("subjectAltName={san}\n")).unwrap();
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.csr"),
+            "-subj",
+            &format!("/CN={name}"),
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &format!("{name}.csr"),
+            "-CA",
+            &format!("{by}.pem"),
+            "-CAkey",
+            &format!("{by}.key"),
+            "-CAcreateserial",
+            "-out",
+            &format!("{name}.pem"),
+            "-days",
+            "2",
+            "-extfile",
+            &format!("{name}.ext"),
+        ],
+    );
+}
+
+/// A Redis server with a TLS port beside its plain one; returns it and the TLS port.
+fn tls_server(dir: &Path, auth_clients: bool) -> Option<(servers::Server, u16)> {
+    let port = servers::free_port().to_string();
+    let file = |n: &str| dir.join(n).display().to_string();
+    let (cert, key, ca) = (file("server.pem"), file("server.key"), file("ca.pem"));
+    let auth = if auth_clients { "yes" } else { "no" };
+    let extra = [
+        "--tls-port",
+        &port,
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+        "--tls-ca-cert-file",
+        &ca,
+        "--tls-auth-clients",
+        auth,
+    ];
+    let server = servers::launch_configured(Kind::Redis, None, &extra)?;
+    Some((server, port.parse().unwrap()))
+}
+
+async fn acquire(url: &str) -> Result<Acquire, String> {
+    let store = RedisStore::connect(url).await.map_err(|e| format!("connect: {e}"))?;
+    let req = AcquireRequest {
+        election: ElectionName::new("tls/e").unwrap(),
+        holder: HolderId::generate(),
+        ttl: Duration::from_secs(5),
+        metadata: Vec::new(),
+    };
+    tokio::time::timeout(Duration::from_secs(10), store.try_acquire(&req))
+        .await
+        .map_err(|_| "timed out".to_string())?
+        .map_err(|e| format!("{e:#}"))
+}
+
+struct Certs {
+    dir: tempfile::TempDir,
+}
+
+impl Certs {
+    fn make() -> Option<Self> {
+        if servers::find_program("openssl").is_none() {
+            servers::skip("openssl is not installed; install the Debian package openssl");
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["ca", "other-ca"] {
+            openssl(
+                dir.path(),
+                &[
+                    "req",
+                    "-x509",
+                    "-newkey",
+                    "ec",
+                    "-pkeyopt",
+                    "ec_paramgen_curve:P-256",
+                    "-nodes",
+                    "-keyout",
+                    &format!("{name}.key"),
+                    "-out",
+                    &format!("{name}.pem"),
+                    "-days",
+                    "2",
+                    "-subj",
+                    &format!("/CN=tenure test {name}"),
+                ],
+            );
+        }
+        issue(dir.path(), "server", "ca", "IP:127.0.0.1");
+        issue(dir.path(), "client", "ca", "DNS:client");
+        issue(dir.path(), "stranger", "other-ca", "DNS:client");
+        Some(Self { dir })
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_verifies_the_server_against_the_ca_given_and_sends_a_client_certificate() {
+    let Some(certs) = Certs::make() else { return };
+    let p = |n: &str| certs.path(n).display().to_string();
+    let Some((_server, port)) = tls_server(certs.dir.path(), false) else { return };
+    let base = format!("rediss://127.0.0.1:{port}/0");
+    let ok = acquire(&format!("{base}?ca={}&restart_guard=off", p("ca.pem"))).await;
+    assert!(matches!(ok, Ok(Acquire::Acquired(_))), "{ok:?}");
+    // The system's roots do not know the private CA; another CA is not the server's.
+    let no_ca = acquire(&format!("{base}?restart_guard=off")).await;
+    assert!(no_ca.is_err(), "a server signed by a CA the system does not trust was believed: {no_ca:?}");
+    let other = acquire(&format!("{base}?ca={}&restart_guard=off", p("other-ca.pem"))).await;
+    assert!(other.is_err(), "a server signed by another CA than ca= was believed: {other:?}");
+
+    // A server that asks for a client certificate.
+    let Some((_server, port)) = tls_server(certs.dir.path(), true) else { return };
+    let base = format!("rediss://127.0.0.1:{port}/0?ca={}&restart_guard=off", p("ca.pem"));
+    let without = acquire(&base).await;
+    assert!(without.is_err(), "a server that asks for a client certificate let one without in: {without:?}");
+    let stranger = acquire(&format!("{base}&cert={}&key={}", p("stranger.pem"), p("stranger.key"))).await;
+    assert!(stranger.is_err(), "a client certificate of another CA was let in: {stranger:?}");
+    let with = acquire(&format!("{base}&cert={}&key={}", p("client.pem"), p("client.key"))).await;
+    assert!(matches!(with, Ok(Acquire::Acquired(_))), "{with:?}");
+}
+
+#[tokio::test]
+async fn tls_settings_that_would_be_ignored_or_not_verify_are_refused() {
+    for (url, says) in [
+        ("redis://127.0.0.1:1/0?ca=/tmp/ca.pem", "write rediss://"),
+        ("rediss://127.0.0.1:1/0?cas=/tmp/ca.pem", "unknown parameter \"cas\""),
+        ("redis://127.0.0.1:1/0?sslmode=require", "unknown parameter \"sslmode\""),
+        ("rediss://127.0.0.1:1/0#insecure", "is refused"),
+        ("rediss://127.0.0.1:1/0?cert=/tmp/c.pem", "go together"),
+        ("rediss://127.0.0.1:1/0?ca=/nonexistent/ca.pem", "cannot read the CA certificate"),
+        ("redis+sentinel://127.0.0.1:1/m?ca=/tmp/ca.pem", "not supported behind Sentinel"),
+    ] {
+        let err = RedisStore::connect(url).await.err().unwrap_or_else(|| panic!("{url} was taken"));
+        assert!(format!("{err:#}").contains(says), "{url}: {err:#}");
+    }
+}
