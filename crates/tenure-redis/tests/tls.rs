@@ -3,63 +3,14 @@
 //! certificate gets `cert=` and `key=`, and TLS settings that would be ignored or would
 //! not verify are refused before any connection.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
 
 use tenure::store::{Acquire, AcquireRequest};
 use tenure::{ElectionName, HolderId, LeaseStore};
 use tenure_redis::RedisStore;
+use tenure_testkit::certs::Certs;
 use tenure_testkit::servers::{self, Kind};
-
-/// Runs openssl with `args` in `dir`.
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl").current_dir(dir).args(args).output().expect("openssl runs");
-    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-}
-
-/// A certificate `NAME.pem` with key `NAME.key` for `san`, signed by the CA `by`.
-fn issue(dir: &Path, name: &str, by: &str, san: &str) {
-    let ext = dir.join(format!("{name}.ext"));
-    std::fs::write(&ext, format!("subjectAltName={san}\n")).unwrap();
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            &format!("{name}.key"),
-            "-out",
-            &format!("{name}.csr"),
-            "-subj",
-            &format!("/CN={name}"),
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &format!("{name}.csr"),
-            "-CA",
-            &format!("{by}.pem"),
-            "-CAkey",
-            &format!("{by}.key"),
-            "-CAcreateserial",
-            "-out",
-            &format!("{name}.pem"),
-            "-days",
-            "2",
-            "-extfile",
-            &format!("{name}.ext"),
-        ],
-    );
-}
 
 /// A Redis server with a TLS port beside its plain one; returns it and the TLS port.
 fn tls_server(dir: &Path, auth_clients: bool) -> Option<(servers::Server, u16)> {
@@ -97,54 +48,11 @@ async fn acquire(url: &str) -> Result<Acquire, String> {
         .map_err(|e| format!("{e:#}"))
 }
 
-struct Certs {
-    dir: tempfile::TempDir,
-}
-
-impl Certs {
-    fn make() -> Option<Self> {
-        if servers::find_program("openssl").is_none() {
-            servers::skip("openssl is not installed; install the Debian package openssl");
-            return None;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        for name in ["ca", "other-ca"] {
-            openssl(
-                dir.path(),
-                &[
-                    "req",
-                    "-x509",
-                    "-newkey",
-                    "ec",
-                    "-pkeyopt",
-                    "ec_paramgen_curve:P-256",
-                    "-nodes",
-                    "-keyout",
-                    &format!("{name}.key"),
-                    "-out",
-                    &format!("{name}.pem"),
-                    "-days",
-                    "2",
-                    "-subj",
-                    &format!("/CN=tenure test {name}"),
-                ],
-            );
-        }
-        issue(dir.path(), "server", "ca", "IP:127.0.0.1");
-        issue(dir.path(), "client", "ca", "DNS:client");
-        issue(dir.path(), "stranger", "other-ca", "DNS:client");
-        Some(Self { dir })
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rediss_verifies_the_server_against_the_ca_given_and_sends_a_client_certificate() {
     let Some(certs) = Certs::make() else { return };
-    let p = |n: &str| certs.path(n).display().to_string();
-    let Some((_server, port)) = tls_server(certs.dir.path(), false) else { return };
+    let p = |n: &str| certs.path(n);
+    let Some((_server, port)) = tls_server(certs.dir(), false) else { return };
     let base = format!("rediss://127.0.0.1:{port}/0");
     let ok = acquire(&format!("{base}?ca={}&restart_guard=off", p("ca.pem"))).await;
     assert!(matches!(ok, Ok(Acquire::Acquired(_))), "{ok:?}");
@@ -155,7 +63,7 @@ async fn rediss_verifies_the_server_against_the_ca_given_and_sends_a_client_cert
     assert!(other.is_err(), "a server signed by another CA than ca= was believed: {other:?}");
 
     // A server that asks for a client certificate.
-    let Some((_server, port)) = tls_server(certs.dir.path(), true) else { return };
+    let Some((_server, port)) = tls_server(certs.dir(), true) else { return };
     let base = format!("rediss://127.0.0.1:{port}/0?ca={}&restart_guard=off", p("ca.pem"));
     let without = acquire(&base).await;
     assert!(without.is_err(), "a server that asks for a client certificate let one without in: {without:?}");

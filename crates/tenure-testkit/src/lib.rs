@@ -7,7 +7,9 @@
 //! - [`servers`]: throwaway PostgreSQL, MariaDB, Redis, NATS and etcd servers.
 //! - [`scenario`]: the multi-candidate scenario every server store runs.
 //! - [`proxy`]: a TCP proxy that cuts, black-holes or delays traffic.
+//! - [`certs`]: a private certificate authority for TLS tests.
 
+pub mod certs;
 pub mod conformance;
 pub use tenure::faults;
 pub mod history;
