@@ -211,15 +211,17 @@ struct Parsed {
     user: Option<(String, String)>,
     tls: bool,
     ca: Option<String>,
+    /// A client certificate and its key (`cert=`, `key=`).
+    identity: Option<(String, String)>,
     prefix: String,
 }
 
 fn parse_url(url: &str) -> Result<Parsed, StoreError> {
-    let (url, ours) = tenure::store::url::take_params(url, &["prefix", "ca"]);
+    let (url, ours) = tenure::store::url::take_params(url, &["prefix", "ca", "cert", "key"]);
     let bad = |why: &str| {
         StoreError::invalid(format!(
             "etcd store URL: {why}; write etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][?prefix=NAME] \
-             (etcds:// for TLS, with ca=PATH for a private CA)"
+             (etcds:// for TLS, with ca=PATH for a private CA, cert=PATH&key=PATH for a client certificate)"
         ))
     };
     let (tls, rest) = if let Some(r) = url.strip_prefix("etcds://") {
@@ -230,7 +232,7 @@ fn parse_url(url: &str) -> Result<Parsed, StoreError> {
         return Err(bad("the scheme must be etcd:// or etcds://"));
     };
     if rest.contains('?') {
-        return Err(bad("unknown parameter (known: prefix, ca)"));
+        return Err(bad("unknown parameter (known: prefix, ca, cert, key)"));
     }
     let authority = rest.trim_end_matches('/');
     if authority.contains('/') {
@@ -261,10 +263,15 @@ fn parse_url(url: &str) -> Result<Parsed, StoreError> {
             "key prefix {prefix:?} is not allowed: use letters, digits and . _ - /"
         )));
     }
-    if ours[1].is_some() && !tls {
-        return Err(bad("ca= needs etcds://"));
+    if (ours[1].is_some() || ours[2].is_some() || ours[3].is_some()) && !tls {
+        return Err(bad("ca=, cert= and key= need etcds://"));
     }
-    Ok(Parsed { endpoints, user, tls, ca: ours[1].clone(), prefix })
+    let identity = match (ours[2].clone(), ours[3].clone()) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (None, None) => None,
+        _ => return Err(bad("cert= and key= go together")),
+    };
+    Ok(Parsed { endpoints, user, tls, ca: ours[1].clone(), identity, prefix })
 }
 
 fn now_ms() -> u64 {
@@ -351,14 +358,19 @@ async fn timed<T>(what: &str, f: impl std::future::Future<Output = Result<T, rpc
 impl EtcdStore {
     /// A store on the cluster `url` names:
     /// `etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][?prefix=NAME]`, or `etcds://…` for TLS
-    /// (the system's roots, or `ca=PATH` to a PEM file). The connection is made on first
+    /// (the system's roots, or `ca=PATH` to a PEM file; `cert=PATH&key=PATH` for a client
+    /// certificate). The connection is made on first
     /// use and remade after failures, so a cluster that is down now is not an error yet.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let p = parse_url(url)?;
-        let ca_pem = match &p.ca {
-            Some(path) => Some(std::fs::read(path).map_err(|e| {
-                StoreError::new(ErrorKind::Misconfigured, format!("cannot read the CA file {path}")).with_source(e)
-            })?),
+        let read = |what: &str, path: &str| {
+            std::fs::read(path).map_err(|e| {
+                StoreError::new(ErrorKind::Misconfigured, format!("cannot read the {what} file {path}")).with_source(e)
+            })
+        };
+        let ca_pem = p.ca.as_deref().map(|path| read("CA", path)).transpose()?;
+        let identity = match &p.identity {
+            Some((c, k)) => Some((read("client certificate", c)?, read("client key", k)?)),
             None => None,
         };
         let hosts: Vec<&str> = p.endpoints.iter().map(|e| e.split_once("://").map_or(e.as_str(), |x| x.1)).collect();
@@ -369,6 +381,7 @@ impl EtcdStore {
                     endpoints: p.endpoints,
                     user: p.user,
                     ca_pem,
+                    identity,
                     connect_timeout: REQUEST_TIMEOUT,
                     keep_alive: (Duration::from_secs(2), Duration::from_secs(2)),
                 },

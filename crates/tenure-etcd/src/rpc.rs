@@ -280,6 +280,8 @@ pub struct Options {
     pub user: Option<(String, String)>,
     /// PEM of a private CA; with `https` endpoints, the system's roots otherwise.
     pub ca_pem: Option<Vec<u8>>,
+    /// PEM of a client certificate and its key, for members that ask for one.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
     /// How long making a connection may take.
     pub connect_timeout: Duration,
     /// HTTP/2 keep-alive pings: the interval and how long to wait for the answer.
@@ -320,9 +322,14 @@ impl Client {
                 .keep_alive_timeout(opts.keep_alive.1)
                 .keep_alive_while_idle(true);
             if e.starts_with("https://") {
-                let mut tls = tonic::transport::ClientTlsConfig::new().with_native_roots();
-                if let Some(pem) = &opts.ca_pem {
-                    tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(pem));
+                // A private CA replaces the system's roots: a member must chain to it.
+                let mut tls = match &opts.ca_pem {
+                    Some(pem) => tonic::transport::ClientTlsConfig::new()
+                        .ca_certificate(tonic::transport::Certificate::from_pem(pem)),
+                    None => tonic::transport::ClientTlsConfig::new().with_native_roots(),
+                };
+                if let Some((cert, key)) = &opts.identity {
+                    tls = tls.identity(tonic::transport::Identity::from_pem(cert, key));
                 }
                 ep = ep.tls_config(tls).map_err(|err| Error::Config(format!("TLS for {e}: {err}")))?;
             }
