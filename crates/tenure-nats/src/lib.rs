@@ -73,6 +73,8 @@ struct Parsed {
     servers: Vec<String>,
     auth: Auth,
     ca: Option<String>,
+    /// A client certificate and its key (`cert=`, `key=`).
+    identity: Option<(String, String)>,
     bucket: String,
 }
 
@@ -84,15 +86,16 @@ enum Auth {
 }
 
 fn parse_url(url: &str) -> Result<Parsed, StoreError> {
-    let (url, ours) = tenure::store::url::take_params(url, &["ca"]);
+    let (url, ours) = tenure::store::url::take_params(url, &["ca", "cert", "key"]);
     let bad = |why: &str| {
         StoreError::invalid(format!(
-            "NATS store URL: {why}; write nats://[USER:PASSWORD@|TOKEN@]HOST:PORT[,HOST:PORT…][/BUCKET][?ca=PATH]"
+            "NATS store URL: {why}; write nats://[USER:PASSWORD@|TOKEN@]HOST:PORT[,HOST:PORT…][/BUCKET]\
+             [?ca=PATH[&cert=PATH&key=PATH]]"
         ))
     };
     let rest = url.strip_prefix("nats://").ok_or_else(|| bad("the scheme must be nats://"))?;
     if rest.contains('?') {
-        return Err(bad("unknown parameter (known: ca)"));
+        return Err(bad("unknown parameter (known: ca, cert, key)"));
     }
     let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
     let bucket = match path.trim_end_matches('/') {
@@ -117,7 +120,12 @@ fn parse_url(url: &str) -> Result<Parsed, StoreError> {
         }
         servers.push(format!("nats://{h}"));
     }
-    Ok(Parsed { servers, auth, ca: ours[0].clone(), bucket })
+    let identity = match (ours[1].clone(), ours[2].clone()) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (None, None) => None,
+        _ => return Err(bad("cert= and key= go together")),
+    };
+    Ok(Parsed { servers, auth, ca: ours[0].clone(), identity, bucket })
 }
 
 /// Election names may hold `.`, which separates subject tokens in NATS; keys spell it
@@ -242,8 +250,12 @@ impl NatsStore {
                     Auth::Token(t) => o.token(t.clone()),
                     Auth::User(n, p) => o.user_and_password(n.clone(), p.clone()),
                 };
+                // TLS with a private CA (only it is trusted then), and a client certificate.
                 if let Some(ca) = &u.ca {
                     o = o.require_tls(true).add_root_certificates(ca.into());
+                }
+                if let Some((cert, key)) = &u.identity {
+                    o = o.require_tls(true).add_client_certificate(cert.into(), key.into());
                 }
                 let addrs: Vec<async_nats::ServerAddr> = u.servers.iter().filter_map(|s| s.parse().ok()).collect();
                 match tokio::time::timeout(REQUEST_TIMEOUT * 2, o.connect(addrs)).await {
