@@ -33,6 +33,7 @@ pub fn install_recorder() -> Result<PrometheusHandle> {
         .context("cannot set the histogram buckets")?
         .install_recorder()
         .context("cannot install the metrics recorder")
+        .inspect(|_| tenure::metrics::describe())
 }
 
 /// Listens on `addr` (only there) and serves the endpoints for `elector` in the

@@ -38,7 +38,7 @@ fn candidate(dir: &Path, id: &str, port: u16) -> Proc {
         .env("TENURE_STORE", format!("sqlite:{}", dir.join("s.db").display()))
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
-        .args(["run", "jobs/operated", "--id", id, "--ttl", "2s", "--grace", "300ms"])
+        .args(["run", "jobs/operated", "--id", id, "--ttl", "2s", "--grace", "300ms", "--announce"])
         .args(["--http", &format!("127.0.0.1:{port}"), "--", "sleep", "600"])
         .spawn()
         .unwrap();
@@ -123,6 +123,9 @@ fn prometheus_sees_one_leader_and_is_leader_follows_a_crash() {
     assert!(metrics.contains(r#"tenure_is_leader{election="jobs/operated"} 1"#), "{metrics}");
     let (_, metrics) = get(ports[1], "/metrics", Duration::from_secs(2)).unwrap();
     assert!(metrics.contains(r#"tenure_is_leader{election="jobs/operated"} 0"#), "{metrics}");
+    // Each announces itself through an election of tenure's own: none of it is reported.
+    assert!(!metrics.contains(".tenure/"), "tenure's own elections reach the metrics: {metrics}");
+    assert!(metrics.contains("# HELP tenure_is_leader "), "{metrics}");
 
     // A real Prometheus scrapes both and sees exactly one leader.
     let Some((_prom, prom)) = prometheus(dir.path(), &ports) else { return };
@@ -130,6 +133,8 @@ fn prometheus_sees_one_leader_and_is_leader_follows_a_crash() {
     wait_for("one leader", Duration::from_secs(30), || {
         query(prom, r#"sum(tenure_is_leader{election="jobs/operated"})"#) == Some(1.0)
     });
+    // The query the docs give for "who leads" finds that one, and nothing else.
+    assert_eq!(query(prom, "count(tenure_is_leader == 1)"), Some(1.0));
 
     // The leader dies: the survivor's /is-leader turns 200 within about a TTL.
     a.kill().unwrap();

@@ -53,7 +53,7 @@ pub mod faults;
 mod fuzz;
 pub mod ledger;
 mod memory;
-mod metrics;
+pub mod metrics;
 mod name;
 mod observe;
 mod once;
