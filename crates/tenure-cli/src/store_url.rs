@@ -307,6 +307,12 @@ pub async fn open(url: Option<&str>) -> Result<Arc<dyn LeaseStore>> {
                     );
                 }
             }
+            // Forgetting TENURE_STORE on one host makes it elect itself: say so.
+            tracing::info!(
+                "store: host-local SQLite ({}): replicas on other hosts do not see these elections; give every \
+                 replica the same --store (or TENURE_STORE) to elect across hosts",
+                path.display()
+            );
             path
         }
         Some(url) => {
