@@ -237,9 +237,7 @@ impl Campaign {
             None => None,
         };
         let elector = self.elector(store.clone())?;
-        if self.id.is_some() {
-            tokio::spawn(name_clashes(elector.events(), elector.holder().clone()));
-        }
+        tokio::spawn(report_leaders(elector.events(), elector.holder().clone()));
         if let (Some(addr), Some(metrics)) = (self.http, metrics) {
             crate::http::serve(addr, metrics, elector.clone(), store).await?;
         }
@@ -388,24 +386,28 @@ fn can_start(l: &Leadership, grace: Duration) -> bool {
     l.remaining() > grace + KILL_MARGIN + MIN_RUN
 }
 
-/// Logs an error each time a leader turns up that was given this candidate's `--id` in
-/// another process (`me` is this one's instance of it): a second process with the same
-/// id, or an earlier one that has not released. Each has an id of its own, so this one
-/// only waits, as a follower, until that lease ends.
-async fn name_clashes(mut events: tokio::sync::broadcast::Receiver<tenure::Event>, me: tenure::HolderId) {
+/// Logs who leads, as this candidate (`me`) sees it, each time that changes: a waiting
+/// replica says whom it waits for. A leader that was given this candidate's `--id` in
+/// another process (a second process with the same id, or an earlier one that has not
+/// released) is an error: each has an id of its own, so this one only waits, as a
+/// follower, until that lease ends.
+async fn report_leaders(mut events: tokio::sync::broadcast::Receiver<tenure::Event>, me: tenure::HolderId) {
     use tokio::sync::broadcast::error::RecvError;
-    let Some(name) = me.instance_name().map(String::from) else { return };
     loop {
         match events.recv().await {
-            Ok(tenure::Event::LeaderChanged(Some(leader)))
-                if leader.holder != me && leader.holder.instance_name() == Some(name.as_str()) =>
-            {
-                tracing::error!(
-                    leader = %leader.holder, token = leader.token.0, mine = %me,
-                    "another process given --id {name} leads (a second process with this id, or an earlier one \
-                     that has not released); ids must be unique per process: this one waits as a follower"
-                );
+            Ok(tenure::Event::LeaderChanged(Some(leader))) if leader.holder != me => {
+                if me.instance_name().is_some_and(|n| leader.holder.instance_name() == Some(n)) {
+                    let name = me.instance_name().unwrap_or_default();
+                    tracing::error!(
+                        leader = %leader.holder, token = leader.token.0, mine = %me,
+                        "another process given --id {name} leads (a second process with this id, or an earlier one \
+                         that has not released); ids must be unique per process: this one waits as a follower"
+                    );
+                } else {
+                    tracing::info!(leader = %leader.holder, token = leader.token.0, "following: another candidate leads");
+                }
             }
+            Ok(tenure::Event::LeaderChanged(None)) => tracing::info!("nobody leads"),
             Ok(_) | Err(RecvError::Lagged(_)) => {}
             Err(RecvError::Closed) => return,
         }
@@ -427,10 +429,11 @@ async fn unhealthy(health: Option<&Health>, l: &Leadership) -> String {
 /// Starts campaigning for `c`, with the signals that stop it and this process as the
 /// subreaper of every command it starts.
 async fn begin(store: Arc<dyn LeaseStore>, c: &Campaign) -> Result<(Elector, CancellationToken)> {
+    let store_shown = store.describe();
     let elector = c.start(store).await?;
     let stop = stop_on_signals()?;
     crate::child::become_subreaper()?;
-    tracing::info!(election = %elector.election(), holder = %elector.holder(), "campaigning");
+    tracing::info!(election = %elector.election(), holder = %elector.holder(), store = %store_shown, "campaigning");
     Ok((elector, stop))
 }
 
@@ -1033,12 +1036,13 @@ pub async fn schedule(
         );
     }
     let ledger = store.clone();
+    let store_shown = store.describe();
     let elector = c.start(store).await?;
     let stop = stop_on_signals()?;
     crate::child::become_subreaper()?;
     elector.start();
     tracing::info!(
-        election = %elector.election(), holder = %elector.holder(), %schedule,
+        election = %elector.election(), holder = %elector.holder(), store = %store_shown, %schedule,
         catch_up = %humantime::format_duration(catch_up),
         "campaigning; running the command once for each slot while leading"
     );
