@@ -257,7 +257,7 @@ impl SqliteStore {
         // Only a new or older database is written to: opening one that is in use takes no
         // write lock.
         if version < SCHEMA_VERSION {
-            retry_busy(&options, || migrate(&conn, &path))
+            retry_busy(&options, || migrate(&conn, &path, 0))
                 .map_err(|e| sql_error(&path, "creating the lease table", e))?;
         }
         let wake = wake_file(&path);
@@ -382,18 +382,20 @@ impl SqliteStore {
                     }
                     // A row whose counters cannot go on (written by hand, or corrupted) is
                     // refused, never wrapped or panicked on: tokens only grow, from 1.
+                    // At least the wall clock's microseconds, as a first token is (a
+                    // database restored from a backup goes on above every token granted
+                    // since the backup), and above the floor a process that had the file
+                    // before this one open left (see `highest_token`).
+                    let least = first_token().max(floor(tx)?.saturating_add(1));
                     let (token, revision) = match row {
                         Some(r) => r
                             .token
                             .checked_add(1)
                             .filter(|t| *t > 0)
-                            // At least the wall clock's microseconds, as a first token is:
-                            // a database restored from a backup goes on above every
-                            // token granted since the backup.
-                            .map(|t| t.max(first_token()))
+                            .map(|t| t.max(least))
                             .zip(r.revision.checked_add(1))
                             .ok_or(rusqlite::Error::IntegralValueOutOfRange(0, r.token))?,
-                        None => (first_token(), 1),
+                        None => (least, 1),
                     };
                     exec(
                         tx,
@@ -870,7 +872,7 @@ fn poll_changes(inner: &Arc<Inner>) {
         let now = file_id(&inner.path);
         if now != opened
             && !crate_mutant("sqlite-replaced-file-kept")
-            && let Ok((c, now_open)) = reopen(&inner.path, &inner.options, true)
+            && let Ok((c, now_open)) = reopen(&inner.path, &inner.options, Some(highest_token(&conn)))
         {
             conn = c;
             opened = now_open;
@@ -1028,7 +1030,7 @@ fn serve(mut conn: Connection, inner: &std::sync::Weak<Inner>, queue: &std::sync
         let opened = *inner.opened.lock().unwrap_or_else(|e| e.into_inner());
         if (now != opened || now.is_none()) && !crate_mutant("sqlite-replaced-file-kept") {
             tracing::warn!(path = %inner.path.display(), "the database file was deleted or replaced; opening the one at its path");
-            let (c, opened) = match reopen(&inner.path, &inner.options, true) {
+            let (c, opened) = match reopen(&inner.path, &inner.options, Some(highest_token(&conn))) {
                 Ok(c) => c,
                 Err(e) => {
                     // Nothing to work on: every call fails (as retryable) until a file
@@ -1051,26 +1053,60 @@ fn serve(mut conn: Connection, inner: &std::sync::Weak<Inner>, queue: &std::sync
 
 /// A new connection to the database at `path`, at the current schema, and the file it
 /// has open. `replaced`: this process had another file open at the path (deleted or
-/// replaced under it).
+/// replaced under it), whose highest token it gives.
 fn reopen(
     path: &Path,
     options: &SqliteOptions,
-    replaced: bool,
+    replaced: Option<i64>,
 ) -> Result<(Connection, Option<(u64, u64)>), StoreError> {
     let conn = connect(path, options)?;
     let opened = file_id(path);
-    retry_busy(options, || migrate(&conn, path)).map_err(|e| sql_error(path, "creating the lease table", e))?;
+    let floor = replaced.unwrap_or(0);
+    retry_busy(options, || migrate(&conn, path, floor)).map_err(|e| sql_error(path, "creating the lease table", e))?;
     // A file that was there already (a copy moved into place) is marked after the fact.
-    if replaced && a_leader_may_live(path) {
+    if replaced.is_some() {
+        let withhold = a_leader_may_live(path);
         retry_busy(options, || {
             conn.execute_batch("BEGIN IMMEDIATE")?;
-            let out = mark_withheld(&conn);
+            let out = raise_floor(&conn, floor).and_then(|()| if withhold { mark_withheld(&conn) } else { Ok(()) });
             conn.execute_batch(if out.is_ok() { "COMMIT" } else { "ROLLBACK" })?;
             out
         })
         .map_err(|e| sql_error(path, "marking the replaced database", e))?;
     }
     Ok((conn, opened))
+}
+
+/// The highest token the database `conn` has open holds (its rows, and its floor): read
+/// from a file deleted or replaced under this process (it stays readable while open), it
+/// becomes the new file's floor, so that the new file's tokens go on above it whatever
+/// the clock of the process that grants first there says. 0 if it cannot be read.
+fn highest_token(conn: &Connection) -> i64 {
+    let rows: i64 = conn.query_row("SELECT coalesce(max(token), 0) FROM tenure_leases", [], |r| r.get(0)).unwrap_or(0);
+    rows.max(floor(conn).unwrap_or(0))
+}
+
+/// The floor of the database's tokens (see [`highest_token`]), 0 without one.
+fn floor(conn: &Connection) -> rusqlite::Result<i64> {
+    let has: bool = conn.query_row(
+        "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'tenure_floor'",
+        [],
+        |r| r.get(0),
+    )?;
+    if !has {
+        return Ok(0);
+    }
+    conn.query_row("SELECT coalesce(max(token), 0) FROM tenure_floor", [], |r| r.get(0))
+}
+
+/// Raises the database's token floor to `to`, in the caller's transaction.
+fn raise_floor(conn: &Connection, to: i64) -> rusqlite::Result<()> {
+    if to <= 0 || floor(conn)? >= to {
+        return Ok(());
+    }
+    conn.execute_batch("CREATE TABLE IF NOT EXISTS tenure_floor (token INTEGER NOT NULL); DELETE FROM tenure_floor;")?;
+    conn.execute("INSERT INTO tenure_floor (token) VALUES (?1)", params![to])?;
+    Ok(())
 }
 
 /// The directory of the database at `path`.
@@ -1148,7 +1184,9 @@ fn changed_since(conn: &Connection, cursor: i64, boot_id: &str) -> rusqlite::Res
 }
 
 /// Brings the database to the current schema version, in one transaction.
-fn migrate(conn: &Connection, path: &Path) -> rusqlite::Result<()> {
+/// Brings the database to the current schema; a file made anew here gets the token floor
+/// `floor` (see [`highest_token`]; 0 for none) in the same transaction.
+fn migrate(conn: &Connection, path: &Path, floor: i64) -> rusqlite::Result<()> {
     conn.execute_batch("BEGIN IMMEDIATE")?;
     let run = || -> rusqlite::Result<()> {
         // Read again under the write lock: another process may have migrated meanwhile.
@@ -1167,6 +1205,9 @@ fn migrate(conn: &Connection, path: &Path) -> rusqlite::Result<()> {
             )?;
             if fresh && a_leader_may_live(path) {
                 mark_withheld(conn)?;
+            }
+            if fresh {
+                raise_floor(conn, floor)?;
             }
             conn.execute_batch(SCHEMA)?;
         }
