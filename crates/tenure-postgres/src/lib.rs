@@ -199,9 +199,16 @@ impl PostgresStore {
     /// only makes the first operations fail with retryable errors.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let (url, table) = split_table(url)?;
-        let options = PgConnectOptions::from_str(&url)
+        let mut options = PgConnectOptions::from_str(&url)
             .map_err(|e| StoreError::new(ErrorKind::Misconfigured, "the PostgreSQL URL is not valid").with_source(e))?
             .application_name("tenure");
+        // As libpq does: `require` with a root certificate given verifies the server
+        // against it (sqlx's `require` would take any server).
+        let root_cert = url.split_once('?').is_some_and(|(_, q)| q.split('&').any(|p| p.starts_with("sslrootcert=")))
+            || std::env::var_os("PGSSLROOTCERT").is_some();
+        if root_cert && matches!(options.get_ssl_mode(), sqlx::postgres::PgSslMode::Require) {
+            options = options.ssl_mode(sqlx::postgres::PgSslMode::VerifyCa);
+        }
         let described = format!(
             "postgres://{}@{}:{}/{} (table {table})",
             options.get_username(),
