@@ -53,8 +53,21 @@ struct Cli {
     /// Only warnings and errors on stderr
     #[arg(short, long, global = true)]
     quiet: bool,
+    /// The log lines on stderr: text, or json (one object a line: timestamp, level,
+    /// message and the fields, such as election, holder, token)
+    #[arg(long, global = true, env = "TENURE_LOG_FORMAT", value_name = "FORMAT", default_value = "text")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// For people: one line of text each, coloured only on a terminal.
+    Text,
+    /// For machines: one JSON object a line.
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -489,7 +502,7 @@ pub(crate) fn positive_duration(s: &str) -> Result<Duration, String> {
     })
 }
 
-fn init_logging(verbose: u8, quiet: bool, errors_only: bool) {
+fn init_logging(verbose: u8, quiet: bool, errors_only: bool, format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let default = match (quiet, verbose) {
         _ if errors_only => "error",
@@ -499,12 +512,17 @@ fn init_logging(verbose: u8, quiet: bool, errors_only: bool) {
         _ => "trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    tracing_subscriber::fmt()
+    // A log line that cannot be written (stderr closed) is dropped: reporting that on
+    // stderr would fail too, and nothing may stop on it.
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
-        .init();
+        .log_internal_errors(false);
+    match format {
+        LogFormat::Text => fmt.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
+        LogFormat::Json => fmt.json().flatten_event(true).with_current_span(false).with_ansi(false).init(),
+    }
 }
 
 async fn dispatch(cli: Cli) -> Result<i32> {
@@ -603,7 +621,7 @@ fn main() -> ExitCode {
         // The benchmark cuts off its own candidates and stops hundreds of terms: the
         // warnings those faults cause are expected, not the user's. Only errors unless asked.
         let bench = matches!(cli.command, Command::Bench(_)) && cli.verbose == 0;
-        init_logging(cli.verbose, cli.quiet, bench);
+        init_logging(cli.verbose, cli.quiet, bench, cli.log_format);
     }
     block_on(dispatch(cli))
 }

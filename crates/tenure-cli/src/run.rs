@@ -313,13 +313,25 @@ pub fn stop_on_signals() -> Result<CancellationToken> {
     let mut term = signal(SignalKind::terminate())?;
     let s = stop.clone();
     tokio::spawn(async move {
-        tokio::select! {
-            _ = int.recv() => tracing::info!("interrupted; stopping"),
-            _ = term.recv() => tracing::info!("terminated; stopping"),
-        }
+        // Stop first, then say so: writing the line can fail (a closed stderr), and the
+        // stop must not depend on it.
+        let why = tokio::select! {
+            _ = int.recv() => "interrupted; stopping",
+            _ = term.recv() => "terminated; stopping",
+        };
         s.cancel();
+        tracing::info!("{why}");
     });
     Ok(stop)
+}
+
+/// Writes `line` to standard output for a script reading it; one that has stopped reading
+/// (a closed pipe) changes nothing: the campaign goes on, and stops and releases as it
+/// would.
+fn say(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }
 
 fn child_env(l: &Leadership) -> Vec<(&'static str, String)> {
@@ -884,7 +896,7 @@ pub async fn campaign(
     let (elector, stop) = begin(store, c).await?;
     loop {
         let Some(l) = next_term(&elector, &stop).await? else { return Ok(0) };
-        println!("elected {}", l.token());
+        say(&format!("elected {}", l.token()));
         let mut end = match on_elected {
             // The hook runs inside the term like tenure run's command: stopped if the term
             // ends first. Its finishing is not the end of the term.
@@ -912,7 +924,7 @@ pub async fn campaign(
             });
         }
         // The term is over (or ending): tell the program before the lease goes.
-        println!("stepped-down {}", l.token());
+        say(&format!("stepped-down {}", l.token()));
         if let Some(hook) = on_stepped_down {
             run_hook(hook, &child_env(&l), c.grace).await;
         }

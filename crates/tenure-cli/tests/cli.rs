@@ -179,6 +179,76 @@ fn two_runs_given_one_id_never_lead_at_once_and_the_second_names_the_clash() {
 }
 
 #[test]
+fn a_run_and_a_campaign_whose_output_nobody_reads_still_stop_on_sigterm_and_release() {
+    // A supervisor that went away, `| head -1`: stdout and stderr are pipes with no reader.
+    let env = Env::new();
+    for args in [
+        vec!["run", "jobs/deaf", "--id", "deaf", "--ttl", "2s", "--grace", "300ms", "--", "sleep", "100"],
+        vec!["campaign", "jobs/deaf", "--id", "deaf", "--ttl", "2s"],
+    ] {
+        let mut child = env
+            .cmd()
+            .env("RUST_LOG", "info")
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map(Proc)
+            .unwrap();
+        let t0 = Instant::now();
+        let holder = loop {
+            let v: serde_json::Value =
+                serde_json::from_slice(&env.tenure(&["status", "jobs/deaf", "--json"]).stdout).unwrap_or_default();
+            if let Some(h) = v["leader"]["holder"].as_str() {
+                break h.to_string();
+            }
+            assert!(t0.elapsed() < Duration::from_secs(20), "{args:?} did not lead");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(name_of(&holder), "deaf");
+        drop(child.stdout.take());
+        drop(child.stderr.take());
+        signal(child.id(), rustix::process::Signal::TERM);
+        let t0 = Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "{args:?} went on after SIGTERM with nobody reading its output"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let v: serde_json::Value =
+            serde_json::from_slice(&env.tenure(&["status", "jobs/deaf", "--json"]).stdout).unwrap();
+        assert!(v["leader"].is_null(), "{args:?} did not release: {v}");
+    }
+}
+
+#[test]
+fn log_lines_can_be_json_one_object_a_line() {
+    let env = Env::new();
+    let out = env
+        .cmd()
+        .env("RUST_LOG", "info")
+        .args(["--log-format", "json", "run", "jobs/json", "--id", "j", "--ttl", "2s", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<serde_json::Value> = String::from_utf8(out.stderr)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let elected = lines.iter().find(|v| v["message"] == "elected").expect("an elected line");
+    assert_eq!(elected["election"], "jobs/json");
+    assert!(
+        elected["level"] == "INFO" && elected["timestamp"].is_string() && elected["token"].is_string(),
+        "{elected}"
+    );
+    let bad = env.cmd().env("TENURE_LOG_FORMAT", "xml").args(["status", "jobs/json"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(2), "{}", String::from_utf8_lossy(&bad.stderr));
+}
+
+#[test]
 fn three_runs_one_child_at_a_time_and_sigkill_takes_the_child_along() {
     let env = Env::new();
     let mut runs: Vec<(String, Proc)> =
