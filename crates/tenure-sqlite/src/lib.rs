@@ -135,7 +135,7 @@ struct Inner {
     /// database nobody else reads.
     opened: std::sync::Mutex<Option<(u64, u64)>>,
     /// The elections this store may hold a lease of, and a shared lock on the database's
-    /// directory kept while there is one: see [`withhold_if_a_leader_may_live`].
+    /// directory kept while there is one: see [`a_leader_may_live`] and [`mark_withheld`].
     leading: std::sync::Mutex<Leading>,
     /// Tests only: what each transaction was, and the `synchronous` level it ran with.
     #[cfg(test)]
@@ -145,8 +145,20 @@ struct Inner {
 /// What [`Inner::leading`] keeps.
 #[derive(Default)]
 struct Leading {
-    elections: std::collections::HashSet<String>,
+    /// The elections this store may hold a lease of: `None` while it may hold it now,
+    /// `Some(t)` for one lost, whose command may run until `t` at the latest.
+    elections: std::collections::HashMap<String, Option<std::time::Instant>>,
     lock: Option<std::fs::File>,
+    /// Someone else holds the directory exclusively for longer than a moment (another
+    /// user can lock a directory it may read): said once, and grants go on without it.
+    said_locked: bool,
+}
+
+/// See [`Inner::settle`].
+enum Holds {
+    Now,
+    Until(Duration),
+    Not,
 }
 
 impl Inner {
@@ -159,10 +171,15 @@ impl Inner {
             return Ok(());
         }
         let dir = database_dir(&self.path);
-        let file = std::fs::File::open(dir)
-            .map_err(|e| StoreError::unavailable(format!("cannot open {} to lock it", dir.display())).with_source(e))?;
-        // Held exclusively only for the moment a new file is checked.
-        for _ in 0..1000 {
+        let Ok(file) = std::fs::File::open(dir) else {
+            // A directory this user may not read: nobody can check it either.
+            return Ok(());
+        };
+        // tenure holds it exclusively only for the moment a new file is checked; longer is
+        // someone else's doing, and must not stop elections: they go on without the lock
+        // (a database made anew meanwhile is then protected only by the processes that
+        // had the old one open).
+        for _ in 0..200 {
             match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockShared) {
                 Ok(()) => {
                     l.lock = Some(file);
@@ -171,23 +188,36 @@ impl Inner {
                 Err(rustix::io::Errno::WOULDBLOCK | rustix::io::Errno::INTR) => {
                     std::thread::sleep(Duration::from_millis(1));
                 }
-                Err(e) => {
-                    return Err(StoreError::unavailable(format!("cannot lock {}", dir.display())).with_source(e));
+                Err(_) => return Ok(()),
+            }
+        }
+        if !std::mem::replace(&mut l.said_locked, true) {
+            tracing::warn!(dir = %dir.display(), "the database's directory is locked by another process; electing without its lock");
+        }
+        Ok(())
+    }
+
+    /// Notes whether this store may still hold a lease of `election`: `Holds::Now`, or
+    /// `Holds::Until(ttl)` for one just lost (its command may still be stopping: the lock
+    /// stays one TTL more), or `Holds::Not` for one released or never granted. With none
+    /// left, the directory lock goes.
+    fn settle(&self, election: &str, holds: Holds) {
+        let mut l = self.leading.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        match holds {
+            Holds::Now => {
+                l.elections.insert(election.to_string(), None);
+            }
+            Holds::Until(ttl) => {
+                l.elections.insert(election.to_string(), Some(now + ttl));
+            }
+            Holds::Not => {
+                if l.elections.get(election).is_some_and(Option::is_none) {
+                    l.elections.remove(election);
                 }
             }
         }
-        Err(StoreError::unavailable(format!("{} stayed locked for a second", dir.display())))
-    }
-
-    /// Notes whether this store may still hold a lease of `election`; with none left, the
-    /// directory lock goes.
-    fn settle(&self, election: &str, holds: bool) {
-        let mut l = self.leading.lock().unwrap_or_else(|e| e.into_inner());
-        if holds {
-            l.elections.insert(election.to_string());
-        } else {
-            l.elections.remove(election);
-        }
+        l.elections.retain(|_, until| until.is_none_or(|t| t > now));
         if l.elections.is_empty() {
             l.lock = None;
         }
@@ -209,14 +239,24 @@ fn wake_file(path: &Path) -> Option<std::fs::File> {
     name.push("-wake");
     use std::os::unix::fs::OpenOptionsExt;
     // 0600 whatever the umask, and never through a symbolic link.
-    match std::fs::OpenOptions::new()
+    // Never blocking on a FIFO planted at the name, and only a regular file of this user's.
+    let opened = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(false)
         .mode(0o600)
-        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .custom_flags((rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32)
         .open(&name)
-    {
+        .and_then(|f| {
+            use std::os::unix::fs::MetadataExt;
+            let m = f.metadata()?;
+            if m.is_file() && m.uid() == rustix::process::geteuid().as_raw() {
+                Ok(f)
+            } else {
+                Err(std::io::Error::other("not a regular file of this user's"))
+            }
+        });
+    match opened {
         Ok(f) => Some(f),
         Err(e) => {
             tracing::debug!(error = %e, file = ?name, "no wake-up file; SQLite watches find commits by looking again");
@@ -257,7 +297,7 @@ impl SqliteStore {
         // Only a new or older database is written to: opening one that is in use takes no
         // write lock.
         if version < SCHEMA_VERSION {
-            retry_busy(&options, || migrate(&conn, &path, 0))
+            retry_busy(&options, || migrate(&conn, &path, None))
                 .map_err(|e| sql_error(&path, "creating the lease table", e))?;
         }
         let wake = wake_file(&path);
@@ -359,7 +399,7 @@ impl SqliteStore {
     }
 
     /// The grant itself, in the file the connection has open; `Err(left)` when the file
-    /// withholds grants for `left` more (see [`withhold_if_a_leader_may_live`]).
+    /// withholds grants for `left` more (see [`a_leader_may_live`] and [`mark_withheld`]).
     async fn acquire_in_file(&self, req: AcquireRequest) -> Result<Result<Acquire, Duration>, StoreError> {
         self.transact("acquire", move |tx, now| {
             let e = req.election.as_str();
@@ -369,6 +409,11 @@ impl SqliteStore {
             match row.as_ref().and_then(|r| r.live(now)) {
                 Some(cur) if cur.holder != req.holder || cur.evicted => return Ok(Ok(Acquire::Held(cur))),
                 Some(_) => {
+                    // This holder's own record, in a file that withholds: one brought back
+                    // by a restored backup, whose term ended when another began.
+                    if let Some(left) = withheld(tx, now, req.ttl)? {
+                        return Ok(Err(left));
+                    }
                     exec(
                         tx,
                         "UPDATE tenure_leases SET revision = revision + 1, ttl_ms = ?2, expires_ns = ?3,
@@ -385,7 +430,7 @@ impl SqliteStore {
                     // At least the wall clock's microseconds, as a first token is (a
                     // database restored from a backup goes on above every token granted
                     // since the backup), and above the floor a process that had the file
-                    // before this one open left (see `highest_token`).
+                    // before this one open left (see `Carried`).
                     let least = first_token().max(floor(tx)?.saturating_add(1));
                     let (token, revision) = match row {
                         Some(r) => r
@@ -440,6 +485,11 @@ fn renew_in(
 ) -> rusqlite::Result<Renew> {
     let e = held.election.as_str();
     let cur = select_row(tx, e)?.and_then(|r| r.live(now));
+    // A file that withholds grants holds no term anyone may go on with: a record live in
+    // it came back with a restored backup (its term ended when another began).
+    if withheld(tx, now, ttl)?.is_some() {
+        return Ok(Renew::Lost(cur));
+    }
     match cur {
         Some(c) if c.holder == held.holder && c.token == held.token && !c.evicted => {
             exec(
@@ -637,8 +687,8 @@ impl LeaseStore for SqliteStore {
         inner.lock_for_grant()?;
         let out = self.acquire_in_file(req).await;
         match &out {
-            Ok(Ok(Acquire::Acquired(_))) | Err(_) => inner.settle(&e, true),
-            Ok(_) => inner.settle(&e, false),
+            Ok(Ok(Acquire::Acquired(_))) | Err(_) => inner.settle(&e, Holds::Now),
+            Ok(_) => inner.settle(&e, Holds::Not),
         }
         // Made while the path named another file: in a database nobody else reads.
         if out.is_ok() && file_id(&inner.path) != *inner.opened.lock().unwrap_or_else(|e| e.into_inner()) {
@@ -661,10 +711,10 @@ impl LeaseStore for SqliteStore {
     async fn renew(&self, held: &LeaseRecord, ttl: Duration) -> Result<Renew, StoreError> {
         check_ttl(ttl)?;
         let held = held.clone();
-        let e = held.election.as_str().to_string();
+        let (e, lease_ttl) = (held.election.as_str().to_string(), held.ttl);
         let out = self.transact("renew", move |tx, now| renew_in(tx, &held, ttl, now)).await;
         if let Ok(Renew::Lost(_)) = &out {
-            self.inner.settle(&e, false);
+            self.inner.settle(&e, Holds::Until(lease_ttl.max(ttl)));
         }
         out
     }
@@ -674,7 +724,8 @@ impl LeaseStore for SqliteStore {
         if let Err(e) = check_ttl(ttl) {
             return held.iter().map(|_| Err(e.duplicate())).collect();
         }
-        let names: Vec<String> = held.iter().map(|h| h.election.as_str().to_string()).collect();
+        let names: Vec<(String, Duration)> =
+            held.iter().map(|h| (h.election.as_str().to_string(), h.ttl.max(ttl))).collect();
         let held = held.to_vec();
         let n = held.len();
         match self
@@ -684,9 +735,9 @@ impl LeaseStore for SqliteStore {
             .await
         {
             Ok(v) => {
-                for (name, r) in names.iter().zip(&v) {
+                for ((name, ttl), r) in names.iter().zip(&v) {
                     if let Renew::Lost(_) = r {
-                        self.inner.settle(name, false);
+                        self.inner.settle(name, Holds::Until(*ttl));
                     }
                 }
                 v.into_iter().map(Ok).collect::<Vec<_>>()
@@ -703,7 +754,7 @@ impl LeaseStore for SqliteStore {
         let out =
             self.transact_with("release", self.inner.release_durability, move |tx, _now| release_in(tx, &held)).await;
         if out.is_ok() {
-            self.inner.settle(&e, false);
+            self.inner.settle(&e, Holds::Not);
         }
         out
     }
@@ -719,7 +770,7 @@ impl LeaseStore for SqliteStore {
             move |tx: &rusqlite::Transaction<'_>, _now: Now<'_>| all.iter().try_for_each(|h| release_in(tx, h));
         match self.transact_with("release", self.inner.release_durability, release_all).await {
             Ok(()) => {
-                names.iter().for_each(|e| self.inner.settle(e, false));
+                names.iter().for_each(|e| self.inner.settle(e, Holds::Not));
                 (0..n).map(|_| Ok(())).collect()
             }
             Err(e) => (0..n).map(|_| Err(e.duplicate())).collect(),
@@ -872,7 +923,7 @@ fn poll_changes(inner: &Arc<Inner>) {
         let now = file_id(&inner.path);
         if now != opened
             && !crate_mutant("sqlite-replaced-file-kept")
-            && let Ok((c, now_open)) = reopen(&inner.path, &inner.options, Some(highest_token(&conn)))
+            && let Ok((c, now_open)) = reopen(&inner.path, &inner.options, Some(carried(&conn, &inner.boot_id)))
         {
             conn = c;
             opened = now_open;
@@ -1030,7 +1081,7 @@ fn serve(mut conn: Connection, inner: &std::sync::Weak<Inner>, queue: &std::sync
         let opened = *inner.opened.lock().unwrap_or_else(|e| e.into_inner());
         if (now != opened || now.is_none()) && !crate_mutant("sqlite-replaced-file-kept") {
             tracing::warn!(path = %inner.path.display(), "the database file was deleted or replaced; opening the one at its path");
-            let (c, opened) = match reopen(&inner.path, &inner.options, Some(highest_token(&conn))) {
+            let (c, opened) = match reopen(&inner.path, &inner.options, Some(carried(&conn, &inner.boot_id))) {
                 Ok(c) => c,
                 Err(e) => {
                     // Nothing to work on: every call fails (as retryable) until a file
@@ -1053,22 +1104,21 @@ fn serve(mut conn: Connection, inner: &std::sync::Weak<Inner>, queue: &std::sync
 
 /// A new connection to the database at `path`, at the current schema, and the file it
 /// has open. `replaced`: this process had another file open at the path (deleted or
-/// replaced under it), whose highest token it gives.
+/// replaced under it), and what it read there.
 fn reopen(
     path: &Path,
     options: &SqliteOptions,
-    replaced: Option<i64>,
+    replaced: Option<Carried>,
 ) -> Result<(Connection, Option<(u64, u64)>), StoreError> {
     let conn = connect(path, options)?;
     let opened = file_id(path);
-    let floor = replaced.unwrap_or(0);
-    retry_busy(options, || migrate(&conn, path, floor)).map_err(|e| sql_error(path, "creating the lease table", e))?;
-    // A file that was there already (a copy moved into place) is marked after the fact.
-    if replaced.is_some() {
-        let withhold = a_leader_may_live(path);
+    retry_busy(options, || migrate(&conn, path, replaced))
+        .map_err(|e| sql_error(path, "creating the lease table", e))?;
+    // A file that was there already (a copy moved into place) gets the same, after the fact.
+    if let Some(c) = replaced {
         retry_busy(options, || {
             conn.execute_batch("BEGIN IMMEDIATE")?;
-            let out = raise_floor(&conn, floor).and_then(|()| if withhold { mark_withheld(&conn) } else { Ok(()) });
+            let out = carry(&conn, c);
             conn.execute_batch(if out.is_ok() { "COMMIT" } else { "ROLLBACK" })?;
             out
         })
@@ -1077,16 +1127,46 @@ fn reopen(
     Ok((conn, opened))
 }
 
-/// The highest token the database `conn` has open holds (its rows, and its floor): read
-/// from a file deleted or replaced under this process (it stays readable while open), it
-/// becomes the new file's floor, so that the new file's tokens go on above it whatever
-/// the clock of the process that grants first there says. 0 if it cannot be read.
-fn highest_token(conn: &Connection) -> i64 {
-    let rows: i64 = conn.query_row("SELECT coalesce(max(token), 0) FROM tenure_leases", [], |r| r.get(0)).unwrap_or(0);
-    rows.max(floor(conn).unwrap_or(0))
+/// What a process reads from a database file deleted or replaced under it (a file stays
+/// readable while open) for the file now at the path.
+#[derive(Clone, Copy, Debug)]
+struct Carried {
+    /// Its highest token (rows and floor): the new file's floor, so that its tokens go on
+    /// above the old ones whatever the clock of the process that grants first there says.
+    floor: i64,
+    /// When its last lease live now runs out (monotonic ns, this boot): its holder may
+    /// run its command until then, so the new file grants nothing before.
+    live_until: Option<i64>,
 }
 
-/// The floor of the database's tokens (see [`highest_token`]), 0 without one.
+/// Reads [`Carried`] from the file `conn` has open; nothing on an error.
+fn carried(conn: &Connection, boot: &str) -> Carried {
+    let rows: i64 = conn.query_row("SELECT coalesce(max(token), 0) FROM tenure_leases", [], |r| r.get(0)).unwrap_or(0);
+    let live_until: Option<i64> = conn
+        .query_row(
+            "SELECT max(expires_ns) FROM tenure_leases WHERE holder IS NOT NULL AND boot_id = ?1 AND expires_ns > ?2",
+            params![boot, monotonic_ns()],
+            |r| r.get(0),
+        )
+        .ok()
+        .flatten();
+    // A mark of its own that still withholds: a file deleted in turn before the term it
+    // waited for was over (`rm` twice).
+    let now = Now { ns: monotonic_ns(), boot_id: boot };
+    let marked = withheld(conn, now, Duration::ZERO).ok().flatten().map(|left| now.ns.saturating_add(ttl_ns(left)));
+    Carried { floor: rows.max(floor(conn).unwrap_or(0)), live_until: live_until.max(marked) }
+}
+
+/// Gives the file `conn` has open what [`Carried`] says, in the caller's transaction.
+fn carry(conn: &Connection, c: Carried) -> rusqlite::Result<()> {
+    raise_floor(conn, c.floor)?;
+    match c.live_until {
+        Some(until) if !crate_mutant("sqlite-fresh-file-grants") => mark_withheld(conn, Some(until)),
+        _ => Ok(()),
+    }
+}
+
+/// The floor of the database's tokens (see [`Carried`]), 0 without one.
 fn floor(conn: &Connection) -> rusqlite::Result<i64> {
     let has: bool = conn.query_row(
         "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'tenure_floor'",
@@ -1117,13 +1197,13 @@ fn database_dir(path: &Path) -> &Path {
     }
 }
 
-/// Whether a leader of a database at `path` may still run: a database made anew there
-/// (its lease table created now), or one a process found replacing the file it had open,
-/// may have replaced a file whose leader does not know yet. It finds out at its next call
-/// to the store (or through its watch) and then stops its command within its grace
-/// period, so a grant in the new file could give two leaders at once. Every store that
-/// may hold a lease keeps a shared lock on the database's directory: if one is held (this
-/// process's own included), the new file grants nothing for one TTL (see
+/// Whether a leader of a database at `path` may still run, for a process that makes the
+/// file anew without having had the old one open (which would know, see [`Carried`]): a
+/// leader of a file deleted under it finds out at its next call to the store (or through
+/// its watch) and then stops its command within its grace period, so a grant in the new
+/// file could give two leaders at once. Every store that may hold a lease (or has lost
+/// one within a TTL) keeps a shared lock on the database's directory: if one is held
+/// (this process's own included), the new file grants nothing for one TTL (see
 /// [`mark_withheld`]). Nobody holds it when a deployment first starts, and then nothing
 /// waits.
 fn a_leader_may_live(path: &Path) -> bool {
@@ -1132,23 +1212,38 @@ fn a_leader_may_live(path: &Path) -> bool {
     !free && !crate_mutant("sqlite-fresh-file-grants")
 }
 
-/// Marks the database, in the caller's transaction, as granting nothing for one TTL from
-/// now (the TTL each request asks for: the replaced term's deadline lies within one TTL
-/// of its last renewal, which came before its file went).
-fn mark_withheld(conn: &Connection) -> rusqlite::Result<()> {
-    tracing::warn!(
-        "the database was made anew while a leader of the one before may still run: no lease is granted for one TTL"
-    );
+/// Marks the database, in the caller's transaction, as granting nothing until `until`
+/// (monotonic ns), or, with `None`, for one TTL from now (the TTL each request asks for:
+/// the replaced term's deadline lies within one TTL of its last renewal, which came before
+/// its file went). A later mark only extends an earlier one.
+fn mark_withheld(conn: &Connection, until: Option<i64>) -> rusqlite::Result<()> {
     conn.execute_batch(
-        "CREATE TABLE IF NOT EXISTS tenure_fresh (made_ns INTEGER NOT NULL, boot_id TEXT NOT NULL);
-         DELETE FROM tenure_fresh;",
+        "CREATE TABLE IF NOT EXISTS tenure_fresh (made_ns INTEGER NOT NULL, boot_id TEXT NOT NULL, until_ns INTEGER);",
     )?;
-    conn.execute("INSERT INTO tenure_fresh (made_ns, boot_id) VALUES (?1, ?2)", params![monotonic_ns(), boot_id()])?;
+    let boot = boot_id();
+    let earlier: Option<(i64, String, Option<i64>)> = conn
+        .query_row("SELECT made_ns, boot_id, until_ns FROM tenure_fresh", [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()?;
+    if let (Some((_, b, Some(was))), Some(now)) = (&earlier, until)
+        && *b == boot
+        && *was >= now
+    {
+        return Ok(());
+    }
+    tracing::warn!(
+        "the database was made anew or replaced while a leader of the file before may still run its command: \
+         no lease is granted here until that term is over"
+    );
+    conn.execute_batch("DELETE FROM tenure_fresh;")?;
+    conn.execute(
+        "INSERT INTO tenure_fresh (made_ns, boot_id, until_ns) VALUES (?1, ?2, ?3)",
+        params![monotonic_ns(), boot, until],
+    )?;
     Ok(())
 }
 
 /// How much longer the database withholds grants of a `ttl` lease, if it does (see
-/// [`withhold_if_a_leader_may_live`]); a mark from before a reboot withholds nothing.
+/// [`mark_withheld`]); a mark from before a reboot withholds nothing.
 fn withheld(tx: &Connection, now: Now<'_>, ttl: Duration) -> rusqlite::Result<Option<Duration>> {
     let marked: bool = tx.query_row(
         "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'tenure_fresh'",
@@ -1158,10 +1253,11 @@ fn withheld(tx: &Connection, now: Now<'_>, ttl: Duration) -> rusqlite::Result<Op
     if !marked {
         return Ok(None);
     }
-    let mark: Option<(i64, String)> =
-        tx.query_row("SELECT made_ns, boot_id FROM tenure_fresh", [], |r| Ok((r.get(0)?, r.get(1)?))).optional()?;
-    Ok(mark.and_then(|(made, boot)| {
-        let until = made.saturating_add(ttl_ns(ttl));
+    let mark: Option<(i64, String, Option<i64>)> = tx
+        .query_row("SELECT made_ns, boot_id, until_ns FROM tenure_fresh", [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()?;
+    Ok(mark.and_then(|(made, boot, until)| {
+        let until = until.unwrap_or_else(|| made.saturating_add(ttl_ns(ttl)));
         (boot == now.boot_id && now.ns < until).then(|| Duration::from_nanos((until - now.ns) as u64))
     }))
 }
@@ -1184,9 +1280,11 @@ fn changed_since(conn: &Connection, cursor: i64, boot_id: &str) -> rusqlite::Res
 }
 
 /// Brings the database to the current schema version, in one transaction.
-/// Brings the database to the current schema; a file made anew here gets the token floor
-/// `floor` (see [`highest_token`]; 0 for none) in the same transaction.
-fn migrate(conn: &Connection, path: &Path, floor: i64) -> rusqlite::Result<()> {
+/// Brings the database to the current schema. A file made anew here gets, in the same
+/// transaction, what `replaced` carries from the file this process had open before (see
+/// [`Carried`]), or, from a process that had none, a mark when a leader may live (see
+/// [`a_leader_may_live`]).
+fn migrate(conn: &Connection, path: &Path, replaced: Option<Carried>) -> rusqlite::Result<()> {
     conn.execute_batch("BEGIN IMMEDIATE")?;
     let run = || -> rusqlite::Result<()> {
         // Read again under the write lock: another process may have migrated meanwhile.
@@ -1203,11 +1301,10 @@ fn migrate(conn: &Connection, path: &Path, floor: i64) -> rusqlite::Result<()> {
                 [],
                 |r| r.get(0),
             )?;
-            if fresh && a_leader_may_live(path) {
-                mark_withheld(conn)?;
-            }
-            if fresh {
-                raise_floor(conn, floor)?;
+            match replaced {
+                Some(c) if fresh => carry(conn, c)?,
+                None if fresh && a_leader_may_live(path) => mark_withheld(conn, None)?,
+                _ => {}
             }
             conn.execute_batch(SCHEMA)?;
         }

@@ -51,3 +51,83 @@ async fn a_database_deleted_under_its_leader_ends_the_term_and_never_repeats_a_t
     a.shutdown().await;
     b.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_restored_under_a_new_leader_does_not_bring_back_the_old_leaders_term() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, backup) = (dir.path().join("t.db"), dir.path().join("backup.db"));
+    let a = elector(Arc::new(SqliteStore::open(&path).await.unwrap()), "a");
+    let la = a.leadership().await.unwrap();
+    let b = elector(Arc::new(SqliteStore::open(&path).await.unwrap()), "b");
+    // A backup while a leads: its record names a, live.
+    rusqlite::Connection::open(&path).unwrap().execute("VACUUM INTO ?1", [backup.to_str().unwrap()]).unwrap();
+    // a is evicted; b takes over.
+    let evictor = SqliteStore::open(&path).await.unwrap();
+    evictor.evict(&tenure::ElectionName::new("jobs/report").unwrap(), tenure::Evict::AfterTerm).await.unwrap();
+    // a's work ends with its term (a campaigns again only once it has).
+    tokio::time::timeout(TTL, la.cancelled()).await.expect("the eviction ends a's term");
+    let a_token = la.token();
+    drop(la);
+    let lb = tokio::time::timeout(TTL * 3, b.leadership()).await.expect("b leads").unwrap();
+    assert!(lb.token() > a_token);
+    // The backup is moved into place: a's record is live in it again.
+    for suffix in ["-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    std::fs::rename(&backup, &path).unwrap();
+    let b_deadline = lb.deadline();
+    let la2 = tokio::time::timeout(TTL * 4, a.leadership()).await.expect("a leads again").unwrap();
+    assert!(
+        tenure::Instant::now() >= b_deadline,
+        "a led again {:?} before the deadline of b, which led when the backup came back",
+        b_deadline - tenure::Instant::now()
+    );
+    assert!(la2.token() > lb.token(), "a led again with token {} after b's {}", la2.token(), lb.token());
+    drop((lb, la2));
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_deleted_twice_grants_nothing_before_the_first_leaders_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let a = elector(Arc::new(SqliteStore::open(&path).await.unwrap()), "a");
+    let la = a.leadership().await.unwrap();
+    let a_deadline = la.deadline();
+    let rm = || {
+        for entry in std::fs::read_dir(dir.path()).unwrap() {
+            let _ = std::fs::remove_file(entry.unwrap().path());
+        }
+    };
+    rm();
+    tokio::time::timeout(Duration::from_secs(2), la.cancelled()).await.expect("a notices the deletion");
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    rm();
+    let c = elector(Arc::new(SqliteStore::open(&path).await.unwrap()), "c");
+    let lc = tokio::time::timeout(TTL * 3, c.leadership()).await.expect("c leads").unwrap();
+    assert!(
+        tenure::Instant::now() >= a_deadline,
+        "c was elected {:?} before the deadline of a, the leader of the first file",
+        a_deadline - tenure::Instant::now()
+    );
+    assert!(lc.token() > la.token());
+    drop((la, lc));
+    a.shutdown().await;
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_planted_where_the_wake_file_goes_does_not_hang_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let fifo = dir.path().join("t.db-wake");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let open = tokio::time::timeout(Duration::from_secs(5), SqliteStore::open(&path)).await;
+    let store = open.expect("opening the store hung on the FIFO").unwrap();
+    let e = elector(Arc::new(store), "a");
+    let l = tokio::time::timeout(Duration::from_secs(5), e.leadership()).await.expect("a leads").unwrap();
+    drop(l);
+    e.shutdown().await;
+}
