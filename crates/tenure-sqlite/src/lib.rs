@@ -1723,6 +1723,10 @@ mod tests {
             last = l.token;
         }
         drop(store);
+        // A restore puts the backup in place of the database and its log.
+        for suffix in ["-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+        }
         std::fs::rename(&backup, &path).unwrap();
         let restored = SqliteStore::open(&path).await.unwrap();
         let Acquire::Acquired(l) = restored.try_acquire(&req("a", "x")).await.unwrap() else { panic!("not won") };
