@@ -1107,7 +1107,7 @@ async fn follow(shared: &Shared, view: &mut View<'_>, mut defer: Option<Instant>
                         }
                     }
                     Err(e) => {
-                        failures.note(&e, "reading the lease failed");
+                        failures.note(&e, "reading the lease failed", shared.clock.now());
                         wake_at = retry_at.min(reserved_until);
                     }
                 }
@@ -1130,7 +1130,7 @@ async fn follow(shared: &Shared, view: &mut View<'_>, mut defer: Option<Instant>
                                 wake_at = follower_wake(shared, view, cur.as_ref(), watch.is_some());
                             }
                             Err(e) => {
-                                failures.note(&e, "confirming a maybe-held lease failed");
+                                failures.note(&e, "confirming a maybe-held lease failed", shared.clock.now());
                                 wake_at = retry_at;
                             }
                         }
@@ -1146,7 +1146,7 @@ async fn follow(shared: &Shared, view: &mut View<'_>, mut defer: Option<Instant>
                         attempt = cur.is_none();
                     }
                     Err(e) => {
-                        failures.note(&e, "reading the lease failed");
+                        failures.note(&e, "reading the lease failed", shared.clock.now());
                         wake_at = retry_at;
                     }
                 }
@@ -1172,7 +1172,7 @@ async fn follow(shared: &Shared, view: &mut View<'_>, mut defer: Option<Instant>
                         if e.kind() == ErrorKind::Ambiguous {
                             unresolved = true;
                         }
-                        failures.note(&e, "acquire failed");
+                        failures.note(&e, "acquire failed", shared.clock.now());
                         wake_at = retry_at;
                     }
                 }
@@ -1235,23 +1235,49 @@ async fn stop_following(shared: &Shared, unresolved: bool) -> Option<(LeaseRecor
 }
 
 /// Logs store failures: a warning for the first of a run, then at debug level, so that a
-/// long outage does not flood the log.
+/// long outage does not flood the log, with a reminder at warning level after 10 s, 1 min
+/// and 5 min of failing, and every 5 min after that, so that a replica waiting on a store
+/// it cannot reach does not fall silent.
 struct Failures<'a> {
     election: &'a ElectionName,
     run: u32,
+    /// When the run began, and the next reminder's place in [`REMINDERS`].
+    since: Option<crate::Instant>,
+    reminded: usize,
 }
+
+/// When a run of failures is reminded of, after it began (the last one again and again).
+const REMINDERS: [Duration; 3] = [Duration::from_secs(10), Duration::from_secs(60), Duration::from_secs(300)];
 
 impl<'a> Failures<'a> {
     fn new(election: &'a ElectionName) -> Self {
-        Self { election, run: 0 }
+        Self { election, run: 0, since: None, reminded: 0 }
     }
 
-    fn note(&mut self, e: &StoreError, what: &str) {
+    /// A failure of `what` at `now`.
+    fn note(&mut self, e: &StoreError, what: &str, now: crate::Instant) {
         self.run += 1;
+        let since = *self.since.get_or_insert(now);
+        let due = self.reminder_after();
         if self.run == 1 {
             tracing::warn!(election = %self.election, error = %e, "{what}; retrying (further failures are logged at debug level)");
+        } else if now.saturating_duration_since(since) >= due {
+            self.reminded += 1;
+            tracing::warn!(
+                election = %self.election, error = %e, failures = self.run,
+                "{what}; still failing after {} (retrying)",
+                humanize(now.saturating_duration_since(since))
+            );
         } else {
             tracing::debug!(election = %self.election, error = %e, failures = self.run, "{what}");
+        }
+    }
+
+    /// How long after the run began the next reminder is due.
+    fn reminder_after(&self) -> Duration {
+        match REMINDERS.get(self.reminded) {
+            Some(d) => *d,
+            None => REMINDERS[REMINDERS.len() - 1] * (self.reminded as u32 - REMINDERS.len() as u32 + 2),
         }
     }
 
@@ -1260,6 +1286,16 @@ impl<'a> Failures<'a> {
             tracing::info!(election = %self.election, failures = self.run, "the store answers again");
         }
         self.run = 0;
+        self.since = None;
+        self.reminded = 0;
+    }
+}
+
+/// `d` in whole seconds, or minutes past a minute, for log lines.
+fn humanize(d: Duration) -> String {
+    match d.as_secs() {
+        s if s < 60 => format!("{s} s"),
+        s => format!("{} min {} s", s / 60, s % 60),
     }
 }
 
@@ -1732,4 +1768,28 @@ fn on_grid(due: Instant, sent: Instant, origin: Instant, period: Duration) -> In
     let since = (due - origin).as_nanos();
     let at = origin + Duration::from_nanos(u64::try_from(since - since % period_ns).unwrap_or(u64::MAX));
     if at > sent && at <= due { at } else { due }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_of_store_failures_is_reminded_of_after_10_s_1_min_5_min_and_every_5_min() {
+        let e = ElectionName::new("e").unwrap();
+        let mut f = Failures::new(&e);
+        let t0 = crate::Instant::now();
+        let err = StoreError::unavailable("down");
+        let mut reminders = Vec::new();
+        for s in 0..1300u64 {
+            let before = f.reminded;
+            f.note(&err, "acquire failed", t0 + Duration::from_secs(s));
+            if f.reminded > before {
+                reminders.push(s);
+            }
+        }
+        assert_eq!(reminders, [10, 60, 300, 600, 900, 1200]);
+        f.reset();
+        assert_eq!((f.run, f.reminded, f.since), (0, 0, None));
+    }
 }
