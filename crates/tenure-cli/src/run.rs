@@ -69,7 +69,7 @@ pub struct CampaignArgs {
     election: tenure::ElectionName,
     /// This candidate's name, to which each process adds '.' and 8 random characters for
     /// its holder id (default hostname.pid.random)
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     id: Option<String>,
     /// Lease TTL: how long the lease outlives a leader that died
     #[arg(long, default_value = "10s", value_parser = crate::duration)]

@@ -1331,6 +1331,17 @@ fn migrate(conn: &Connection, path: &Path, replaced: Option<Carried>) -> rusqlit
 }
 
 fn connect(path: &Path, options: &SqliteOptions) -> Result<Connection, StoreError> {
+    // A symbolic link to nothing would have SQLite make the file it names with the
+    // umask's mode, readable by others: refused.
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) && !path.exists() {
+        return Err(StoreError::new(
+            ErrorKind::Misconfigured,
+            format!(
+                "{} is a symbolic link to a file that does not exist; give the database's own path",
+                path.display()
+            ),
+        ));
+    }
     // A database this store makes is this user's alone (0600 whatever the umask; SQLite
     // gives its WAL and shared-memory files the same mode). An existing one keeps its own.
     {

@@ -131,3 +131,13 @@ async fn a_fifo_planted_where_the_wake_file_goes_does_not_hang_the_store() {
     drop(l);
     e.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_symbolic_link_to_nothing_is_refused_and_nothing_is_made_through_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (link, target) = (dir.path().join("t.db"), dir.path().join("elsewhere.db"));
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let err = SqliteStore::open(&link).await.err().expect("a dangling link was opened");
+    assert!(err.to_string().contains("symbolic link to a file that does not exist"), "{err}");
+    assert!(!target.exists(), "a file was made through the link");
+}
