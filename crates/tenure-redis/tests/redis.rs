@@ -461,6 +461,16 @@ async fn a_server_that_vanished_under_open_connections_is_reached_again() {
             }
         }
     };
+    // A reconnection may have the watch read the record again: let that come first (up to
+    // 2 s), so that only the subscription can tell of the release that follows.
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        while let Some(event) = watch.next().await {
+            if event.is_ok_and(|l| l.is_some_and(|l| l.revision == lease.revision)) {
+                return;
+            }
+        }
+    })
+    .await;
     // Released by another process: the watch must tell of it.
     other.release(&lease).await.unwrap();
     let heard = tokio::time::timeout(Duration::from_secs(20), async {
