@@ -363,14 +363,10 @@ impl EtcdStore {
     /// use and remade after failures, so a cluster that is down now is not an error yet.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let p = parse_url(url)?;
-        let read = |what: &str, path: &str| {
-            std::fs::read(path).map_err(|e| {
-                StoreError::new(ErrorKind::Misconfigured, format!("cannot read the {what} file {path}")).with_source(e)
-            })
-        };
-        let ca_pem = p.ca.as_deref().map(|path| read("CA", path)).transpose()?;
+        use tenure::store::url::{Pem, read_pem};
+        let ca_pem = p.ca.as_deref().map(|path| read_pem("ca", path, Pem::Certificate)).transpose()?;
         let identity = match &p.identity {
-            Some((c, k)) => Some((read("client certificate", c)?, read("client key", k)?)),
+            Some((c, k)) => Some((read_pem("cert", c, Pem::Certificate)?, read_pem("key", k, Pem::Key)?)),
             None => None,
         };
         let hosts: Vec<&str> = p.endpoints.iter().map(|e| e.split_once("://").map_or(e.as_str(), |x| x.1)).collect();

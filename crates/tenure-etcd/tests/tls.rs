@@ -103,7 +103,8 @@ async fn tls_settings_on_a_plain_url_or_half_a_client_certificate_are_refused() 
         ("etcd://127.0.0.1:1?ca=/tmp/ca.pem", "need etcds://"),
         ("etcd://127.0.0.1:1?cert=/tmp/c.pem&key=/tmp/k.pem", "need etcds://"),
         ("etcds://127.0.0.1:1?cert=/tmp/c.pem", "go together"),
-        ("etcds://127.0.0.1:1?ca=/nonexistent/ca.pem", "cannot read the CA file"),
+        ("etcds://127.0.0.1:1?ca=/nonexistent/ca.pem", "ca=/nonexistent/ca.pem: cannot read it"),
+        ("etcds://127.0.0.1:1?ca=/dev/zero", "not a regular file"),
     ] {
         let err = EtcdStore::connect(url).await.err().unwrap_or_else(|| panic!("{url} was taken"));
         assert!(format!("{err:#}").contains(says), "{url}: {err:#}");

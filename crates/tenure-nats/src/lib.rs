@@ -128,6 +128,20 @@ fn parse_url(url: &str) -> Result<Parsed, StoreError> {
     Ok(Parsed { servers, auth, ca: ours[0].clone(), identity, bucket })
 }
 
+/// Checks the files `ca=`, `cert=` and `key=` name before the client reads them (it reads
+/// them on every connection, and would block on a FIFO or read `/dev/zero` for ever).
+fn check_tls_files(p: &Parsed) -> Result<(), StoreError> {
+    use tenure::store::url::{Pem, read_pem};
+    if let Some(ca) = &p.ca {
+        read_pem("ca", ca, Pem::Certificate)?;
+    }
+    if let Some((cert, key)) = &p.identity {
+        read_pem("cert", cert, Pem::Certificate)?;
+        read_pem("key", key, Pem::Key)?;
+    }
+    Ok(())
+}
+
 /// Election names may hold `.`, which separates subject tokens in NATS; keys spell it
 /// `=2E` (no election name holds `=`), so every key is one valid token.
 fn key_of(election: &str) -> String {
@@ -221,6 +235,7 @@ impl NatsStore {
     /// client afterwards, so a server that is down now is not an error yet.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let url = parse_url(url)?;
+        check_tls_files(&url)?;
         let hosts: Vec<&str> = url.servers.iter().map(|s| s.trim_start_matches("nats://")).collect();
         let described = format!("nats://{}/{}", hosts.join(","), url.bucket);
         Ok(Self {

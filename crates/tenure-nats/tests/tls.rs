@@ -94,9 +94,14 @@ async fn tls_verifies_the_server_against_the_ca_given_and_sends_a_client_certifi
 }
 
 #[tokio::test]
-async fn half_a_client_certificate_is_refused() {
-    for url in ["nats://127.0.0.1:1?cert=/tmp/c.pem", "nats://127.0.0.1:1?ca=/tmp/ca.pem&key=/tmp/k.pem"] {
+async fn half_a_client_certificate_and_files_that_cannot_be_pem_are_refused() {
+    for (url, says) in [
+        ("nats://127.0.0.1:1?cert=/tmp/c.pem", "go together"),
+        ("nats://127.0.0.1:1?ca=/tmp/ca.pem&key=/tmp/k.pem", "go together"),
+        ("nats://127.0.0.1:1?ca=/dev/zero", "not a regular file"),
+        ("nats://127.0.0.1:1?ca=/nonexistent/ca.pem", "cannot read it"),
+    ] {
         let err = NatsStore::connect(url).await.err().unwrap_or_else(|| panic!("{url} was taken"));
-        assert!(format!("{err:#}").contains("go together"), "{url}: {err:#}");
+        assert!(format!("{err:#}").contains(says), "{url}: {err:#}");
     }
 }

@@ -120,16 +120,12 @@ impl TlsFiles {
 
     /// The files' contents, as the client takes them.
     fn read(&self) -> Result<redis::TlsCertificates, StoreError> {
-        let read = |what: &str, path: &str| {
-            std::fs::read(path).map_err(|e| {
-                StoreError::new(ErrorKind::Misconfigured, format!("cannot read the {what} file {path}")).with_source(e)
-            })
-        };
-        let root_cert = self.ca.as_deref().map(|p| read("CA certificate (ca=)", p)).transpose()?;
+        use tenure::store::url::{Pem, read_pem};
+        let root_cert = self.ca.as_deref().map(|p| read_pem("ca", p, Pem::Certificate)).transpose()?;
         let client_tls = match (&self.cert, &self.key) {
             (Some(c), Some(k)) => Some(redis::ClientTlsConfig {
-                client_cert: read("client certificate (cert=)", c)?,
-                client_key: read("client key (key=)", k)?,
+                client_cert: read_pem("cert", c, Pem::Certificate)?,
+                client_key: read_pem("key", k, Pem::Key)?,
             }),
             _ => None,
         };

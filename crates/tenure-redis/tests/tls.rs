@@ -81,7 +81,8 @@ async fn tls_settings_that_would_be_ignored_or_not_verify_are_refused() {
         ("redis://127.0.0.1:1/0?sslmode=require", "unknown parameter \"sslmode\""),
         ("rediss://127.0.0.1:1/0#insecure", "is refused"),
         ("rediss://127.0.0.1:1/0?cert=/tmp/c.pem", "go together"),
-        ("rediss://127.0.0.1:1/0?ca=/nonexistent/ca.pem", "cannot read the CA certificate"),
+        ("rediss://127.0.0.1:1/0?ca=/nonexistent/ca.pem", "ca=/nonexistent/ca.pem: cannot read it"),
+        ("rediss://127.0.0.1:1/0?ca=/dev/zero", "not a regular file"),
         ("redis+sentinel://127.0.0.1:1/m?ca=/tmp/ca.pem", "not supported behind Sentinel"),
     ] {
         let err = RedisStore::connect(url).await.err().unwrap_or_else(|| panic!("{url} was taken"));

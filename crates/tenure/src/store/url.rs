@@ -18,6 +18,45 @@ pub fn take_params(url: &str, ours: &[&str]) -> (String, Vec<Option<String>>) {
     (url, found)
 }
 
+/// What a PEM file named in a store URL (`ca=`, `cert=`, `key=`) must hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pem {
+    /// One or more certificates.
+    Certificate,
+    /// A private key.
+    Key,
+}
+
+/// Reads the PEM file `path` named by the URL parameter `param`, refusing at once what
+/// cannot be one: not a regular file (a FIFO would block the open, a device such as
+/// `/dev/zero` would never end), more than 1 MiB, or no PEM block of the `kind` wanted.
+pub fn read_pem(param: &str, path: &str, kind: Pem) -> Result<Vec<u8>, crate::StoreError> {
+    use crate::{ErrorKind, StoreError};
+    const MAX: u64 = 1 << 20;
+    let bad = |why: String| StoreError::new(ErrorKind::Misconfigured, format!("{param}={path}: {why}"));
+    let meta = std::fs::metadata(path).map_err(|e| bad(format!("cannot read it ({e})")))?;
+    if !meta.is_file() {
+        return Err(bad("not a regular file".into()));
+    }
+    if meta.len() > MAX {
+        return Err(bad(format!("{} bytes; a PEM file of certificates or a key is far smaller", meta.len())));
+    }
+    let bytes = std::fs::read(path).map_err(|e| bad(format!("cannot read it ({e})")))?;
+    if bytes.len() as u64 > MAX {
+        return Err(bad("it grew past 1 MiB while read".into()));
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    let found = match kind {
+        Pem::Certificate => text.contains("-----BEGIN CERTIFICATE-----"),
+        Pem::Key => text.lines().any(|l| l.starts_with("-----BEGIN ") && l.contains("PRIVATE KEY-----")),
+    };
+    if !found {
+        let what = if kind == Pem::Certificate { "certificate" } else { "private key" };
+        return Err(bad(format!("it holds no PEM {what}")));
+    }
+    Ok(bytes)
+}
+
 /// A URL with its passwords replaced by `***`, safe to print: `scheme://user:***@host…`,
 /// and any query parameter whose name holds "password". Whatever a password holds (a
 /// `/`, `#`, `?` or `@` that should have been percent-encoded), everything between
@@ -73,6 +112,34 @@ mod tests {
         assert_eq!(url, "postgres://u:p@h/db?sslmode=require&x=1");
         assert_eq!(v, vec![Some("t2".to_string()), None]);
         assert_eq!(take_params("redis://h", &["prefix"]), ("redis://h".to_string(), vec![None]));
+    }
+
+    #[test]
+    fn pem_files_that_cannot_be_one_are_refused_at_once() {
+        let dir = std::env::temp_dir().join(format!("tenure-pem-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = |name: &str, text: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, text).unwrap();
+            p.display().to_string()
+        };
+        let cert = file("c.pem", "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n");
+        let key = file("k.pem", "-----BEGIN EC PRIVATE KEY-----\nAAAA\n-----END EC PRIVATE KEY-----\n");
+        let empty = file("e.pem", "");
+        assert!(read_pem("ca", &cert, Pem::Certificate).is_ok());
+        assert!(read_pem("key", &key, Pem::Key).is_ok());
+        for (path, kind, says) in [
+            ("/dev/zero", Pem::Certificate, "not a regular file"),
+            (dir.to_str().unwrap(), Pem::Certificate, "not a regular file"),
+            ("/nonexistent/ca.pem", Pem::Certificate, "cannot read it"),
+            (empty.as_str(), Pem::Certificate, "no PEM certificate"),
+            (key.as_str(), Pem::Certificate, "no PEM certificate"),
+            (cert.as_str(), Pem::Key, "no PEM private key"),
+        ] {
+            let e = read_pem("ca", path, kind).unwrap_err().to_string();
+            assert!(e.contains(says), "{path}: {e}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
