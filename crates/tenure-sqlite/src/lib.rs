@@ -1388,6 +1388,17 @@ fn retry_busy<T>(options: &SqliteOptions, mut op: impl FnMut() -> rusqlite::Resu
 }
 
 fn sql_error(path: &Path, what: &str, e: rusqlite::Error) -> StoreError {
+    // A row whose counters cannot go on (see the grant): no retry can help.
+    if let rusqlite::Error::IntegralValueOutOfRange(0, token) = e {
+        return StoreError::new(
+            ErrorKind::Misconfigured,
+            format!(
+                "SQLite {}: {what} failed: the election's row holds token {token}, which cannot grow (written by \
+                 hand, or corrupted); delete that row of tenure_leases to start the election again",
+                path.display()
+            ),
+        );
+    }
     let code = e.sqlite_error_code();
     let (kind, hint) = match code {
         Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
@@ -1714,6 +1725,22 @@ mod tests {
         assert_eq!(changes.len(), 1);
         let Acquire::Acquired(next) = store.try_acquire(&req("a", "new")).await.unwrap() else { panic!("not won") };
         assert!(next.token > FencingToken(7), "{:?}", next.token);
+    }
+
+    #[tokio::test]
+    async fn a_row_whose_token_cannot_grow_is_refused_with_an_error_that_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let store = SqliteStore::open(&path).await.unwrap();
+        let Acquire::Acquired(l) = store.try_acquire(&req("a", "x")).await.unwrap() else { panic!("not won") };
+        store.release(&l).await.unwrap();
+        connect(&path, &SqliteOptions::default())
+            .unwrap()
+            .execute("UPDATE tenure_leases SET token = ?1", [i64::MAX])
+            .unwrap();
+        let e = store.try_acquire(&req("a", "y")).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Misconfigured, "{e}");
+        assert!(e.to_string().contains("cannot grow") && e.to_string().contains("delete that row"), "{e}");
     }
 
     #[tokio::test]
