@@ -165,15 +165,15 @@ impl Inner {
     /// Takes the shared lock on the database's directory before a grant may be made
     /// (kept while this store may hold a lease), so that a process that makes the
     /// database anew meanwhile knows a leader may live.
-    fn lock_for_grant(&self) -> Result<(), StoreError> {
+    fn lock_for_grant(&self) {
         let mut l = self.leading.lock().unwrap_or_else(|e| e.into_inner());
         if l.lock.is_some() {
-            return Ok(());
+            return;
         }
         let dir = database_dir(&self.path);
         let Ok(file) = std::fs::File::open(dir) else {
             // A directory this user may not read: nobody can check it either.
-            return Ok(());
+            return;
         };
         // tenure holds it exclusively only for the moment a new file is checked; longer is
         // someone else's doing, and must not stop elections: they go on without the lock
@@ -183,18 +183,17 @@ impl Inner {
             match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockShared) {
                 Ok(()) => {
                     l.lock = Some(file);
-                    return Ok(());
+                    return;
                 }
                 Err(rustix::io::Errno::WOULDBLOCK | rustix::io::Errno::INTR) => {
                     std::thread::sleep(Duration::from_millis(1));
                 }
-                Err(_) => return Ok(()),
+                Err(_) => return,
             }
         }
         if !std::mem::replace(&mut l.said_locked, true) {
             tracing::warn!(dir = %dir.display(), "the database's directory is locked by another process; electing without its lock");
         }
-        Ok(())
     }
 
     /// Notes whether this store may still hold a lease of `election`: `Holds::Now`, or
@@ -684,7 +683,7 @@ impl LeaseStore for SqliteStore {
         let req = req.clone();
         let e = req.election.as_str().to_string();
         let inner = &self.inner;
-        inner.lock_for_grant()?;
+        inner.lock_for_grant();
         let out = self.acquire_in_file(req).await;
         match &out {
             Ok(Ok(Acquire::Acquired(_))) | Err(_) => inner.settle(&e, Holds::Now),
