@@ -162,7 +162,18 @@ pub async fn elect(
         bail!("the {topic:?} topic needs --action: the command for the winner to run");
     }
     let transport = tenure_gossip::connect(broker, group)?;
-    let client = Client::connect(transport.as_ref()).await?;
+    let client = match Client::connect(transport.clone()).await {
+        Ok(c) => c,
+        Err(e) => {
+            // A broker restarting: the election is asked once it is back, within --wait.
+            eprintln!(
+                "tenure: warning: {:#}; trying again until --wait ({}) runs out",
+                anyhow::Error::from(e),
+                humantime::format_duration(wait)
+            );
+            Client::new(transport)
+        }
+    };
     let outcome = match client.elect(id, topic, action, wait).await {
         Ok(o) => o,
         Err(e @ (GossipError::NoWorkers { .. } | GossipError::NoOutcome { .. })) => {
@@ -203,7 +214,7 @@ pub async fn elect(
 /// `tenure gossip members`: lists the live workers of the group.
 pub async fn members(broker: &str, group: &str, wait: Duration, json: bool) -> Result<i32> {
     let transport = tenure_gossip::connect(broker, group)?;
-    let client = Client::connect(transport.as_ref()).await?;
+    let client = Client::connect(transport).await?;
     let members = client.members(wait).await?;
     if json {
         println!("{}", serde_json::to_string(&members)?);

@@ -399,3 +399,75 @@ fn redis_a_broker_restart_during_a_burst_runs_no_action_twice() {
 fn rabbitmq_a_broker_restart_during_a_burst_runs_no_action_twice() {
     a_broker_restart_during_a_burst_runs_no_action_twice(Kind::RabbitMq);
 }
+
+/// A worker with the default timing settings (it joins 5 s after it starts).
+fn start_default_worker(broker: &str, dir: &Path, n: usize) -> Proc {
+    let out = std::fs::File::create(dir.join(format!("w{n}.out"))).unwrap();
+    let err = std::fs::File::create(dir.join(format!("w{n}.err"))).unwrap();
+    let child = tenure(broker)
+        .args(["gossip", "worker", "--group", "t", "--allow-command"])
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .unwrap();
+    Proc(child)
+}
+
+/// Starts `tenure gossip elect ID` with `--wait wait`; its action appends to ran.log.
+fn spawn_elect(broker: &str, dir: &Path, id: &str, wait: &str) -> Child {
+    let action = format!("echo \"$TENURE_GOSSIP_ELECTION $TENURE_GOSSIP_WORKER\" >> {}", dir.join("ran.log").display());
+    tenure(broker)
+        .args(["gossip", "elect", id, "--group", "t", "--action", &action, "--wait", wait])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn outcome_of(child: Child) -> (i32, String) {
+    let out = child.wait_with_output().unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.code().unwrap_or(-1), said)
+}
+
+#[test]
+fn an_election_asked_one_second_after_the_workers_start_runs_once() {
+    let Some(server) = servers::launch(Kind::Redis) else { return };
+    let broker = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let _workers: Vec<Proc> = (0..3).map(|n| start_default_worker(&broker, dir.path(), n)).collect();
+    std::thread::sleep(Duration::from_secs(1));
+    // Every worker is still joining: they decide it once they have joined, within --wait.
+    let (code, said) = outcome_of(spawn_elect(&broker, dir.path(), "early", "10s"));
+    assert_eq!(code, 0, "{said}");
+    let mut results = BTreeMap::new();
+    results.insert("early".to_string(), (code, said));
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(no_action_twice_and_started_means_ran(dir.path(), &results), 1);
+}
+
+#[test]
+fn around_a_broker_restart_every_election_runs_exactly_once() {
+    let Some(mut server) = servers::launch(Kind::Redis) else { return };
+    let broker = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let _workers: Vec<Proc> = (0..3).map(|n| start_default_worker(&broker, dir.path(), n)).collect();
+    wait_for("three workers to join", Duration::from_secs(30), || {
+        (0..3).all(|n| read(&dir.path().join(format!("w{n}.out"))).starts_with("joined t as "))
+    });
+    // One election every 300 ms, each waiting up to 30 s; Redis restarts after the tenth.
+    let mut asked = Vec::new();
+    for i in 0..30 {
+        let id = format!("o-{i}");
+        asked.push((id.clone(), spawn_elect(&broker, dir.path(), &id, "30s")));
+        if i == 9 {
+            server.restart();
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let results: BTreeMap<String, (i32, String)> = asked.into_iter().map(|(id, c)| (id, outcome_of(c))).collect();
+    std::thread::sleep(Duration::from_secs(2));
+    let ran = no_action_twice_and_started_means_ran(dir.path(), &results);
+    assert_eq!(ran, 30, "{results:#?}");
+    assert!(results.values().all(|(code, _)| *code == 0), "{results:#?}");
+}

@@ -17,7 +17,10 @@
 //! off ([`Config::stall_limit`], [`Config::echo_limit`], a reconnect) gives up the
 //! elections under way instead of deciding them on what it alone heard, counts its own
 //! answers only once the broker delivers them back, and stands in nothing until its
-//! `hello` has come back. An action may then not run at all; a network split can run it
+//! `hello` has come back. An election asked while the whole group is starting or rejoining
+//! (a broker restart) is deferred by each worker and decided once they have joined; a
+//! [`Client`] waits out a broker that is down within its wait. An action may still not run
+//! at all (an election under way when a worker is cut off); a network split can run it
 //! once per side.
 //!
 //! Transports: Redis pub/sub and AMQP 0-9-1 ([`connect`]), and an in-process hub for
@@ -30,7 +33,7 @@
 //!
 //! let transport = connect("redis://127.0.0.1:6379", "default")?;
 //! let worker = Worker::start(transport.clone(), Config::default(), Handlers::with_command(), None).await?;
-//! let client = Client::connect(transport.as_ref()).await?;
+//! let client = Client::connect(transport.clone()).await?;
 //! let outcome = client.elect("report-2026-11-21", "command", "./report.sh", Duration::from_secs(10)).await?;
 //! println!("{:?} runs it", outcome.winner);
 //! worker.shutdown().await?;

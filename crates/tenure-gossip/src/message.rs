@@ -4,8 +4,10 @@ use serde::{Deserialize, Serialize};
 
 /// The protocol version every message carries; messages of other versions are ignored.
 /// Version 2: answers name their election by id and digest instead of repeating the
-/// request, and outcomes carry the election's topic and digest.
-pub(crate) const VERSION: u8 = 2;
+/// request, and outcomes carry the election's topic and digest. Version 3: a joining worker
+/// defers an election it cannot stand in yet instead of abstaining (see `Body::Defer`),
+/// and heartbeats say whether their sender has joined.
+pub(crate) const VERSION: u8 = 3;
 
 /// One message on the group's channel.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -33,8 +35,11 @@ pub(crate) enum Body {
     Hello,
     /// A client (not a member) asks every member for a heartbeat.
     Probe,
-    /// A member is alive.
-    Heartbeat,
+    /// A member is alive; `joined` says whether it stands in elections (it has joined).
+    Heartbeat {
+        #[serde(default)]
+        joined: bool,
+    },
     /// A member leaves the group for good (it has answered every election it saw).
     Leave,
     /// Someone asks the group to elect one worker to run `action` under `topic`.
@@ -42,8 +47,14 @@ pub(crate) enum Body {
     /// A worker stands in an election (the "worker-elect" event); its envelope's clock is its
     /// bid. `handles` says whether it has a handler for the topic.
     Candidate { election: Ref, handles: bool },
-    /// A worker answers an election without standing (it is joining or leaving).
+    /// A worker answers an election without standing (it is leaving, or it heard the
+    /// request before its own `hello`).
     Abstain { election: Ref },
+    /// A joining worker will stand in this election once it has joined: whoever counts it
+    /// as a member keeps waiting for its candidacy. Sent only when no member it knows has
+    /// joined, so that an election asked while the whole group (re)joins is decided once it
+    /// can be instead of being abstained from by everyone.
+    Defer { election: Ref },
     /// What came of an election, from its winner (or, if nobody could run it, from the
     /// worker the rule ranks first).
     Outcome(Outcome),
@@ -65,7 +76,15 @@ impl Body {
     /// sign that the sender is alive, to the others and to the sender itself when the
     /// broker delivers it back.
     pub(crate) fn is_sign_of_life(&self) -> bool {
-        matches!(self, Body::Hello | Body::Heartbeat | Body::Candidate { .. } | Body::Abstain { .. } | Body::Outcome(_))
+        matches!(
+            self,
+            Body::Hello
+                | Body::Heartbeat { .. }
+                | Body::Candidate { .. }
+                | Body::Abstain { .. }
+                | Body::Defer { .. }
+                | Body::Outcome(_)
+        )
     }
 }
 
@@ -159,7 +178,7 @@ mod tests {
         assert!(text.contains(r#""type":"candidate""#), "{text}");
         assert_eq!(Envelope::decode(&bytes), Some(env.clone()));
         assert_eq!(Envelope::decode(b"not json"), None);
-        let other_version = text.replace(r#""v":2"#, r#""v":1"#);
+        let other_version = text.replace(r#""v":3"#, r#""v":2"#);
         assert_eq!(Envelope::decode(other_version.as_bytes()), None);
     }
 
@@ -184,7 +203,7 @@ mod fuzz {
         #[test]
         fn messages_never_panic(
             raw in prop::collection::vec(any::<u8>(), 0..300),
-            text in "\\{\"v\":2,\"from\":\"[a-z]{0,5}\",\"incarnation\":[0-9]{0,21},\"clock\":[0-9]{0,21},\"type\":\"[a-z]{0,10}\"[ -~]{0,40}\\}",
+            text in "\\{\"v\":3,\"from\":\"[a-z]{0,5}\",\"incarnation\":[0-9]{0,21},\"clock\":[0-9]{0,21},\"type\":\"[a-z]{0,10}\"[ -~]{0,40}\\}",
         ) {
             let _ = super::Envelope::decode(&raw);
             if let Some(env) = super::Envelope::decode(text.as_bytes()) {

@@ -381,6 +381,8 @@ struct Member {
     /// latest `hello` (a restarted process says `hello` first). A `leave` from another
     /// incarnation (a late or duplicated one from before a restart) does not remove it.
     incarnation: u64,
+    /// Whether its latest heartbeat said it has joined (stands in elections).
+    joined: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -389,11 +391,19 @@ enum Answer {
     Abstain,
 }
 
-/// An election this worker stands in and has not decided yet.
+/// An election this worker stands in (or will, once joined) and has not decided yet.
 struct Election {
     request: Request,
     digest: String,
-    /// The live set when this worker heard the request, itself included.
+    /// Whether this worker has stood: at once when it was joined when the request came, or
+    /// when it joined (a deferred election).
+    standing: bool,
+    /// The members whose `hello` this worker read after the request: they subscribed after
+    /// it or were not joined when it came, so they never stand in it, and a deferred
+    /// election leaves them out of its member set.
+    late_hellos: BTreeSet<String>,
+    /// The members this worker stood with, itself included: the live set when it heard the
+    /// request, or (deferred) when it joined, less `late_hellos`. Empty until it stands.
     members: BTreeSet<String>,
     /// The answers heard back from the broker, this worker's own included.
     answers: BTreeMap<String, Answer>,
@@ -730,6 +740,9 @@ impl Actor {
         let now = Instant::now();
         for m in self.members.values_mut() {
             m.last_seen = now;
+            // Whether they have joined is to be heard again (after a broker restart every
+            // member is rejoining too): until then, an election is deferred, not abstained from.
+            m.joined = false;
         }
         self.last_awake = now;
         self.last_awake_wall = std::time::SystemTime::now();
@@ -760,9 +773,13 @@ impl Actor {
         }
         match env.body {
             Body::Hello | Body::Probe => {
-                self.send(Body::Heartbeat).await;
+                self.send(Body::Heartbeat { joined: self.joined }).await;
             }
-            Body::Heartbeat => {}
+            Body::Heartbeat { joined } => {
+                if let Some(m) = self.members.get_mut(&from) {
+                    m.joined = joined;
+                }
+            }
             Body::Leave => {
                 let earlier_process = self.members.get(&from).is_some_and(|m| m.incarnation != env.incarnation);
                 if earlier_process && !mutant("leave-any-incarnation") {
@@ -780,6 +797,9 @@ impl Actor {
                 self.on_answer(from, election, Answer::Candidate { clock: env.clock, handles }).await;
             }
             Body::Abstain { election } => self.on_answer(from, election, Answer::Abstain).await,
+            // Not an answer: the sender stands once it has joined, and is waited for as any
+            // member is.
+            Body::Defer { .. } => {}
             Body::Outcome(outcome) => self.on_outcome(&from, outcome),
         }
     }
@@ -822,15 +842,23 @@ impl Actor {
     fn saw_worker(&mut self, from: &str, incarnation: u64, hello: bool) {
         let now = Instant::now();
         self.left.remove(from);
+        if hello && !mutant("defer-keeps-late-hellos") {
+            // Planted, defer-keeps-late-hellos: a deferred election waits for workers that
+            // never saw its request.
+            for e in self.elections.values_mut().filter(|e| !e.standing) {
+                e.late_hellos.insert(from.to_string());
+            }
+        }
         match self.members.get_mut(from) {
             Some(m) => {
                 m.last_seen = now;
                 if hello {
                     m.incarnation = incarnation;
+                    m.joined = false;
                 }
             }
             None => {
-                self.members.insert(from.to_string(), Member { last_seen: now, incarnation });
+                self.members.insert(from.to_string(), Member { last_seen: now, incarnation, joined: false });
                 if self.joined {
                     info!(member = %from, "member joined");
                     self.emit(Event::MemberJoined(from.to_string()));
@@ -860,36 +888,72 @@ impl Actor {
             warn!(election = %request.id, "ignoring an election with an invalid id, topic or action");
             return;
         }
+        // Defer rather than abstain while joining if its `hello` came before the request
+        // (everyone who reads both counts it as a member) and no member it knows has
+        // joined (nobody else may decide it now: the whole group is starting or rejoining).
+        // (Planted, defer-before-hello: deferring a request read before its own hello.)
+        let may_defer = (self.hello_echoed || mutant("defer-before-hello"))
+            && !self.members.values().any(|m| m.joined)
+            && !self.draining;
+        let defer = !self.joined && may_defer;
         let early = self.early.remove(&id).unwrap_or_default();
-        if !self.joined || self.draining {
+        if !defer && (!self.joined || self.draining) {
             // Answer once so that nobody waits for this worker; never stand in it later,
             // never decide or report it.
             self.send(Body::Abstain { election: request.reference() }).await;
             self.remember(&id, Finished::undecided());
             return;
         }
-        let now = Instant::now();
-        let mut members: BTreeSet<String> = self.members.keys().cloned().collect();
-        members.insert(self.cfg.id.clone());
-        let handles = self.handlers.get(&request.topic).is_some();
         let digest = request.digest();
-        self.send(Body::Candidate { election: request.reference(), handles }).await;
-        debug!(election = %id, members = members.len(), "election started");
         let mut answers = BTreeMap::new();
         for a in early.into_iter().filter(|a| a.digest == digest) {
             answers.entry(a.from).or_insert(a.answer);
         }
+        if defer {
+            info!(election = %id, "joining: will stand in the election once joined");
+            self.send(Body::Defer { election: request.reference() }).await;
+        }
+        // A deferred election is given up if this worker has not joined by then; standing
+        // restarts both clocks.
+        let give_up = Instant::now() + self.cfg.give_up_after();
         let election = Election {
             request,
             digest,
-            members,
+            standing: false,
+            late_hellos: BTreeSet::new(),
+            members: BTreeSet::new(),
             answers,
             reported: None,
-            deadline: now + self.cfg.election_timeout,
-            give_up: now + self.cfg.give_up_after(),
+            deadline: give_up,
+            give_up,
         };
         self.elections.insert(id.clone(), election);
-        self.check(&id).await;
+        if !defer {
+            self.stand(&id).await;
+        }
+    }
+
+    /// Stands in election `id`: fixes its member set (the live members this worker knows,
+    /// itself included, less those whose `hello` came after the request), announces its
+    /// candidacy, and starts the election's clocks.
+    async fn stand(&mut self, id: &str) {
+        let Some(e) = self.elections.get(id) else { return };
+        let mut members: BTreeSet<String> =
+            self.members.keys().filter(|m| !e.late_hellos.contains(*m)).cloned().collect();
+        members.insert(self.cfg.id.clone());
+        let handles = self.handlers.get(&e.request.topic).is_some();
+        let reference = e.request.reference();
+        self.send(Body::Candidate { election: reference, handles }).await;
+        debug!(election = %id, members = members.len(), "election started");
+        let now = Instant::now();
+        let (deadline, give_up) = (now + self.cfg.election_timeout, now + self.cfg.give_up_after());
+        if let Some(e) = self.elections.get_mut(id) {
+            e.standing = true;
+            e.members = members;
+            e.deadline = deadline;
+            e.give_up = give_up;
+        }
+        self.check(id).await;
     }
 
     /// An answer: counted for the election it names if this worker stands in it with the
@@ -927,6 +991,16 @@ impl Actor {
     async fn check(&mut self, id: &str) {
         let Some(e) = self.elections.get(id) else { return };
         let now = Instant::now();
+        if !e.standing {
+            // Deferred, and this worker never joined in time (it stands when it joins).
+            if now >= e.give_up {
+                self.elections.remove(id);
+                warn!(election = %id, "gave the election up: this worker did not join in time to stand in it");
+                self.remember(id, Finished::undecided());
+                self.emit(Event::Abandoned { election: id.to_string(), waiting: vec![self.cfg.id.clone()] });
+            }
+            return;
+        }
         let late = now >= e.deadline;
         let waiting: Vec<String> = e
             .members
@@ -1137,6 +1211,12 @@ impl Actor {
             if let Some(tx) = self.joined_tx.take() {
                 let _ = tx.send(());
             }
+            let deferred: Vec<String> =
+                self.elections.iter().filter(|(_, e)| !e.standing).map(|(id, _)| id.clone()).collect();
+            for id in deferred {
+                info!(election = %id, "joined: standing in the election it deferred");
+                self.stand(&id).await;
+            }
         }
         // A member silent for lost_proof, and nothing this worker sent since then on its
         // way: a heartbeat now brings the proof back in a round trip, not at the next beat.
@@ -1146,7 +1226,7 @@ impl Actor {
             || self.members.values().any(|m| now >= m.last_seen + proof && latest_sent < m.last_seen + proof)
             || (!self.joined && now >= self.join_done && latest_sent < self.join_done)
         {
-            self.send(Body::Heartbeat).await;
+            self.send(Body::Heartbeat { joined: self.joined }).await;
             self.next_heartbeat = now + self.cfg.heartbeat;
         }
         // Lost: silent for lost_after, while this worker has read back a message of its own

@@ -43,7 +43,7 @@ async fn three_workers_agree(url: &str) {
         workers.push(w);
     }
     assert_eq!(workers[2].members().await.unwrap(), ["w1.1", "w2.1", "w3.1"]);
-    let client = Client::connect(transport.as_ref()).await.unwrap();
+    let client = Client::connect(transport.clone()).await.unwrap();
     let members = client.members(Duration::from_millis(500)).await.unwrap();
     assert_eq!(members.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(), ["w1.1", "w2.1", "w3.1"]);
     let mut winners = Vec::new();
@@ -104,7 +104,7 @@ async fn survives_a_broker_restart(mut server: servers::Server) {
             _ => {}
         }
     }
-    let client = Client::connect(transport.as_ref()).await.unwrap();
+    let client = Client::connect(transport.clone()).await.unwrap();
     let o = client.elect("after-restart", "job", "", Duration::from_secs(10)).await.unwrap();
     assert_eq!(o.winner.as_deref(), Some("w.1"));
     w.shutdown().await.unwrap();

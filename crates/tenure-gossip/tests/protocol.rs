@@ -65,7 +65,7 @@ async fn a_lone_worker_elects_itself() {
     let hub = MemoryHub::new();
     let rec = Recorder::default();
     let w = worker(&hub, "solo.1", &rec).await;
-    let client = Client::connect(&hub).await.unwrap();
+    let client = Client::connect(Arc::new(hub.clone())).await.unwrap();
     let t0 = Instant::now();
     let outcome = client.elect("nightly", "job", "go", WAIT).await.unwrap();
     assert_eq!(outcome.winner.as_deref(), Some("solo.1"));
@@ -87,7 +87,7 @@ async fn five_workers_agree_and_each_election_runs_once() {
         workers.push(w);
     }
     assert_eq!(workers[0].members().await.unwrap().len(), 5);
-    let client = Client::connect(&hub).await.unwrap();
+    let client = Client::connect(Arc::new(hub.clone())).await.unwrap();
     let mut winners = BTreeMap::new();
     for n in 0..60 {
         let id = format!("job-{n}");
@@ -116,7 +116,7 @@ async fn a_dead_worker_is_waited_for_until_lost_then_left_out() {
     let c = worker(&hub, "c.3", &rec).await;
     let mut events = a.events();
     drop(c); // dies without a word
-    let client = Client::connect(&hub).await.unwrap();
+    let client = Client::connect(Arc::new(hub.clone())).await.unwrap();
     let t0 = Instant::now();
     let outcome = client.elect("after-crash", "job", "go", WAIT).await.unwrap();
     let took = t0.elapsed();
@@ -156,7 +156,7 @@ async fn a_worker_that_leaves_is_not_waited_for() {
     tokio::time::sleep(Duration::from_millis(1)).await;
     assert!(std::iter::from_fn(|| events.try_recv().ok()).any(|e| e == Event::MemberLeft("b.2".into())));
     assert_eq!(a.members().await.unwrap(), ["a.1"]);
-    let client = Client::connect(&hub).await.unwrap();
+    let client = Client::connect(Arc::new(hub.clone())).await.unwrap();
     let t0 = Instant::now();
     let outcome = client.elect("x", "job", "go", WAIT).await.unwrap();
     assert_eq!(outcome.winner.as_deref(), Some("a.1"));
@@ -169,7 +169,7 @@ async fn an_unknown_topic_is_a_clear_error_at_the_initiator() {
     let rec = Recorder::default();
     let _a = worker(&hub, "a.1", &rec).await;
     let _b = worker(&hub, "b.2", &rec).await;
-    let client = Client::connect(&hub).await.unwrap();
+    let client = Client::connect(Arc::new(hub.clone())).await.unwrap();
     let outcome = client.elect("x", "no-such-topic", "go", WAIT).await.unwrap();
     assert_eq!(outcome.winner, None);
     assert!(!outcome.started);
@@ -185,7 +185,7 @@ async fn only_workers_with_the_handler_can_win() {
     // "a.1" would win every tie, but it has no handler for "job".
     let _a = Worker::start(Arc::new(hub.clone()), config("a.1"), Handlers::new(), None).await.unwrap();
     let _b = worker(&hub, "b.2", &rec).await;
-    let client = Client::connect(&hub).await.unwrap();
+    let client = Client::connect(Arc::new(hub.clone())).await.unwrap();
     for n in 0..10 {
         let outcome = client.elect(&format!("e{n}"), "job", "go", WAIT).await.unwrap();
         assert_eq!(outcome.winner.as_deref(), Some("b.2"));
@@ -198,7 +198,7 @@ async fn a_repeated_id_answers_the_first_outcome_and_runs_nothing() {
     let rec = Recorder::default();
     let _a = worker(&hub, "a.1", &rec).await;
     let _b = worker(&hub, "b.2", &rec).await;
-    let client = Client::connect(&hub).await.unwrap();
+    let client = Client::connect(Arc::new(hub.clone())).await.unwrap();
     let first = client.elect("once", "job", "go", WAIT).await.unwrap();
     assert!(!first.repeat);
     let again = client.elect("once", "job", "go", WAIT).await.unwrap();
@@ -215,7 +215,7 @@ async fn decided_ids_are_forgotten_after_the_retention() {
     let mut handlers = Handlers::new();
     handlers.insert("job", rec.clone()).unwrap();
     let _a = Worker::start(Arc::new(hub.clone()), cfg, handlers, None).await.unwrap();
-    let client = Client::connect(&hub).await.unwrap();
+    let client = Client::connect(Arc::new(hub.clone())).await.unwrap();
     client.elect("daily", "job", "go", WAIT).await.unwrap();
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert!(client.elect("daily", "job", "go", WAIT).await.unwrap().repeat);
@@ -241,7 +241,7 @@ async fn an_election_a_live_member_never_answers_is_given_up_and_forgotten() {
         let hub = hub.clone();
         tokio::spawn(async move {
             for clock in 1.. {
-                raw(&hub, serde_json::json!({"v":2,"from":"mute.9","incarnation":1,"clock":clock,"type":"heartbeat"}))
+                raw(&hub, serde_json::json!({"v":3,"from":"mute.9","incarnation":1,"clock":clock,"type":"heartbeat"}))
                     .await;
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
@@ -249,7 +249,7 @@ async fn an_election_a_live_member_never_answers_is_given_up_and_forgotten() {
     };
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(a.members().await.unwrap(), ["a.1", "mute.9"]);
-    let client = Client::connect(&hub).await.unwrap();
+    let client = Client::connect(Arc::new(hub.clone())).await.unwrap();
     let t0 = Instant::now();
     let err = client.elect("stuck", "job", "go", Duration::from_secs(60)).await.unwrap_err();
     assert!(matches!(&err, GossipError::NoOutcome { answered, .. } if answered == &["a.1"]), "{err}");
@@ -270,7 +270,7 @@ async fn duplicate_and_late_messages_change_nothing() {
     let (mut ea, mut eb) = (a.events(), b.events());
     // Record every message of one election, then play them all again, twice.
     let mut tap = hub.open().await.unwrap();
-    let client = Client::connect(&hub).await.unwrap();
+    let client = Client::connect(Arc::new(hub.clone())).await.unwrap();
     let first = client.elect("dup", "job", "go", WAIT).await.unwrap();
     tokio::time::sleep(Duration::from_millis(10)).await;
     let mut seen = Vec::new();
@@ -286,7 +286,7 @@ async fn duplicate_and_late_messages_change_nothing() {
     // A candidate for the election from a worker that was never in it, arriving late.
     raw(
         &hub,
-        serde_json::json!({"v":2,"from":"late.0","incarnation":1,"clock":0,"type":"candidate",
+        serde_json::json!({"v":3,"from":"late.0","incarnation":1,"clock":0,"type":"candidate",
             "election":{"id":"dup","digest":first.digest},"handles":true}),
     )
     .await;
@@ -302,7 +302,7 @@ async fn a_joining_worker_moves_its_clock_past_the_members() {
     let rec = Recorder::default();
     let mut a = worker(&hub, "a.1", &rec).await;
     let events = a.events();
-    let client = Client::connect(&hub).await.unwrap();
+    let client = Client::connect(Arc::new(hub.clone())).await.unwrap();
     for n in 0..30 {
         client.elect(&format!("warm-{n}"), "job", "go", WAIT).await.unwrap();
     }
@@ -328,7 +328,7 @@ async fn a_joining_worker_moves_its_clock_past_the_members() {
 #[tokio::test(start_paused = true)]
 async fn bad_ids_and_settings_are_refused() {
     let hub = MemoryHub::new();
-    let client = Client::connect(&hub).await.unwrap();
+    let client = Client::connect(Arc::new(hub.clone())).await.unwrap();
     let e = client.elect("bad id!", "job", "", WAIT).await.unwrap_err().to_string();
     assert!(e.contains("invalid election id"), "{e}");
     let e = client.elect("ok", "", "", WAIT).await.unwrap_err().to_string();
@@ -450,6 +450,30 @@ impl Transport for Faulty {
     }
 }
 
+/// Three workers `w0.0`, `w1.1`, `w2.2`, each behind its own faults.
+async fn faulty_group(hub: &MemoryHub, rec: &Recorder) -> (Vec<Worker>, Vec<Faults>) {
+    let faults: Vec<Faults> = (0..3).map(|_| Faults::new()).collect();
+    let mut workers = Vec::new();
+    for (i, f) in faults.iter().enumerate() {
+        workers.push(faulty_worker(hub, &format!("w{i}.{i}"), rec, f).await);
+    }
+    (workers, faults)
+}
+
+/// Takes every link in `faults` down after `after`, for `length`.
+fn outage(faults: Vec<Faults>, after: Duration, length: Duration) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        for f in &faults {
+            f.down.send_replace(true);
+        }
+        tokio::time::sleep(length).await;
+        for f in &faults {
+            f.down.send_replace(false);
+        }
+    })
+}
+
 async fn faulty_worker(hub: &MemoryHub, id: &str, recorder: &Recorder, faults: &Faults) -> Worker {
     let mut handlers = Handlers::new();
     handlers.insert("job", recorder.clone()).unwrap();
@@ -459,7 +483,7 @@ async fn faulty_worker(hub: &MemoryHub, id: &str, recorder: &Recorder, faults: &
 
 /// Starts `n` elections at once from a client, and returns each one's result.
 async fn burst(hub: &MemoryHub, prefix: &str, n: usize, wait: Duration) -> Vec<Result<tenure_gossip::Outcome, String>> {
-    let client = Arc::new(Client::connect(hub).await.unwrap());
+    let client = Arc::new(Client::connect(Arc::new(hub.clone())).await.unwrap());
     let tasks: Vec<_> = (0..n)
         .map(|i| {
             let client = client.clone();
@@ -538,7 +562,7 @@ async fn a_late_leave_from_before_a_restart_does_not_remove_the_restarted_worker
     let rec = Recorder::default();
     let b = worker(&hub, "b.2", &rec).await;
     let say = |incarnation: u64, clock: u64, kind: &str| {
-        raw(&hub, serde_json::json!({"v":2,"from":"a.1","incarnation":incarnation,"clock":clock,"type":kind}))
+        raw(&hub, serde_json::json!({"v":3,"from":"a.1","incarnation":incarnation,"clock":clock,"type":kind}))
     };
     // a.1 runs, stops (its leave is delayed), and starts again with the same id.
     say(7, 1, "hello").await;
@@ -562,13 +586,13 @@ async fn a_winner_that_hears_of_another_winner_of_its_election_reports_it() {
     let rec = Recorder::default();
     let mut a = worker(&hub, "a.1", &rec).await;
     let mut events = a.events();
-    let client = Client::connect(&hub).await.unwrap();
+    let client = Client::connect(Arc::new(hub.clone())).await.unwrap();
     let o = client.elect("x", "job", "go", WAIT).await.unwrap();
     assert_eq!((o.winner.as_deref(), o.started), (Some("a.1"), true));
     // A worker a never counted (the other side of a split that healed) ran x too.
     raw(
         &hub,
-        serde_json::json!({"v":2,"from":"z.9","incarnation":1,"clock":100,"type":"outcome","id":"x","topic":"job",
+        serde_json::json!({"v":3,"from":"z.9","incarnation":1,"clock":100,"type":"outcome","id":"x","topic":"job",
             "digest":o.digest,"winner":"z.9","started":true,"error":null}),
     )
     .await;
@@ -605,7 +629,7 @@ async fn a_member_is_lost_only_after_a_silence_it_would_have_noticed_itself() {
     let mut p = faulty_worker(&hub, "a.1", &rec, &fp).await;
     let mut o = faulty_worker(&hub, "b.2", &rec, &fo).await;
     let (mut p_events, mut o_events) = (p.events(), o.events());
-    let probe = || raw(&hub, serde_json::json!({"v":2,"from":"client.9","incarnation":1,"clock":1,"type":"probe"}));
+    let probe = || raw(&hub, serde_json::json!({"v":3,"from":"client.9","incarnation":1,"clock":1,"type":"probe"}));
     // Both joined. p's next heartbeat is its last word before the hang.
     let mut tap = hub.open().await.unwrap();
     next_from(&mut tap, "a.1", "heartbeat").await;
@@ -672,11 +696,7 @@ async fn a_worker_whose_answers_fail_to_publish_and_whose_link_drops_decides_not
 async fn a_broker_outage_for_everyone_longer_than_lost_after_runs_nothing_twice() {
     let hub = MemoryHub::new();
     let rec = Recorder::default();
-    let faults: Vec<Faults> = (0..3).map(|_| Faults::new()).collect();
-    let mut workers = Vec::new();
-    for (i, f) in faults.iter().enumerate() {
-        workers.push(faulty_worker(&hub, &format!("w{i}.{i}"), &rec, f).await);
-    }
+    let (_workers, faults) = faulty_group(&hub, &rec).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     // One worker (the first by the tie rule) is slow to answer (its publishes hang), so
     // elections are under way when every link drops for 8 s.
@@ -711,7 +731,7 @@ async fn a_joining_worker_never_reports_an_outcome() {
     let rec = Recorder::default();
     let fa = Faults::new();
     let _a = faulty_worker(&hub, "a.1", &rec, &fa).await;
-    let client = Client::connect(&hub).await.unwrap();
+    let client = Client::connect(Arc::new(hub.clone())).await.unwrap();
     let mut tap = hub.open().await.unwrap();
     for n in 0..20 {
         // b starts, and the election is asked for as soon as its hello is out, while a's
@@ -755,13 +775,13 @@ async fn a_late_answer_for_a_forgotten_election_starts_nothing() {
     let mut handlers = Handlers::new();
     handlers.insert("job", rec.clone()).unwrap();
     let _a = Worker::start(Arc::new(hub.clone()), cfg, handlers, None).await.unwrap();
-    let client = Client::connect(&hub).await.unwrap();
+    let client = Client::connect(Arc::new(hub.clone())).await.unwrap();
     let first = client.elect("old", "job", "go", WAIT).await.unwrap();
     tokio::time::sleep(Duration::from_secs(61)).await;
     // A candidate for it, delayed past the retention (and one heard before any request).
     raw(
         &hub,
-        serde_json::json!({"v":2,"from":"late.0","incarnation":1,"clock":1,"type":"candidate",
+        serde_json::json!({"v":3,"from":"late.0","incarnation":1,"clock":1,"type":"candidate",
             "election":{"id":"old","digest":first.digest},"handles":true}),
     )
     .await;
@@ -775,7 +795,7 @@ async fn an_id_used_for_another_action_is_a_clear_error_and_runs_nothing() {
     let rec = Recorder::default();
     let _a = worker(&hub, "a.1", &rec).await;
     let _b = worker(&hub, "b.2", &rec).await;
-    let client = Client::connect(&hub).await.unwrap();
+    let client = Client::connect(Arc::new(hub.clone())).await.unwrap();
     let first = client.elect("shared", "job", "one thing", WAIT).await.unwrap();
     assert!(first.started);
     let err = client.elect("shared", "job", "another thing", WAIT).await.unwrap_err();
@@ -804,7 +824,7 @@ async fn workers_that_fall_behind_their_queues_never_lose_each_other_and_decide_
     for (f, ms) in faults.iter().zip([400, 2000]) {
         f.slow_ms.store(ms, std::sync::atomic::Ordering::SeqCst);
     }
-    let client = Arc::new(Client::connect(&hub).await.unwrap());
+    let client = Arc::new(Client::connect(Arc::new(hub.clone())).await.unwrap());
     let mut tasks = Vec::new();
     for i in 0..150 {
         let client = client.clone();
@@ -838,13 +858,13 @@ async fn a_worker_that_hears_another_already_ran_the_election_does_not_run_it_to
     let rec = Recorder::default();
     let mut a = worker(&hub, "a.1", &rec).await;
     let mut events = a.events();
-    let client = Client::connect(&hub).await.unwrap();
+    let client = Client::connect(Arc::new(hub.clone())).await.unwrap();
     let digest = client.elect("warm", "job", "go", WAIT).await.unwrap().digest;
-    raw(&hub, serde_json::json!({"v":2,"from":"c","incarnation":1,"clock":100,"type":"elect","id":"x","topic":"job","action":"go"}))
+    raw(&hub, serde_json::json!({"v":3,"from":"c","incarnation":1,"clock":100,"type":"elect","id":"x","topic":"job","action":"go"}))
         .await;
     raw(
         &hub,
-        serde_json::json!({"v":2,"from":"b.2","incarnation":1,"clock":101,"type":"outcome","id":"x","topic":"job",
+        serde_json::json!({"v":3,"from":"b.2","incarnation":1,"clock":101,"type":"outcome","id":"x","topic":"job",
             "digest":digest,"winner":"b.2","started":true,"error":null}),
     )
     .await;
@@ -944,10 +964,10 @@ async fn a_message_with_an_absurd_clock_does_not_stop_the_group() {
     let _a = worker(&hub, "a.1", &rec).await;
     let _b = worker(&hub, "b.2", &rec).await;
     for clock in [(1u64 << 62) - 1, u64::MAX] {
-        raw(&hub, serde_json::json!({"v":2,"from":"bad","incarnation":1,"clock":clock,"type":"probe"})).await;
+        raw(&hub, serde_json::json!({"v":3,"from":"bad","incarnation":1,"clock":clock,"type":"probe"})).await;
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let client = Client::connect(&hub).await.unwrap();
+    let client = Client::connect(Arc::new(hub.clone())).await.unwrap();
     for i in 0..3 {
         let id = format!("after{i}");
         let o = client.elect(&id, "job", "go", WAIT).await.unwrap();
@@ -958,8 +978,9 @@ async fn a_message_with_an_absurd_clock_does_not_stop_the_group() {
 }
 
 /// One round of [`random_publish_hangs_never_run_an_election_twice`]: three workers whose
-/// publishes hang at random (mostly shorter than a stall, sometimes longer) while a client
-/// asks for an election every 300 ms; returns what went wrong, if anything.
+/// publishes hang at random (mostly shorter than a stall, sometimes longer), and one broker
+/// outage for all of them, while a client asks for an election every 300 ms; returns what
+/// went wrong, if anything.
 async fn hang_round(seed: u64) -> Result<(), String> {
     let mut rng = fastrand::Rng::with_seed(seed);
     let hub = MemoryHub::new();
@@ -986,7 +1007,11 @@ async fn hang_round(seed: u64) -> Result<(), String> {
             }
         });
     }
-    let client = Arc::new(Client::connect(&hub).await.unwrap());
+    // And once per round the broker goes away for everyone (a restart), for 0.5 to 4 s:
+    // every worker reconnects and joins again, deferring what it is asked meanwhile.
+    let (at, length) = (rng.u64(2000..30_000), rng.u64(500..4000));
+    let outage = outage(faults.clone(), Duration::from_millis(at), Duration::from_millis(length));
+    let client = Arc::new(Client::connect(Arc::new(hub.clone())).await.unwrap());
     let mut asked = Vec::new();
     let mut i = 0;
     while Instant::now() < end {
@@ -998,6 +1023,7 @@ async fn hang_round(seed: u64) -> Result<(), String> {
     for a in asked {
         let _ = a.await;
     }
+    outage.await.unwrap();
     tokio::time::sleep(Duration::from_secs(15)).await;
     for (id, ran_on) in rec.runs() {
         if ran_on.len() > 1 {
@@ -1016,4 +1042,116 @@ async fn random_publish_hangs_never_run_an_election_twice() {
             panic!("seed {seed}: {e}");
         }
     }
+}
+
+/// Starts a worker without waiting for it to join.
+fn start_joining(hub: &MemoryHub, id: &str, rec: &Recorder) -> JoinHandle<Worker> {
+    let (hub, id, rec) = (hub.clone(), id.to_string(), rec.clone());
+    tokio::spawn(async move { worker(&hub, &id, &rec).await })
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_election_asked_one_second_after_the_workers_start_runs_once() {
+    let hub = MemoryHub::new();
+    let rec = Recorder::default();
+    let starting: Vec<_> = ["a.1", "b.2", "c.3"].iter().map(|id| start_joining(&hub, id, &rec)).collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Every worker is still joining (5 s with the default settings): each defers the
+    // election, stands once joined, and the group decides it then.
+    let client = Client::connect(Arc::new(hub.clone())).await.unwrap();
+    let outcome = client.elect("early", "job", "go", Duration::from_secs(10)).await.unwrap();
+    assert!(outcome.started, "{outcome:?}");
+    for s in starting {
+        s.await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(rec.runs()["early"], vec![outcome.winner.unwrap()]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_election_deferred_by_a_joining_worker_waits_for_no_worker_that_started_after_it() {
+    let hub = MemoryHub::new();
+    let rec = Recorder::default();
+    let a = start_joining(&hub, "a.1", &rec);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let client = Arc::new(Client::connect(Arc::new(hub.clone())).await.unwrap());
+    let asked = {
+        let client = client.clone();
+        tokio::spawn(async move { client.elect("first", "job", "go", Duration::from_secs(10)).await })
+    };
+    // b and c start after the request: they never hear it, and a, which deferred it, must
+    // not wait for their answers.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let later: Vec<_> = ["b.2", "c.3"].iter().map(|id| start_joining(&hub, id, &rec)).collect();
+    let outcome = asked.await.unwrap().unwrap();
+    assert_eq!(outcome.winner.as_deref(), Some("a.1"), "{outcome:?}");
+    assert!(outcome.started, "{outcome:?}");
+    a.await.unwrap();
+    for s in later {
+        s.await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(rec.runs()["first"], vec!["a.1".to_string()]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_hears_a_request_before_its_own_hello_never_stands_in_it() {
+    // The group restarts (a deploy, a broker restart): a and b subscribe, then a request
+    // reaches them before their hellos do. Each counts only members whose hello came
+    // before the request; had they deferred it, each would stand alone and run it.
+    for round in 0..5 {
+        let hub = MemoryHub::new();
+        let rec = Recorder::default();
+        let faults: Vec<Faults> = (0..2).map(|_| Faults::new()).collect();
+        let mut starting = Vec::new();
+        for (i, f) in faults.iter().enumerate() {
+            Faults::set(&f.hang, true);
+            let (hub, rec, f) = (hub.clone(), rec.clone(), f.clone());
+            starting.push(tokio::spawn(async move { faulty_worker(&hub, &format!("w{i}.{i}"), &rec, &f).await }));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        raw(&hub, serde_json::json!({"v":3,"from":"client.9","incarnation":1,"clock":1,"type":"elect","id":"x","topic":"job","action":"go"}))
+            .await;
+        tokio::time::sleep(Duration::from_millis(20 * round)).await;
+        for f in &faults {
+            Faults::set(&f.hang, false);
+        }
+        for s in starting {
+            s.await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        let runs = rec.runs();
+        assert!(runs.get("x").is_none_or(|r| r.len() <= 1), "round {round}: x ran on {:?}", runs["x"]);
+    }
+}
+
+/// Elections asked every 300 ms while the broker goes away for everyone and comes back:
+/// each runs exactly once, if its wait outlasts the outage and the rejoin.
+#[tokio::test(start_paused = true)]
+async fn elections_asked_around_a_broker_outage_each_run_exactly_once() {
+    let hub = MemoryHub::new();
+    let rec = Recorder::default();
+    let (_workers, mut faults) = faulty_group(&hub, &rec).await;
+    // The client's own link goes down with the broker too.
+    let client_faults = Faults::new();
+    let client =
+        Arc::new(Client::connect(Arc::new(Faulty { hub: hub.clone(), faults: client_faults.clone() })).await.unwrap());
+    faults.push(client_faults);
+    let outage = outage(faults, Duration::from_millis(3050), Duration::from_secs(3));
+    let mut asked = Vec::new();
+    for i in 0..30 {
+        let (client, id) = (client.clone(), format!("o{i}"));
+        asked.push(tokio::spawn(async move { client.elect(&id, "job", "go", Duration::from_secs(20)).await }));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let mut results = Vec::new();
+    for a in asked {
+        results.push(a.await.unwrap().map_err(|e| e.to_string()));
+    }
+    outage.await.unwrap();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    at_most_once_and_started_means_ran(&rec, "o", &results);
+    let runs = rec.runs();
+    let lost: Vec<String> = (0..30).map(|i| format!("o{i}")).filter(|id| !runs.contains_key(id)).collect();
+    assert!(lost.is_empty(), "never ran: {lost:?}; results: {results:?}");
 }
