@@ -72,7 +72,9 @@ pub fn boottime_ns() -> u64 {
 /// supervisor treats as a deadline already passed (it fails closed).
 fn read_stop_at(path: &Path) -> Option<u64> {
     match read_private(path) {
-        Ok(s) => std::str::from_utf8(&s).ok()?.trim().parse().ok(),
+        // `tenure run` rewrites the record in place: a read that met a write half done
+        // fails its check, and the next read finds it whole.
+        Ok(s) => parse_stop_at(&s).or_else(|| read_private(path).ok().and_then(|s| parse_stop_at(&s))),
         // Planted (with the standby's wait skipped): a deadline file not yet written is
         // taken for no deadline.
         Err(_) if mutant("standby-starts-unbidden") => Some(u64::MAX),
@@ -169,9 +171,45 @@ fn read_private(path: &Path) -> std::io::Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// A deadline record: the instant in 20 digits and a check of it, so that a reader can
+/// tell a record rewritten in place under its read (a mix of two) from a whole one. Every
+/// record has the same length.
+fn stop_at_record(stop_at_ns: u64) -> Vec<u8> {
+    format!("{stop_at_ns:020} {:016x}\n", stop_at_check(stop_at_ns)).into_bytes()
+}
+
+/// The check of a deadline record (a 64-bit mix of the instant).
+fn stop_at_check(stop_at_ns: u64) -> u64 {
+    let mut z = stop_at_ns.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The instant in a deadline record; `None` if it is not whole. A bare number (as
+/// written before records had a check) is taken as it is.
+fn parse_stop_at(bytes: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(bytes).ok()?.trim();
+    match text.split_once(' ') {
+        Some((instant, check)) => {
+            let instant: u64 = instant.parse().ok()?;
+            (u64::from_str_radix(check, 16).ok()? == stop_at_check(instant)).then_some(instant)
+        }
+        None => text.parse().ok(),
+    }
+}
+
 /// Writes the instant by which the command must start stopping, atomically.
 fn write_stop_at(path: &Path, stop_at_ns: u64) -> std::io::Result<()> {
-    write_atomically(path, stop_at_ns.to_string().as_bytes())
+    write_atomically(path, &stop_at_record(stop_at_ns))
+}
+
+/// Opens the deadline file `tenure run` wrote, to rewrite it in place from then on: moving
+/// the deadline then needs no new descriptor (a process out of descriptors, under a flood
+/// of connections, still keeps its command's deadline).
+fn open_stop_at(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new().write(true).custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32).open(path)
 }
 
 /// The pairs of an environment file; `None` if it cannot be read or is malformed.
@@ -339,8 +377,9 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, stan
     // process group of its own: a `kill -STOP 0` in the command, or a read from the
     // terminal (SIGTTIN), stops the command's group, never the supervisor.
     use std::os::unix::process::CommandExt;
+    lower_descriptor_limit();
     let mut command = std::process::Command::new(program);
-    command.args(args).envs(added_env).env_remove(STORE_ENV);
+    command.args(args).envs(added_env).env_remove(STORE_ENV).env_remove(DESCRIPTOR_LIMIT_ENV);
     if !mutant("command-in-supervisor-group") {
         command.process_group(0);
     }
@@ -507,11 +546,16 @@ pub fn guard(parent: i32, supervisor: i32, deadline_file: &Path, grace: Duration
         let parent_alive = rustix::process::getppid().map(Pid::as_raw_pid) == Some(parent);
         let tree = if parent_alive {
             // A file that is there but cannot be believed (not this user's alone, garbage)
-            // arms the guard as a good one does: it is written whole (renamed into place),
-            // so only a term's start puts it there.
+            // arms the guard as a good one does: it is written whole (renamed into place)
+            // at a term's start, so only a term's start puts it there. Rewritten in place
+            // after that, a read may meet a write half done: that fails the record's
+            // check, and the next read finds it whole.
             let read = read_private(deadline_file);
             let missing = matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::NotFound);
-            let stop_at = match read.ok().and_then(|s| std::str::from_utf8(&s).ok()?.trim().parse::<u64>().ok()) {
+            let parsed = read.ok().and_then(|s| {
+                parse_stop_at(&s).or_else(|| read_private(deadline_file).ok().and_then(|s| parse_stop_at(&s)))
+            });
+            let stop_at = match parsed {
                 Some(at) => {
                     armed_at.get_or_insert(round);
                     unreadable_since = None;
@@ -764,6 +808,9 @@ fn spawn_supervisor(
 ) -> Result<(Child, Pid)> {
     let exe = own_program().context("cannot find the tenure executable to supervise the command")?;
     let mut command = Command::new(exe);
+    if let Some(soft) = starting_descriptor_limit() {
+        command.env(DESCRIPTOR_LIMIT_ENV, soft.to_string());
+    }
     // The store's URL (and its password) stays with tenure: neither the supervisor nor
     // the command needs it.
     command.env_remove(STORE_ENV);
@@ -834,7 +881,7 @@ impl Standby {
         stop_at_ns: u64,
         metadata: Option<&[u8]>,
     ) -> Result<Supervised> {
-        let told = (|| -> Result<Option<PathBuf>> {
+        let told = (|| -> Result<(Option<PathBuf>, std::fs::File)> {
             let dir = self.deadline_file.parent().context("the deadline file has no directory")?;
             let mut env = env.to_vec();
             let metadata_file = write_metadata(dir, metadata, &mut env)?;
@@ -852,18 +899,20 @@ impl Standby {
             // The environment file last: it is what a SIGUSR1 must find to start anything,
             // so a stray one in between finds nothing rather than a start without a deadline.
             write_stop_at(&self.deadline_file, stop_at_ns).context("cannot write the command's deadline file")?;
+            let deadline = open_stop_at(&self.deadline_file).context("cannot open the command's deadline file")?;
             write_atomically(&env_file(&self.deadline_file), &pairs)
                 .context("cannot write the command's environment")?;
             rustix::process::kill_process(self.supervisor, Signal::USR1)
                 .context("cannot tell the supervisor to start the command")?;
-            Ok(metadata_file)
+            Ok((metadata_file, deadline))
         })();
         match (told, self.child.take(), self.dir.take()) {
-            (Ok(metadata_file), Some(child), Some(dir)) => Ok(Supervised {
+            (Ok((metadata_file, deadline)), Some(child), Some(dir)) => Ok(Supervised {
                 guard: self.guard.take(),
                 child,
                 supervisor: self.supervisor,
                 deadline_file: self.deadline_file.clone(),
+                deadline,
                 metadata_file,
                 _dir: dir,
             }),
@@ -915,6 +964,8 @@ pub struct Supervised {
     child: Child,
     supervisor: Pid,
     deadline_file: PathBuf,
+    /// The deadline file, open for rewriting in place.
+    deadline: std::fs::File,
     metadata_file: Option<PathBuf>,
     _dir: tempfile::TempDir,
 }
@@ -944,13 +995,14 @@ impl Supervised {
         let dir = supervisor_dir()?;
         let deadline_file = dir.path().join("deadline");
         write_stop_at(&deadline_file, stop_at_ns).context("cannot write the command's deadline file")?;
+        let deadline = open_stop_at(&deadline_file).context("cannot open the command's deadline file")?;
         let mut env = env.to_vec();
         let metadata_file = write_metadata(dir.path(), metadata, &mut env)?;
         let (child, supervisor) = spawn_supervisor(cmd, &deadline_file, grace, false, &env)?;
         let guard = spawn_guard(supervisor, &deadline_file, grace)
             .map_err(|e| tracing::warn!(error = format!("{e:#}"), "the command runs without its guard"))
             .ok();
-        Ok(Self { guard, child, supervisor, deadline_file, metadata_file, _dir: dir })
+        Ok(Self { guard, child, supervisor, deadline_file, deadline, metadata_file, _dir: dir })
     }
 
     /// `TENURE_METADATA_FILE`, if the command was given one.
@@ -960,7 +1012,10 @@ impl Supervised {
 
     /// Moves the instant at which the supervisor stops the command on its own.
     pub fn extend(&self, stop_at_ns: u64) {
-        if let Err(e) = write_stop_at(&self.deadline_file, stop_at_ns) {
+        use std::os::unix::fs::FileExt;
+        // In place, through the descriptor kept open: no new descriptor needed. Every
+        // record has the same length, so the file never holds a shorter one's tail.
+        if let Err(e) = self.deadline.write_all_at(&stop_at_record(stop_at_ns), 0) {
             tracing::warn!(error = %e, "cannot extend the command's deadline; it may be stopped early");
         }
     }
@@ -1024,5 +1079,83 @@ impl Supervised {
         };
         self.sweep_then_end_guard().await;
         code
+    }
+}
+
+/// The soft descriptor limit this process started with, if [`raise_descriptor_limit`]
+/// raised it.
+static STARTING_DESCRIPTOR_LIMIT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+
+/// Tells the supervisor the soft descriptor limit to give the command back.
+const DESCRIPTOR_LIMIT_ENV: &str = "TENURE_INTERNAL_NOFILE";
+
+/// Raises this process's soft limit on open descriptors to its hard limit, so that the
+/// connections of `--http` and the dashboard cannot take the descriptors that renewing the
+/// lease and keeping the command's deadline need. The command, the hooks and health
+/// checks get the limit back as it was: some programs expect the usual soft limit.
+pub fn raise_descriptor_limit() {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let start = getrlimit(Resource::Nofile);
+    let Some(soft) = start.current else { return };
+    if start.maximum.is_some_and(|hard| hard <= soft) {
+        return;
+    }
+    match setrlimit(Resource::Nofile, Rlimit { current: start.maximum, maximum: start.maximum }) {
+        Ok(()) => {
+            let _ = STARTING_DESCRIPTOR_LIMIT.set(soft);
+        }
+        Err(e) => tracing::debug!(error = %e, "cannot raise the descriptor limit"),
+    }
+}
+
+/// The soft descriptor limit this process started with, if it raised it.
+pub fn starting_descriptor_limit() -> Option<u64> {
+    STARTING_DESCRIPTOR_LIMIT.get().copied()
+}
+
+/// In the supervisor: sets the soft descriptor limit back to what `tenure run` started
+/// with (passed in [`DESCRIPTOR_LIMIT_ENV`]), before it starts the command.
+fn lower_descriptor_limit() {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let Some(soft) = std::env::var(DESCRIPTOR_LIMIT_ENV).ok().and_then(|v| v.parse::<u64>().ok()) else { return };
+    let now = getrlimit(Resource::Nofile);
+    if let Err(e) = setrlimit(Resource::Nofile, Rlimit { current: Some(soft), maximum: now.maximum }) {
+        eprintln!("tenure: warning: cannot set the command's descriptor limit back to {soft}: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deadline_record_reads_back_and_a_mix_of_two_is_refused() {
+        let (old, new) = (stop_at_record(999_999_999), stop_at_record(1_000_000_000));
+        assert_eq!(old.len(), new.len());
+        assert_eq!(parse_stop_at(&old), Some(999_999_999));
+        assert_eq!(parse_stop_at(&new), Some(1_000_000_000));
+        // A read that met the rewrite half done: every mix of the two is refused, never
+        // taken for an instant later than either.
+        for cut in 1..old.len() {
+            let mixed: Vec<u8> = new[..cut].iter().chain(&old[cut..]).copied().collect();
+            if mixed != old && mixed != new {
+                assert_eq!(parse_stop_at(&mixed), None, "{}", String::from_utf8_lossy(&mixed));
+            }
+        }
+        assert_eq!(parse_stop_at(b"12345\n"), Some(12345));
+        assert_eq!(parse_stop_at(b"00000000000000012345 0000000000000000\n"), None);
+        assert_eq!(parse_stop_at(b"garbage"), None);
+    }
+
+    #[test]
+    fn the_descriptor_limit_is_raised_and_the_starting_one_remembered() {
+        use rustix::process::{Resource, getrlimit};
+        let before = getrlimit(Resource::Nofile);
+        raise_descriptor_limit();
+        let after = getrlimit(Resource::Nofile);
+        assert_eq!(after.current, after.maximum);
+        if before.current != before.maximum {
+            assert_eq!(starting_descriptor_limit(), before.current);
+        }
     }
 }

@@ -617,6 +617,10 @@ fn main() -> ExitCode {
         return block_on(dispatch_internal(Internal::parse()));
     }
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Run(_) | Command::Campaign(_) | Command::Schedule(_) | Command::Dashboard { .. })
+    {
+        child::raise_descriptor_limit();
+    }
     if !matches!(cli.command, Command::Completions { .. } | Command::Man { .. }) {
         // The benchmark cuts off its own candidates and stops hundreds of terms: the
         // warnings those faults cause are expected, not the user's. Only errors unless asked.

@@ -951,9 +951,14 @@ async fn run_hook(hook: &str, env: &[(&'static str, String)], limit: Duration) {
 /// `sh -c CMD` with `env`, in a process group of its own that is killed whole if it takes
 /// longer than `limit`; `what` names it in errors.
 async fn run_sh(cmd: &str, env: &[(&'static str, String)], limit: Duration, what: &str) -> Result<(), String> {
+    // With the descriptor limit tenure started with (it raises its own).
+    let script = match crate::child::starting_descriptor_limit() {
+        Some(soft) => format!("ulimit -S -n {soft} 2>/dev/null\n{cmd}"),
+        None => cmd.to_string(),
+    };
     let mut child = tokio::process::Command::new("sh")
         .arg("-c")
-        .arg(cmd)
+        .arg(script)
         .env_remove(crate::child::STORE_ENV)
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .stdin(std::process::Stdio::null())

@@ -296,3 +296,30 @@ fn a_campaign_sidecar_runs_its_hooks_and_answers_is_leader() {
     assert!(h[3].2 > h[2].2);
     assert!(a.try_wait().unwrap().is_none());
 }
+
+#[test]
+fn tenure_run_raises_its_descriptor_limit_and_gives_the_command_and_health_checks_the_one_it_started_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let (seen, hook) = (dir.path().join("command"), dir.path().join("hook"));
+    let script = format!("ulimit -S -n > {}.tmp; mv {0}.tmp {0}; exec sleep 600", seen.display());
+    let leader = Proc(
+        Command::new("sh")
+            .args(["-c", r#"ulimit -S -n 256; exec "$0" "$@""#, tenure()])
+            .args(["run", "jobs/limits", "--ttl", "2s"])
+            .args(["--health-cmd", &format!("ulimit -S -n > {}", hook.display()), "--health-interval", "200ms"])
+            .args(["--", "sh", "-c", &script])
+            .env("TENURE_STORE", format!("sqlite:{}", dir.path().join("s.db").display()))
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("the command to start", Duration::from_secs(20), || seen.exists() && hook.exists());
+    assert_eq!(std::fs::read_to_string(&seen).unwrap().trim(), "256");
+    assert_eq!(std::fs::read_to_string(&hook).unwrap().trim(), "256");
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", leader.id())).unwrap();
+    let line = limits.lines().find(|l| l.starts_with("Max open files")).unwrap().to_string();
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    let (soft, hard) = (fields[3], fields[4]);
+    assert_eq!(soft, hard, "tenure run kept the soft limit it started with: {line}");
+}
