@@ -130,10 +130,13 @@ struct Inner {
     wake: Option<std::fs::File>,
     /// How releases are committed: see [`release_durability`].
     release_durability: Durability,
-    /// The file the connection has open (device, inode), as the connection's thread last
-    /// opened it: a grant committed while the path named another file was made in a
+    /// The files the connection has open, as the connection's thread last opened them: a
+    /// grant committed while the path named another file (or another log) was made in a
     /// database nobody else reads.
-    opened: std::sync::Mutex<Option<(u64, u64)>>,
+    opened: std::sync::Mutex<Opened>,
+    /// The connection's log or shared memory went under it (see [`Opened::log_lost`]):
+    /// every call fails from then on.
+    log_lost: AtomicBool,
     /// The elections this store may hold a lease of, and a shared lock on the database's
     /// directory kept while there is one: see [`a_leader_may_live`] and [`mark_withheld`].
     leading: std::sync::Mutex<Leading>,
@@ -281,9 +284,10 @@ impl SqliteStore {
     fn open_blocking(path: PathBuf, options: SqliteOptions) -> Result<Self, StoreError> {
         check_file_system(&path)?;
         let conn = connect(&path, &options)?;
-        let opened = file_id(&path);
         let version: i64 = retry_busy(&options, || conn.query_row("PRAGMA user_version", [], |r| r.get(0)))
             .map_err(|e| sql_error(&path, "reading the schema version", e))?;
+        // Read once: the log and shared-memory files exist now.
+        let opened = Opened::at(&path);
         if version > SCHEMA_VERSION {
             return Err(StoreError::new(
                 ErrorKind::Misconfigured,
@@ -316,6 +320,7 @@ impl SqliteStore {
             wake,
             release_durability,
             opened: std::sync::Mutex::new(opened),
+            log_lost: AtomicBool::new(false),
             leading: Default::default(),
             #[cfg(test)]
             levels: Default::default(),
@@ -341,6 +346,9 @@ impl SqliteStore {
         what: &'static str,
         f: impl FnOnce(&mut Connection, &Inner) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, StoreError> {
+        if self.inner.log_lost.load(Ordering::SeqCst) {
+            return Err(log_lost_error(&self.inner.path));
+        }
         let (tx, rx) = tokio::sync::oneshot::channel();
         let job: Job = Box::new(move |conn, inner| {
             if tx.is_closed() {
@@ -352,7 +360,10 @@ impl SqliteStore {
             .jobs
             .send(job)
             .map_err(|_| StoreError::unavailable(format!("{what}: the SQLite connection's thread has stopped")))?;
-        rx.await.map_err(|_| StoreError::unavailable(format!("{what}: the database task failed")))?
+        rx.await.map_err(|_| match self.inner.log_lost.load(Ordering::SeqCst) {
+            true => log_lost_error(&self.inner.path),
+            false => StoreError::unavailable(format!("{what}: the database task failed")),
+        })?
     }
 
     /// Runs `f` in one `BEGIN IMMEDIATE` transaction with the store clock read inside it,
@@ -657,6 +668,60 @@ fn crate_mutant(name: &str) -> bool {
     cfg!(feature = "mutants") && std::env::var("TENURE_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
 }
 
+/// The files a connection has open (device, inode): the database and its log and
+/// shared-memory files, as they were once it had run a statement (SQLite keeps both while
+/// any connection is open, in every process). When any of them is no longer the one at
+/// its path (deleted or replaced under it), what the connection commits is read by nobody
+/// else: the store opens the files at the path instead. The old connection is never closed:
+/// closing the last connection of a file checkpoints it and removes the log *by its
+/// path*, which now names another file's log.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Opened {
+    db: Option<(u64, u64)>,
+    wal: Option<(u64, u64)>,
+    shm: Option<(u64, u64)>,
+}
+
+impl Opened {
+    /// The files at `path` now.
+    fn at(path: &Path) -> Self {
+        Opened { db: file_id(path), wal: file_id(&beside(path, "-wal")), shm: file_id(&beside(path, "-shm")) }
+    }
+
+    /// Whether the database at `path` is no longer this one (or there is none).
+    fn replaced(&self, path: &Path) -> bool {
+        let now = file_id(path);
+        now.is_none() || now != self.db
+    }
+
+    /// Whether the database is this one but its log or shared memory is not (deleted
+    /// under it, or replaced): what this process commits goes to a log nobody else reads,
+    /// and a new connection of this process to the same file would share the old shared
+    /// memory with a new log (SQLite shares it per file within a process). Nothing is
+    /// done on it any more: every call fails, so that a leader steps down, until the
+    /// process starts again.
+    fn log_lost(&self, path: &Path) -> bool {
+        let now = Opened::at(path);
+        now.db == self.db
+            && ((self.wal.is_some() && now.wal != self.wal) || (self.shm.is_some() && now.shm != self.shm))
+            && !crate_mutant("sqlite-log-deletion-unseen")
+    }
+}
+
+/// The error of every call once the connection's log went under it (final: the process
+/// must start again to open the database anew).
+fn log_lost_error(path: &Path) -> StoreError {
+    StoreError::new(
+        ErrorKind::Misconfigured,
+        format!(
+            "{0}-wal or {0}-shm was deleted or replaced while this process had the database open: what it \
+             writes would go to a log nobody else reads, so it writes nothing more; start it again (and remove \
+             a database's files only all together, with every process that uses them stopped)",
+            path.display()
+        ),
+    )
+}
+
 /// The database file at `path` as the file system names it (device, inode), if it exists.
 fn file_id(path: &Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
@@ -690,7 +755,8 @@ impl LeaseStore for SqliteStore {
             Ok(_) => inner.settle(&e, Holds::Not),
         }
         // Made while the path named another file: in a database nobody else reads.
-        if out.is_ok() && file_id(&inner.path) != *inner.opened.lock().unwrap_or_else(|e| e.into_inner()) {
+        let opened = *inner.opened.lock().unwrap_or_else(|e| e.into_inner());
+        if out.is_ok() && (opened.replaced(&inner.path) || opened.log_lost(&inner.path)) {
             return Err(StoreError::ambiguous(format!(
                 "{} was deleted or replaced while a lease was granted; the grant may be in the file that went",
                 inner.path.display()
@@ -902,7 +968,7 @@ fn poll_changes(inner: &Arc<Inner>) {
             return;
         }
     };
-    let mut opened = file_id(&inner.path);
+    let mut opened = Opened::at(&inner.path);
     let mut version: Option<i64> = None;
     let mut cursor: Option<i64> = None;
     let wakeup = Wakeup::new(&inner.path);
@@ -919,12 +985,13 @@ fn poll_changes(inner: &Arc<Inner>) {
         }
         // The database deleted or replaced: watch the file now at the path, and have every
         // watcher read again (a leader then finds its lease gone, and steps down).
-        let now = file_id(&inner.path);
-        if now != opened
+        if opened.replaced(&inner.path)
             && !crate_mutant("sqlite-replaced-file-kept")
-            && let Ok((c, now_open)) = reopen(&inner.path, &inner.options, Some(carried(&conn, &inner.boot_id)))
+            && let Ok((c, now_open)) =
+                reopen(&inner.path, &inner.options, Some((carried(&conn, &inner.boot_id), opened)))
         {
-            conn = c;
+            // Never closed: see [`Opened`].
+            std::mem::forget(std::mem::replace(&mut conn, c));
             opened = now_open;
             (version, cursor) = (None, None);
         }
@@ -1076,24 +1143,31 @@ type Job = Box<dyn FnOnce(&mut Connection, &Inner) + Send>;
 fn serve(mut conn: Connection, inner: &std::sync::Weak<Inner>, queue: &std::sync::mpsc::Receiver<Job>) {
     while let Ok(job) = queue.recv() {
         let Some(inner) = inner.upgrade() else { return };
-        let now = file_id(&inner.path);
         let opened = *inner.opened.lock().unwrap_or_else(|e| e.into_inner());
-        if (now != opened || now.is_none()) && !crate_mutant("sqlite-replaced-file-kept") {
+        if opened.replaced(&inner.path) && !crate_mutant("sqlite-replaced-file-kept") {
             tracing::warn!(path = %inner.path.display(), "the database file was deleted or replaced; opening the one at its path");
-            let (c, opened) = match reopen(&inner.path, &inner.options, Some(carried(&conn, &inner.boot_id))) {
+            let (c, opened) = match reopen(&inner.path, &inner.options, Some((carried(&conn, &inner.boot_id), opened)))
+            {
                 Ok(c) => c,
                 Err(e) => {
                     // Nothing to work on: every call fails (as retryable) until a file
                     // can be opened again.
                     tracing::warn!(error = %e, "cannot open the database again");
                     match Connection::open_in_memory() {
-                        Ok(c) => (c, None),
+                        Ok(c) => (c, Opened::default()),
                         Err(_) => continue,
                     }
                 }
             };
-            conn = c;
+            // The old connection is never closed: see [`Opened`].
+            std::mem::forget(std::mem::replace(&mut conn, c));
             *inner.opened.lock().unwrap_or_else(|e| e.into_inner()) = opened;
+        }
+        if inner.log_lost.load(Ordering::SeqCst) || opened.log_lost(&inner.path) {
+            // The job is dropped unrun: its caller gets the error.
+            inner.log_lost.store(true, Ordering::SeqCst);
+            drop(job);
+            continue;
         }
         // A call that panics fails itself (its answer is dropped, its transaction rolled
         // back), not the calls after it.
@@ -1107,12 +1181,29 @@ fn serve(mut conn: Connection, inner: &std::sync::Weak<Inner>, queue: &std::sync
 fn reopen(
     path: &Path,
     options: &SqliteOptions,
-    replaced: Option<Carried>,
-) -> Result<(Connection, Option<(u64, u64)>), StoreError> {
+    replaced: Option<(Carried, Opened)>,
+) -> Result<(Connection, Opened), StoreError> {
+    create_fresh(path);
+    // The shared memory at the path is still the one this process has mapped for the file
+    // that went (a copy moved over the database, its -wal and -shm left): a connection of
+    // this process would take it for new and truncate it under the old one (SIGBUS), and
+    // would read the old file's log as the new file's. Refused until they are removed.
+    let old_shm = replaced.and_then(|(_, o)| o.shm);
+    if old_shm.is_some() && file_id(&beside(path, "-shm")) == old_shm && !crate_mutant("sqlite-stale-log-kept") {
+        return Err(StoreError::new(
+            ErrorKind::Misconfigured,
+            format!(
+                "{} was replaced but its -wal and -shm files were left: they belong to the file that went; \
+                 stop the candidates and remove {0}-wal and {0}-shm (or remove them with the database)",
+                path.display()
+            ),
+        ));
+    }
+    let replaced = replaced.map(|(c, _)| c);
     let conn = connect(path, options)?;
-    let opened = file_id(path);
     retry_busy(options, || migrate(&conn, path, replaced))
         .map_err(|e| sql_error(path, "creating the lease table", e))?;
+    let opened = Opened::at(path);
     // A file that was there already (a copy moved into place) gets the same, after the fact.
     if let Some(c) = replaced {
         retry_busy(options, || {
@@ -1341,21 +1432,7 @@ fn connect(path: &Path, options: &SqliteOptions) -> Result<Connection, StoreErro
             ),
         ));
     }
-    // A database this store makes is this user's alone (0600 whatever the umask; SQLite
-    // gives its WAL and shared-memory files the same mode). An existing one keeps its own.
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        let _ = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-            .open(path)
-            .and_then(|f| {
-                use std::os::unix::fs::PermissionsExt;
-                f.set_permissions(std::fs::Permissions::from_mode(0o600))
-            });
-    }
+    create_fresh(path);
     let conn = Connection::open(path).map_err(|e| sql_error(path, "opening the database", e))?;
     conn.busy_timeout(options.busy_timeout).map_err(|e| sql_error(path, "setting the busy timeout", e))?;
     // Switching a fresh database to WAL takes an exclusive lock for which SQLite does not
@@ -1367,6 +1444,70 @@ fn connect(path: &Path, options: &SqliteOptions) -> Result<Connection, StoreErro
     }
     conn.execute_batch("PRAGMA synchronous = FULL;").map_err(|e| sql_error(path, "setting synchronous", e))?;
     Ok(conn)
+}
+
+/// `path` with `suffix` added (`-wal`, `-shm`, …).
+fn beside(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+/// Makes the database at `path` if there is none: an empty file, this user's alone (0600
+/// whatever the umask; SQLite gives its WAL and shared-memory files the same mode), put
+/// in place only after any `-wal` and `-shm` left at the path are removed. Those belong to
+/// a database file deleted under its users (`rm` of the database alone): SQLite would
+/// attach them to the new file, so that it read the old file's log as its own and shared
+/// its memory with processes of the old file, whose connections go on (one in this very
+/// process makes SIGBUS of the shared memory when it is truncated under it). Makers take
+/// turns under an exclusive lock on `NAME-create`, so that none removes the logs of a
+/// file another has just put in place. An existing database is left as it is.
+fn create_fresh(path: &Path) {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    if std::fs::symlink_metadata(path).is_ok() {
+        return;
+    }
+    let private = |p: &Path, new: bool| {
+        let mut o = std::fs::OpenOptions::new();
+        o.write(true).mode(0o600).custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32);
+        if new {
+            o.create_new(true)
+        } else {
+            o.create(true).truncate(false)
+        };
+        o.open(p).and_then(|f| f.set_permissions(std::fs::Permissions::from_mode(0o600)).map(|()| f))
+    };
+    // Another user may hold the lock (a shared directory): after the busy timeout's worth
+    // of tries, make the file without it, as before.
+    let lock = private(&beside(path, "-create"), false).ok();
+    let locked = lock.as_ref().is_some_and(|f| {
+        (0..200).any(|i| {
+            if i > 0 {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            rustix::fs::flock(f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok()
+        })
+    });
+    if !locked {
+        tracing::warn!(path = %path.display(), "cannot lock {}-create; making the database without it", path.display());
+    }
+    if std::fs::symlink_metadata(path).is_ok() {
+        return;
+    }
+    let tmp = beside(path, &format!("-new.{}", fastrand::u64(..)));
+    if private(&tmp, true).is_err() {
+        // Let SQLite make it (with the umask's mode) rather than not at all.
+        return;
+    }
+    if !crate_mutant("sqlite-stale-log-kept") {
+        // Planted, sqlite-stale-log-kept: the new file attaches the old one's log.
+        for suffix in ["-wal", "-shm"] {
+            let _ = std::fs::remove_file(beside(path, suffix));
+        }
+    }
+    // Never over a file another maker put there meanwhile.
+    let _ = std::fs::hard_link(&tmp, path);
+    let _ = std::fs::remove_file(&tmp);
 }
 
 /// Runs `op` again while SQLite answers "busy" or "locked", for up to the busy timeout.

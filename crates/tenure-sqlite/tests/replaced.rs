@@ -141,3 +141,105 @@ async fn a_symbolic_link_to_nothing_is_refused_and_nothing_is_made_through_it() 
     assert!(err.to_string().contains("symbolic link to a file that does not exist"), "{err}");
     assert!(!target.exists(), "a file was made through the link");
 }
+
+/// Waits for `candidate` to lead and asserts it was elected no earlier than `deadline`
+/// (that of the leader of a file that went) with a larger token.
+async fn leads_after(
+    candidate: &Elector,
+    deadline: tenure::Instant,
+    old_token: tenure::FencingToken,
+) -> tenure::Leadership {
+    let won = tokio::time::timeout(TTL * 4, candidate.leadership()).await.expect("it leads").unwrap();
+    assert!(
+        tenure::Instant::now() >= deadline,
+        "a leader was elected {:?} before the deadline of the leader of the file that went",
+        deadline - tenure::Instant::now()
+    );
+    assert!(won.token() > old_token, "token {} after {}", won.token(), old_token);
+    won
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_deleted_without_its_log_neither_crashes_its_leader_nor_lends_the_log_to_the_new_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let a = elector(Arc::new(SqliteStore::open(&path).await.unwrap()), "a");
+    let la = a.leadership().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // `rm t.db`, its -wal and -shm left. A new candidate in this same process: had it
+    // attached the old -shm, its connection would truncate it under a's (SIGBUS kills the
+    // test), and the new file would read the old one's log.
+    std::fs::remove_file(&path).unwrap();
+    let b = elector(Arc::new(SqliteStore::open(&path).await.unwrap()), "b");
+    let lb = leads_after(&b, la.deadline(), la.token()).await;
+    assert!(!la.is_valid(), "b was elected while a, the leader of the deleted database, led on");
+    drop((la, lb));
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_log_is_deleted_steps_down_and_leads_no_more() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let a = elector(Arc::new(SqliteStore::open(&path).await.unwrap()), "a");
+    let la = a.leadership().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Its -wal and -shm go: what it commits from now on nobody else would read (another
+    // process opening the file makes a new log), so it must not lead on, nor again.
+    for suffix in ["-wal", "-shm"] {
+        std::fs::remove_file(format!("{}{suffix}", path.display())).unwrap();
+    }
+    tokio::time::timeout(TTL, la.cancelled()).await.expect("a led on in a log nobody reads");
+    drop(la);
+    // It stops campaigning, with an error that says why.
+    let again = tokio::time::timeout(TTL * 2, a.leadership()).await.expect("a campaigns on, silently");
+    let err = again.expect_err("a led again in a log nobody reads");
+    let mut chain = err.to_string();
+    let mut source = std::error::Error::source(&err);
+    while let Some(s) = source {
+        chain = format!("{chain}: {s}");
+        source = s.source();
+    }
+    assert!(chain.contains("-shm was deleted or replaced"), "{chain}");
+    a.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_database_made_anew_shares_no_memory_or_log_with_the_file_deleted_before_it() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let (wal, shm) = (dir.path().join("t.db-wal"), dir.path().join("t.db-shm"));
+    // A process of the old file wrote to it and still has it open (its log is not
+    // checkpointed), then `rm t.db` alone: its -wal and -shm stay at the path.
+    let old = rusqlite::Connection::open(&path).unwrap();
+    old.query_row("PRAGMA journal_mode = WAL", [], |r| r.get::<_, String>(0)).unwrap();
+    old.execute_batch("PRAGMA wal_autocheckpoint = 0; CREATE TABLE old_rows (x); INSERT INTO old_rows VALUES (1);")
+        .unwrap();
+    let old_shm = std::fs::metadata(&shm).unwrap().ino();
+    let old_wal = std::fs::metadata(&wal).unwrap().ino();
+    std::fs::remove_file(&path).unwrap();
+    let store = SqliteStore::open(&path).await.unwrap();
+    let e = elector(Arc::new(store), "b");
+    let l = tokio::time::timeout(TTL * 3, e.leadership()).await.expect("b leads").unwrap();
+    // Had the new file taken the old one's shared memory (its wal-index), SQLite would
+    // rebuild that index for the new log under the old file's process, which then reads
+    // its own log through an index of another (wrong pages, or SIGBUS when the file is
+    // truncated under its mapping); and the old log would be read as the new file's.
+    assert_ne!(std::fs::metadata(&shm).unwrap().ino(), old_shm, "the new file shares the old one's -shm");
+    assert_ne!(std::fs::metadata(&wal).unwrap().ino(), old_wal, "the new file took the old one's -wal");
+    let tables: Vec<String> = rusqlite::Connection::open(&path)
+        .unwrap()
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'table'")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert!(!tables.contains(&"old_rows".to_string()), "the new file reads the deleted file's log: {tables:?}");
+    drop(l);
+    e.shutdown().await;
+    // Never closed, as a process of the old file would not be.
+    std::mem::forget(old);
+}

@@ -738,17 +738,21 @@ fn torture(a: Args) -> Result<bool, String> {
             continue;
         }
         // The database deleted under its leader (SQLite, the default store): the leader
-        // must step down, and a fresh file must never grant a token already used.
+        // must step down, and a fresh file must never grant a token already used. Half the
+        // time the database alone (`rm e.db`), its -wal and -shm left in use by the old
+        // file's processes: the new file must share neither with them.
         if sqlite_file.as_ref().is_some_and(|f| f.exists()) && rng.usize(0..10) == 0 {
             let file = sqlite_file.as_ref().expect("checked");
-            for suffix in ["", "-wal", "-shm"] {
+            let alone = rng.bool();
+            let suffixes: &[&str] = if alone { &[""] } else { &["", "-wal", "-shm"] };
+            for suffix in suffixes {
                 let mut p = file.clone().into_os_string();
                 p.push(suffix);
                 let _ = std::fs::remove_file(p);
             }
             // The leader steps down and nobody leads until someone opens a new file.
             restart_times.push(now_ns());
-            note(&mut faults, &dir, "SQLite database deleted");
+            note(&mut faults, &dir, if alone { "SQLite database deleted alone" } else { "SQLite database deleted" });
             continue;
         }
         let Some(leader) = current_leader(&events) else {
