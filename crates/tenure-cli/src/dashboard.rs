@@ -78,7 +78,7 @@ async fn serve_one(
     bound: SocketAddr,
     streams: &Arc<tokio::sync::Semaphore>,
 ) -> std::io::Result<()> {
-    let Some(Get { path, host }) = read_get(&mut conn).await? else { return Ok(()) };
+    let Some(Get { path, host, .. }) = read_get(&mut conn).await? else { return Ok(()) };
     if !host_allowed(host.as_deref(), bound) {
         return respond(&mut conn, 403, "text/plain", "the Host header must name this address\n").await;
     }

@@ -7,7 +7,10 @@
 //!   its deadline without stepping down (for liveness probes);
 //! - `GET /leader`: who leads, as `tenure status --json` prints it;
 //! - `GET /is-leader`: 200 with this leader's token and time left, 503 elsewhere (for
-//!   readiness probes and load balancers that route to the leader only).
+//!   readiness probes and load balancers that route to the leader only). With
+//!   `?wait=DUR` (at most 60 s) it is a long poll: it answers once this replica's state
+//!   differs from the one the client names with `token=T` (the token it last saw, `0` for
+//!   "not leading"; without it, the state when the request came), or when the wait ends.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -47,11 +50,12 @@ pub async fn serve(
     let listener = TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr} (--http)"))?;
     let bound = listener.local_addr()?;
     tracing::info!(%bound, "serving /metrics, /healthz, /leader and /is-leader");
-    let state = Arc::new(State { metrics, elector, store });
+    let long_polls = Arc::new(tokio::sync::Semaphore::new(MAX_LONG_POLLS));
+    let state = Arc::new(State { metrics, elector, store, long_polls });
     tokio::spawn(accept_loop(listener, move |conn| {
         let state = state.clone();
         async move {
-            let _ = tokio::time::timeout(ANSWER_TIMEOUT, answer(conn, &state)).await;
+            let _ = tokio::time::timeout(ANSWER_TIMEOUT + MAX_WAIT, answer(conn, &state)).await;
         }
     }));
     Ok(bound)
@@ -65,8 +69,16 @@ pub const MAX_CONNECTIONS: usize = 64;
 /// Longest a client may take to send its request's head.
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Longest a request may take, its answer included (server-sent events aside).
+/// Longest a request may take, its answer included (server-sent events aside, and the
+/// long poll's wait added).
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Longest wait of a long poll (`/is-leader?wait=`).
+pub const MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// Most long polls waiting at once: the rest of [`MAX_CONNECTIONS`] stays for probes and
+/// scrapes. A long poll beyond it is answered at once.
+pub const MAX_LONG_POLLS: usize = 48;
 
 /// Accepts connections on `listener` for ever, at most [`MAX_CONNECTIONS`] at once, each
 /// served by `serve` in a task of its own. When accepting fails (no descriptor left), it
@@ -104,12 +116,15 @@ struct State {
     metrics: PrometheusHandle,
     elector: Elector,
     store: Arc<dyn LeaseStore>,
+    long_polls: Arc<tokio::sync::Semaphore>,
 }
 
 /// A GET request: its path and its `Host` header, if it had one.
 pub struct Get {
     /// The path, without the query.
     pub path: String,
+    /// The query (after `?`), or empty.
+    pub query: String,
     /// The `Host` header's value.
     pub host: Option<String>,
 }
@@ -149,12 +164,13 @@ async fn read_head(conn: &mut TcpStream) -> std::io::Result<Option<Get>> {
         .filter_map(|l| l.split_once(':'))
         .find(|(name, _)| name.trim().eq_ignore_ascii_case("host"))
         .map(|(_, v)| v.trim().to_string());
-    Ok(Some(Get { path: target.split('?').next().unwrap_or("").to_string(), host }))
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    Ok(Some(Get { path: path.to_string(), query: query.to_string(), host }))
 }
 
 /// Reads one request's head and answers it; one request per connection.
 async fn answer(mut conn: TcpStream, state: &State) -> std::io::Result<()> {
-    let Some(Get { path, .. }) = read_get(&mut conn).await? else { return Ok(()) };
+    let Some(Get { path, query, .. }) = read_get(&mut conn).await? else { return Ok(()) };
     match path.as_str() {
         "/metrics" => {
             let text = state.metrics.render();
@@ -180,23 +196,94 @@ async fn answer(mut conn: TcpStream, state: &State) -> std::io::Result<()> {
                 }
             }
         }
-        "/is-leader" => match state.elector.current() {
-            Some(l) => {
-                let body = json!({
-                    "election": l.election().as_str(),
-                    "holder": l.holder().as_str(),
-                    "token": l.token().0,
-                    "remaining_ms": l.remaining().as_millis() as u64,
-                })
-                .to_string();
-                respond(&mut conn, 200, "application/json", &(body + "\n")).await
+        "/is-leader" => {
+            let poll = match LongPoll::parse(&query) {
+                Ok(p) => p,
+                Err(why) => return respond(&mut conn, 400, "text/plain", &format!("{why}\n")).await,
+            };
+            if let Some(poll) = poll {
+                // Beyond the long polls' share of the connections: answered at once.
+                if let Ok(_slot) = state.long_polls.clone().try_acquire_owned() {
+                    poll.wait(&state.elector).await;
+                }
             }
-            None => {
-                let body = json!({ "election": state.elector.election().as_str(), "leader": false }).to_string();
-                respond(&mut conn, 503, "application/json", &(body + "\n")).await
-            }
-        },
+            is_leader(&mut conn, state).await
+        }
         _ => respond(&mut conn, 404, "text/plain", "not found: try /metrics, /healthz, /leader, /is-leader\n").await,
+    }
+}
+
+/// This replica's token if it leads now, 0 if not.
+fn token_now(elector: &Elector) -> u64 {
+    elector.current().map_or(0, |l| l.token().0)
+}
+
+/// A long poll's wait (`/is-leader?wait=DUR[&token=T]`).
+struct LongPoll {
+    wait: Duration,
+    /// The state the client knows: a token, or 0 for "not leading".
+    known: Option<u64>,
+}
+
+impl LongPoll {
+    /// `None` without `wait=`; an error for a bad or unknown parameter.
+    fn parse(query: &str) -> Result<Option<Self>, String> {
+        let (mut wait, mut known) = (None, None);
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("wait", v)) => {
+                    let d = humantime::parse_duration(v)
+                        .map_err(|e| format!("wait={v:?}: {e} (write a duration such as 30s)"))?;
+                    wait = Some(d.min(MAX_WAIT));
+                }
+                Some(("token", v)) => {
+                    known =
+                        Some(v.parse::<u64>().map_err(|_| format!("token={v:?}: write the token last seen, or 0"))?);
+                }
+                _ => return Err(format!("unknown parameter {pair:?}: /is-leader takes wait=DUR and token=T")),
+            }
+        }
+        Ok(wait.map(|wait| LongPoll { wait, known }))
+    }
+
+    /// Returns once this replica's state differs from the one the client knows (or from
+    /// the state now), or when the wait ends.
+    async fn wait(self, elector: &Elector) {
+        let mut events = elector.events();
+        let known = self.known.unwrap_or_else(|| token_now(elector));
+        let until = tokio::time::Instant::now() + self.wait;
+        while token_now(elector) == known {
+            // Woken by the runtime's events; looked at again every second besides, for a
+            // term that ran out without one.
+            let next = until.min(tokio::time::Instant::now() + Duration::from_secs(1));
+            tokio::select! {
+                _ = events.recv() => {}
+                _ = tokio::time::sleep_until(next) => {}
+            }
+            if tokio::time::Instant::now() >= until {
+                return;
+            }
+        }
+    }
+}
+
+/// Answers `/is-leader` with this replica's state now.
+async fn is_leader(conn: &mut TcpStream, state: &State) -> std::io::Result<()> {
+    match state.elector.current() {
+        Some(l) => {
+            let body = json!({
+                "election": l.election().as_str(),
+                "holder": l.holder().as_str(),
+                "token": l.token().0,
+                "remaining_ms": l.remaining().as_millis() as u64,
+            })
+            .to_string();
+            respond(conn, 200, "application/json", &(body + "\n")).await
+        }
+        None => {
+            let body = json!({ "election": state.elector.election().as_str(), "leader": false }).to_string();
+            respond(conn, 503, "application/json", &(body + "\n")).await
+        }
     }
 }
 
@@ -204,6 +291,7 @@ async fn answer(mut conn: TcpStream, state: &State) -> std::io::Result<()> {
 pub async fn respond(conn: &mut TcpStream, status: u16, content_type: &str, body: &str) -> std::io::Result<()> {
     let reason = match status {
         200 => "OK",
+        400 => "Bad Request",
         403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",

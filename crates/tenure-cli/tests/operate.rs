@@ -323,3 +323,88 @@ fn tenure_run_raises_its_descriptor_limit_and_gives_the_command_and_health_check
     let (soft, hard) = (fields[3], fields[4]);
     assert_eq!(soft, hard, "tenure run kept the soft limit it started with: {line}");
 }
+
+/// The Python worker of docs/operations.md, as written there, against real sidecars.
+fn python_snippet() -> String {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/operations.md")).unwrap();
+    let start = doc.find("```python\n").expect("a Python snippet in docs/operations.md") + "```python\n".len();
+    doc[start..][..doc[start..].find("```").unwrap()].to_string()
+}
+
+#[test]
+fn the_documented_python_worker_waits_out_a_down_sidecar_and_starts_as_soon_as_it_is_elected() {
+    if Command::new("python3").arg("--version").output().is_err() {
+        return servers::skip("python3 is not installed (install python3)");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("hooks");
+    let swept = dir.path().join("swept");
+    let ports = [servers::free_port(), servers::free_port()];
+    // The worker of replica b: it sweeps once with the token it was given, then exits.
+    let script = format!(
+        "import sys\ndef sweep_queue(fencing_token):\n    open({swept:?}, 'w').write(str(fencing_token))\n    sys.exit(0)\n{}",
+        python_snippet().replace("127.0.0.1:9464", &format!("127.0.0.1:{}", ports[1])),
+        swept = swept.display().to_string(),
+    );
+    // Started before its sidecar: it must wait, not die.
+    let mut worker = Command::new("python3").arg("-c").arg(&script).stderr(Stdio::piped()).spawn().unwrap();
+    let mut a = sidecar(dir.path(), "a", ports[0], &log);
+    wait_for("a's elected hook", Duration::from_secs(20), || hooks(&log).len() == 1);
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(worker.try_wait().unwrap().is_none(), "the worker died while its sidecar was down");
+    let _b = sidecar(dir.path(), "b", ports[1], &log);
+    wait_for("b to serve", Duration::from_secs(20), || get(ports[1], "/healthz", Duration::from_secs(2)).is_some());
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(!swept.exists(), "the worker swept while another replica led");
+    // a stops; b is elected, and its worker (in a long poll) sweeps with b's token at once.
+    let pid = rustix::process::Pid::from_raw(a.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    assert!(a.wait().unwrap().success());
+    wait_for("b's elected hook", Duration::from_secs(10), || hooks(&log).len() == 3);
+    let elected = Instant::now();
+    wait_for("the worker to sweep", Duration::from_secs(10), || swept.exists());
+    let took = elected.elapsed();
+    let status = worker.wait().unwrap();
+    assert!(status.success(), "{status}");
+    let b_token = hooks(&log)[2].2;
+    assert_eq!(std::fs::read_to_string(&swept).unwrap().parse::<u64>().unwrap(), b_token);
+    eprintln!("the worker swept {took:?} after b's elected hook ran");
+}
+
+#[test]
+fn is_leader_long_polls_answer_on_a_change_or_at_the_end_of_the_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("hooks");
+    let ports = [servers::free_port(), servers::free_port()];
+    let mut a = sidecar(dir.path(), "a", ports[0], &log);
+    wait_for("a's elected hook", Duration::from_secs(20), || hooks(&log).len() == 1);
+    let _b = sidecar(dir.path(), "b", ports[1], &log);
+    wait_for("b to serve", Duration::from_secs(20), || get(ports[1], "/healthz", Duration::from_secs(2)).is_some());
+    // Nothing changes: the poll answers at the end of its wait, with the same state.
+    let t0 = Instant::now();
+    let (status, _) = get(ports[1], "/is-leader?wait=1s&token=0", Duration::from_secs(10)).unwrap();
+    assert_eq!(status, 503);
+    assert!(t0.elapsed() >= Duration::from_millis(900), "answered after {:?}", t0.elapsed());
+    // A state the client does not know yet is answered at once.
+    let a_token = hooks(&log)[0].2;
+    let t0 = Instant::now();
+    let (status, body) = get(ports[0], "/is-leader?wait=30s&token=0", Duration::from_secs(10)).unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(&format!("\"token\":{a_token}")), "{body}");
+    assert!(t0.elapsed() < Duration::from_secs(5), "answered after {:?}", t0.elapsed());
+    // Bad parameters are refused.
+    assert_eq!(get(ports[1], "/is-leader?wait=soon", Duration::from_secs(5)).unwrap().0, 400);
+    assert_eq!(get(ports[1], "/is-leader?wait=1s&x=1", Duration::from_secs(5)).unwrap().0, 400);
+    // A poll waiting on b is answered when b is elected.
+    let waiting = std::thread::spawn(move || get(ports[1], "/is-leader?wait=30s&token=0", Duration::from_secs(40)));
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = rustix::process::Pid::from_raw(a.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    assert!(a.wait().unwrap().success());
+    let (status, body) = waiting.join().unwrap().expect("the long poll was answered");
+    assert_eq!(status, 200, "{body}");
+    // The hook runs once the term has begun: it may come after the answer.
+    wait_for("b's elected hook", Duration::from_secs(10), || hooks(&log).len() == 3);
+    let b_token = hooks(&log).iter().find(|h| h.0 == "elected" && h.1 == "b").expect("b was elected").2;
+    assert!(body.contains(&format!("\"token\":{b_token}")), "{body}");
+}
