@@ -8,7 +8,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use proptest::prelude::*;
 
 use crate::cron::{Cron, Schedule};
-use crate::store_url::{Family, STORES, classify};
+use tenure_stores::{Family, STORES, classify};
 
 /// Text shaped like a store URL now and then, anything otherwise.
 fn url_like() -> impl Strategy<Value = String> {

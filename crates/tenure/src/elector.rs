@@ -463,6 +463,30 @@ impl Elector {
         }
     }
 
+    /// Shuts this candidate down ([`Elector::shutdown`]) when the process is asked to stop
+    /// (SIGTERM, as a deploy or `systemctl stop` sends, or SIGINT, Ctrl-C): the current
+    /// term's task is cancelled, the lease released once it has finished, and the next
+    /// replica elected at once instead of a TTL later. [`Elector::run_while_leader`] then
+    /// returns [`ElectError::ShutDown`]. The signal handlers are installed before this
+    /// returns (it fails only if they cannot be); the wait runs in a task of its own, on
+    /// the tokio runtime this is called from.
+    pub fn stop_on_signals(&self) -> std::io::Result<()> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        let elector = self.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+                _ = elector.shared.shutdown.cancelled() => return,
+            }
+            tracing::info!(election = %elector.election(), "asked to stop: handing over");
+            elector.shutdown().await;
+        });
+        Ok(())
+    }
+
     /// Stops campaigning: cancels the current leadership, waits for every
     /// [`Leadership`] clone to be dropped, releases the lease, and returns.
     pub async fn shutdown(&self) {
