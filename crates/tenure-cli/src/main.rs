@@ -447,11 +447,11 @@ struct ScheduleArgs {
     #[command(flatten)]
     campaign: run::CampaignArgs,
     /// Run at every multiple of this period, e.g. 1m, 1h30m
-    #[arg(long, value_parser = duration)]
+    #[arg(long, value_parser = period)]
     every: Option<Duration>,
     /// Run at the times of this cron expression (UTC), e.g. "0 3 * * *"
-    #[arg(long)]
-    cron: Option<String>,
+    #[arg(long, value_parser = cron_expression)]
+    cron: Option<cron::Cron>,
     /// How late a slot may still run, on the leader after a takeover or after a run that
     /// took longer than the period [default: one period, and at least two --ttl]
     #[arg(long, value_name = "DUR", value_parser = duration)]
@@ -490,6 +490,16 @@ fn holder(s: &str) -> Result<tenure::HolderId, String> {
 
 pub(crate) fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write durations like 500ms, 10s, 1m30s)"))
+}
+
+/// A schedule's period: above zero.
+fn period(s: &str) -> Result<Duration, String> {
+    duration(s).and_then(|d| if d.is_zero() { Err("must be above zero".into()) } else { Ok(d) })
+}
+
+/// A cron expression (five fields, UTC).
+fn cron_expression(s: &str) -> Result<cron::Cron, String> {
+    cron::Cron::parse(s).map_err(|e| format!("{e:#}"))
 }
 
 /// A duration above zero and at most a day (a period or a time limit).
@@ -548,9 +558,8 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         }
         Command::Schedule(a) => {
             let schedule = match (a.every, &a.cron) {
-                (Some(p), _) if p.is_zero() => anyhow::bail!("--every must be above zero"),
                 (Some(p), _) => cron::Schedule::Every(p),
-                (None, Some(expr)) => cron::Schedule::Cron(Box::new(cron::Cron::parse(expr)?)),
+                (None, Some(c)) => cron::Schedule::Cron(Box::new(c.clone())),
                 (None, None) => anyhow::bail!("give --every or --cron"),
             };
             let c = a.campaign.campaign();
@@ -616,7 +625,7 @@ fn main() -> ExitCode {
     if internal {
         return block_on(dispatch_internal(Internal::parse()));
     }
-    let cli = Cli::parse();
+    let cli = parse_cli();
     if matches!(cli.command, Command::Run(_) | Command::Campaign(_) | Command::Schedule(_) | Command::Dashboard { .. })
     {
         child::raise_descriptor_limit();
@@ -628,6 +637,46 @@ fn main() -> ExitCode {
         init_logging(cli.verbose, cli.quiet, bench, cli.log_format);
     }
     block_on(dispatch(cli))
+}
+
+/// The command line, parsed; usage errors exit 2 (with a hint where one helps). Every
+/// subcommand's help ends with the exit codes, as the top-level help does.
+fn parse_cli() -> Cli {
+    use clap::FromArgMatches;
+    let command = Cli::command().mut_subcommands(|sc| {
+        let help = match sc.get_after_help() {
+            Some(h) => format!("{h}\n\n{EXIT_CODES}"),
+            None => EXIT_CODES.to_string(),
+        };
+        sc.after_help(help)
+    });
+    let matches = command.try_get_matches().unwrap_or_else(|e| usage_error(e));
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| usage_error(e))
+}
+
+/// Prints a usage error and exits 2 (clap's own exit for help and version requests).
+fn usage_error(e: clap::Error) -> ! {
+    let runs_a_command = std::env::args().skip(1).any(|a| matches!(a.as_str(), "run" | "schedule"));
+    if e.kind() == clap::error::ErrorKind::UnknownArgument && runs_a_command && !std::env::args().any(|a| a == "--") {
+        let _ = e.print();
+        eprintln!("\ntip: the command goes after --, as in: tenure run ELECTION -- ./report.sh ARGS…");
+        std::process::exit(2);
+    }
+    e.exit()
+}
+
+/// An error and its causes, joined with ": ", each cause left out when the text before it
+/// already says it (client libraries often repeat their source in their own message).
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut text = e.to_string();
+    for cause in e.chain().skip(1) {
+        let said = cause.to_string();
+        if !said.is_empty() && !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+    }
+    text
 }
 
 /// Runs `work` and turns its outcome into the exit code, printing the whole error chain.
@@ -643,7 +692,7 @@ fn block_on(work: impl std::future::Future<Output = Result<i32>>) -> ExitCode {
     match rt.block_on(work) {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {
-            eprintln!("tenure: error: {e:#}");
+            eprintln!("tenure: error: {}", error_chain(&e));
             ExitCode::from(1)
         }
     }

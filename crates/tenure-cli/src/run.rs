@@ -741,6 +741,14 @@ fn already_done(key: &WorkKey, entry: &WorkEntry) {
 /// `tenure run`: returns the exit code.
 pub async fn run(store: Arc<dyn LeaseStore>, c: &Campaign, r: &RunOptions, cmd: &[String]) -> Result<i32> {
     let election = ElectionName::new(&c.election)?;
+    // A command that cannot start would win, exit 127, hand over and win again for ever:
+    // said before campaigning instead.
+    if let Some(program) = cmd.first()
+        && let Err(why) = startable(program)
+    {
+        eprintln!("tenure: error: cannot run {program:?}: {why}");
+        return Ok(127);
+    }
     if let Some(once) = &r.once {
         // A key done already: nothing to campaign for. (A read that fails for now is asked
         // again, as a claim, when leading.)
@@ -1280,6 +1288,28 @@ async fn latest_recorded(
 
 /// How late a slot may start and still count as on time in the logs.
 const SLOT_ON_TIME: Duration = Duration::from_secs(1);
+
+/// Whether `program` names a file that can be started: a path with a `/` as it is, a bare
+/// name through `PATH`, as the shell finds it.
+fn startable(program: &str) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable =
+        |p: &std::path::Path| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    if program.contains('/') {
+        return match std::fs::metadata(program) {
+            Err(e) => Err(format!("{e}")),
+            Ok(m) if m.is_dir() => Err("it is a directory".into()),
+            Ok(_) if !executable(std::path::Path::new(program)) => Err("it is not executable (chmod +x it)".into()),
+            Ok(_) => Ok(()),
+        };
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if std::env::split_paths(&path).any(|dir| executable(&dir.join(program))) {
+        Ok(())
+    } else {
+        Err("no such command in PATH (127, command not found)".into())
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -488,8 +488,35 @@ fn run_exits_with_the_commands_code_and_releases() {
     assert_eq!(out.status.code(), Some(7), "{}", String::from_utf8_lossy(&out.stderr));
     let human = String::from_utf8(env.tenure(&["status", "jobs/once"]).stdout).unwrap();
     assert!(human.contains("no leader"), "released on exit: {human}");
-    let out = env.tenure(&["run", "jobs/once", "--", "/nonexistent/program"]);
-    assert_eq!(out.status.code(), Some(127));
+    // A command that cannot start is said before campaigning (127, as the shell says):
+    // with --keep-going it would otherwise win and hand over for ever.
+    for keep_going in [false, true] {
+        let mut args = vec!["run", "jobs/once"];
+        if keep_going {
+            args.push("--keep-going");
+        }
+        args.extend(["--", "/nonexistent/program"]);
+        let out = env.tenure(&args);
+        assert_eq!(out.status.code(), Some(127));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("cannot run \"/nonexistent/program\"") && !stderr.contains("elected"), "{stderr}");
+    }
+}
+
+#[test]
+fn usage_errors_exit_2_with_a_hint_and_every_help_lists_the_exit_codes() {
+    let env = Env::new();
+    let out = env.tenure(&["run", "jobs/x", "./report.sh"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("the command goes after --"));
+    for bad in [["--cron", "bad cron"], ["--every", "0s"]] {
+        let out = env.tenure(&["schedule", "jobs/y", bad[0], bad[1], "--", "true"]);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    for sub in ["run", "schedule", "status", "evict"] {
+        let help = String::from_utf8(env.tenure(&[sub, "--help"]).stdout).unwrap();
+        assert!(help.contains("Exit codes:") && help.contains("usage error"), "{sub} --help: {help}");
+    }
 }
 
 #[test]
@@ -1008,4 +1035,17 @@ fn priorities_hand_over_gracefully_and_evict_to_hands_over_to_the_named_candidat
     std::thread::sleep(Duration::from_millis(500));
     stop_all(runs);
     assert_no_overlap(&env.log());
+}
+
+#[test]
+fn a_store_that_is_down_is_named_with_its_cause_once() {
+    let env = Env::new();
+    let port = tenure_testkit::servers::free_port();
+    for url in [format!("redis://127.0.0.1:{port}"), format!("etcd://127.0.0.1:{port}")] {
+        let out = env.tenure(&["--store", &url, "status", "x"]);
+        assert_eq!(out.status.code(), Some(1));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(stderr.matches("Connection refused").count(), 1, "{url}: {stderr}");
+        assert!(!stderr.contains("tonic::") && !stderr.contains("ConnectError("), "{url}: {stderr}");
+    }
 }

@@ -262,14 +262,39 @@ pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 }
 
 /// A failure of a call: the server's status, or a connection that could not be set up.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug)]
 pub enum Error {
     /// The server (or the transport on the way) answered with a gRPC status.
-    #[error("{0}")]
-    Status(#[from] Status),
+    Status(Status),
     /// The connection settings are unusable (an endpoint or TLS setting).
-    #[error("{0}")]
     Config(String),
+}
+
+impl From<Status> for Error {
+    fn from(s: Status) -> Self {
+        Error::Status(s)
+    }
+}
+
+impl std::fmt::Display for Error {
+    /// A status as its message alone (the status's own text repeats its whole source
+    /// chain, in debug form); the cause follows as the source.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Status(s) if s.message().is_empty() => write!(f, "{:?}", s.code()),
+            Error::Status(s) => f.write_str(s.message()),
+            Error::Config(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Status(s) => std::error::Error::source(s),
+            Error::Config(_) => None,
+        }
+    }
 }
 
 /// How to reach the cluster.

@@ -1283,17 +1283,19 @@ impl<'a> Failures<'a> {
         self.run += 1;
         let since = *self.since.get_or_insert(now);
         let due = self.reminder_after();
+        // With its causes: "cannot connect" alone does not say "connection refused".
+        let error = error_chain(e);
         if self.run == 1 {
-            tracing::warn!(election = %self.election, error = %e, "{what}; retrying (further failures are logged at debug level)");
+            tracing::warn!(election = %self.election, %error, "{what}; retrying (further failures are logged at debug level)");
         } else if now.saturating_duration_since(since) >= due {
             self.reminded += 1;
             tracing::warn!(
-                election = %self.election, error = %e, failures = self.run,
+                election = %self.election, %error, failures = self.run,
                 "{what}; still failing after {} (retrying)",
                 humanize(now.saturating_duration_since(since))
             );
         } else {
-            tracing::debug!(election = %self.election, error = %e, failures = self.run, "{what}");
+            tracing::debug!(election = %self.election, %error, failures = self.run, "{what}");
         }
     }
 

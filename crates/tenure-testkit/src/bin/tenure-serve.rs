@@ -10,6 +10,14 @@ use std::io::Read;
 use tenure_testkit::servers::{self, Kind};
 
 fn main() -> std::process::ExitCode {
+    if std::env::args().nth(1).is_some_and(|a| a == "--help" || a == "-h") {
+        println!(
+            "usage: tenure-serve KIND (one of {})\n\nStarts a throwaway server of KIND from its installed binary on a \
+             free loopback port, prints its URL, and stops it when standard input closes.",
+            servers::KIND_NAMES
+        );
+        return std::process::ExitCode::SUCCESS;
+    }
     let kind = match std::env::args().nth(1).map(|a| a.parse::<Kind>()) {
         Some(Ok(kind)) => kind,
         Some(Err(e)) => {
