@@ -1,6 +1,8 @@
 //! `tenure dashboard --http ADDR`: one page, no external assets, that lists every
-//! election on the store with its leader, token and a countdown to expiry, updated live
-//! (server-sent events), with a timeline of leader changes since the page opened. Read
+//! election on the store with its leader, token, how long it has led, its candidates and
+//! a countdown to expiry, updated live (server-sent events), a leader that has stopped
+//! renewing marked as such, and a timeline of the leader changes this server has seen
+//! (kept here, so a reload keeps it). One task reads the store for every open page. Read
 //! only: nothing here changes state.
 
 use std::net::SocketAddr;
@@ -25,12 +27,126 @@ const PAGE: &str = include_str!("dashboard.html");
 /// How often the store is read for the live view.
 const REFRESH: Duration = Duration::from_millis(250);
 
-/// Every election under `prefix` with its leader, as `tenure list --json` prints them.
-async fn snapshot(store: &dyn LeaseStore, prefix: &str) -> Result<Value, String> {
-    let mut recs = store.list(prefix).await.map_err(|e| format!("{e:#}"))?;
-    recs.retain(|r| crate::inspect::listed(r, prefix));
-    let all: Vec<Value> = recs.iter().map(|r| crate::inspect::status_json(r.election.as_str(), Some(r))).collect();
-    Ok(json!({ "elections": all }))
+/// How many leader changes the board keeps per election.
+const HISTORY: usize = 50;
+
+/// How often the candidates of each election are counted (one store read each).
+const CANDIDATES_EVERY: u32 = 8;
+
+/// What the dashboard has seen of the store: the latest snapshot the pages get, and per
+/// election the changes of leader since this server started.
+#[derive(Default)]
+struct Board {
+    /// The latest snapshot, as the pages get it (`None` before the first read).
+    snapshot: Option<Value>,
+    tracks: std::collections::BTreeMap<String, Track>,
+}
+
+#[derive(Default)]
+struct Track {
+    /// `{at_ms, holder, token}` (holder and token `null`: nobody led), oldest first.
+    history: std::collections::VecDeque<Value>,
+    candidates: Option<usize>,
+}
+
+/// A leader that has not renewed on time: less than half its TTL left, where a leader
+/// that renews (every third of the TTL) keeps at least two thirds. It may be dead, frozen
+/// or cut off from the store; its lease still holds until it runs out.
+fn late(r: &tenure::LeaseRecord) -> bool {
+    r.remaining.is_some_and(|left| left * 2 < r.ttl)
+}
+
+/// Reads the store every [`REFRESH`] for as long as the dashboard runs, and keeps
+/// `board` up to date.
+async fn watch_store(store: Arc<dyn LeaseStore>, prefix: Arc<String>, board: Arc<std::sync::Mutex<Board>>) {
+    let mut round: u32 = 0;
+    loop {
+        let read = store.list(&prefix).await;
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or_default();
+        let count = round.is_multiple_of(CANDIDATES_EVERY);
+        round = round.wrapping_add(1);
+        let mut recs = match read {
+            Ok(r) => r,
+            Err(e) => {
+                board.lock().unwrap_or_else(|p| p.into_inner()).snapshot = Some(json!({ "error": format!("{e:#}") }));
+                tokio::time::sleep(REFRESH).await;
+                continue;
+            }
+        };
+        recs.retain(|r| crate::inspect::listed(r, &prefix));
+        let mut candidates = std::collections::HashMap::new();
+        if count {
+            for r in &recs {
+                if let Ok(c) = tenure::candidates(&*store, &r.election).await {
+                    candidates.insert(r.election.as_str().to_string(), c.len());
+                }
+            }
+        }
+        record(&mut board.lock().unwrap_or_else(|p| p.into_inner()), &recs, &candidates, now_ms);
+        tokio::time::sleep(REFRESH).await;
+    }
+}
+
+/// Adds what one read of the store found (`recs`, and the candidates counted, if they
+/// were) to the board, and makes the pages' snapshot.
+fn record(
+    board: &mut Board,
+    recs: &[tenure::LeaseRecord],
+    candidates: &std::collections::HashMap<String, usize>,
+    now_ms: u64,
+) {
+    {
+        let Board { snapshot, tracks } = board;
+        let mut seen = std::collections::BTreeSet::new();
+        for r in recs {
+            let name = r.election.as_str().to_string();
+            let t = tracks.entry(name.clone()).or_default();
+            let change = json!({ "at_ms": now_ms, "holder": r.holder.as_str(), "token": r.token.0 });
+            let last = t.history.back();
+            if last.is_none_or(|l| l["holder"] != change["holder"] || l["token"] != change["token"]) {
+                t.history.push_back(change);
+            }
+            if let Some(c) = candidates.get(&name) {
+                t.candidates = Some(*c);
+            }
+            seen.insert(name);
+        }
+        for (_, t) in tracks.iter_mut().filter(|(n, _)| !seen.contains(*n)) {
+            if t.history.back().is_some_and(|l| !l["holder"].is_null()) {
+                t.history.push_back(json!({ "at_ms": now_ms, "holder": null, "token": null }));
+            }
+        }
+        for t in tracks.values_mut() {
+            while t.history.len() > HISTORY {
+                t.history.pop_front();
+            }
+        }
+        let by_name: std::collections::HashMap<&str, &tenure::LeaseRecord> =
+            recs.iter().map(|r| (r.election.as_str(), r)).collect();
+        let all: Vec<Value> = tracks
+            .iter()
+            .map(|(name, t)| {
+                let rec = by_name.get(name.as_str()).copied();
+                let mut v = crate::inspect::status_json(name, rec);
+                if let (Some(r), Some(leader)) = (rec, v["leader"].as_object_mut()) {
+                    leader.insert("ttl_ms".into(), json!(r.ttl.as_millis() as u64));
+                    leader.insert("late".into(), json!(late(r)));
+                }
+                v["candidates"] = json!(t.candidates);
+                v["history"] = Value::Array(t.history.iter().cloned().collect());
+                v
+            })
+            .collect();
+        *snapshot = Some(json!({ "elections": all }));
+    }
+}
+
+/// The board's latest snapshot; `None` before the store was first read.
+fn latest(board: &std::sync::Mutex<Board>) -> Option<Value> {
+    board.lock().unwrap_or_else(|p| p.into_inner()).snapshot.clone()
 }
 
 /// Serves the page until SIGINT or SIGTERM.
@@ -40,11 +156,13 @@ pub async fn dashboard(store: Arc<dyn LeaseStore>, addr: SocketAddr, prefix: Str
     println!("dashboard on http://{bound}/");
     let stop = crate::run::stop_on_signals()?;
     let prefix = Arc::new(prefix);
+    let board = Arc::new(std::sync::Mutex::new(Board::default()));
+    tokio::spawn(watch_store(store, prefix, board.clone()));
     let streams = Arc::new(tokio::sync::Semaphore::new(MAX_EVENT_STREAMS));
     let serve = crate::http::accept_loop(listener, move |conn| {
-        let (store, prefix, streams) = (store.clone(), prefix.clone(), streams.clone());
+        let (board, streams) = (board.clone(), streams.clone());
         async move {
-            let _ = serve_one(conn, store.as_ref(), &prefix, bound, &streams).await;
+            let _ = serve_one(conn, &board, bound, &streams).await;
         }
     });
     tokio::select! {
@@ -73,8 +191,7 @@ fn host_allowed(host: Option<&str>, bound: SocketAddr) -> bool {
 
 async fn serve_one(
     mut conn: TcpStream,
-    store: &dyn LeaseStore,
-    prefix: &str,
+    board: &std::sync::Mutex<Board>,
     bound: SocketAddr,
     streams: &Arc<tokio::sync::Semaphore>,
 ) -> std::io::Result<()> {
@@ -85,17 +202,21 @@ async fn serve_one(
     if path == "/events" {
         // Long-lived: no time limit, but only so many at once.
         return match streams.clone().try_acquire_owned() {
-            Ok(_stream) => events(&mut conn, store, prefix).await,
+            Ok(_stream) => events(&mut conn, board).await,
             Err(_) => respond(&mut conn, 503, "text/plain", "too many live views open; try again later\n").await,
         };
     }
     let answer = async {
         match path.as_str() {
             "/" => respond(&mut conn, 200, "text/html; charset=utf-8", PAGE).await,
-            "/api/elections" => match snapshot(store, prefix).await {
-                Ok(v) => respond(&mut conn, 200, "application/json", &(v.to_string() + "\n")).await,
-                Err(e) => {
-                    respond(&mut conn, 503, "application/json", &(json!({ "error": e }).to_string() + "\n")).await
+            "/api/elections" => match latest(board) {
+                Some(v) if v.get("error").is_none() => {
+                    respond(&mut conn, 200, "application/json", &(v.to_string() + "\n")).await
+                }
+                Some(v) => respond(&mut conn, 503, "application/json", &(v.to_string() + "\n")).await,
+                None => {
+                    let e = json!({ "error": "the store has not been read yet" });
+                    respond(&mut conn, 503, "application/json", &(e.to_string() + "\n")).await
                 }
             },
             _ => respond(&mut conn, 404, "text/plain", "not found\n").await,
@@ -106,7 +227,7 @@ async fn serve_one(
 
 /// A server-sent event stream: the snapshot whenever it changes, and at least every few
 /// seconds (so the page knows the server is there), until the page goes away.
-async fn events(conn: &mut TcpStream, store: &dyn LeaseStore, prefix: &str) -> std::io::Result<()> {
+async fn events(conn: &mut TcpStream, board: &std::sync::Mutex<Board>) -> std::io::Result<()> {
     conn.write_all(
         b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n",
     )
@@ -114,9 +235,9 @@ async fn events(conn: &mut TcpStream, store: &dyn LeaseStore, prefix: &str) -> s
     let mut last = String::new();
     let mut quiet = Duration::ZERO;
     loop {
-        let data = match snapshot(store, prefix).await {
-            Ok(v) => v.to_string(),
-            Err(e) => json!({ "error": e }).to_string(),
+        let Some(data) = latest(board).map(|v| v.to_string()) else {
+            tokio::time::sleep(REFRESH).await;
+            continue;
         };
         // Countdowns move on every read: send when who leads changes, else now and then.
         let key = strip_countdowns(&data);
@@ -138,6 +259,10 @@ fn strip_countdowns(data: &str) -> String {
             if let Some(l) = e["leader"].as_object_mut() {
                 l.remove("expires_in_ms");
                 l.remove("renewed_at");
+            }
+            if let Some(e) = e.as_object_mut() {
+                // A change of leader shows in the history's entries, not in their times.
+                e.remove("candidates");
             }
         }
     }

@@ -63,6 +63,20 @@ fn leader(dir: &Path, election: &str, id: &str) -> Proc {
     Proc(child)
 }
 
+/// `tenure dashboard` on the store in `dir`, on a free port.
+fn dashboard(dir: &Path) -> (Proc, u16) {
+    let port = servers::free_port();
+    let dash = Proc(
+        Command::new(tenure())
+            .env("TENURE_STORE", format!("sqlite:{}", dir.join("s.db").display()))
+            .args(["dashboard", "--http", &format!("127.0.0.1:{port}")])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    (dash, port)
+}
+
 /// A page in Chromium, reached through the DevTools protocol.
 struct Page {
     ws: tungstenite::WebSocket<TcpStream>,
@@ -92,33 +106,10 @@ impl Page {
     }
 }
 
-const ROWS: &str = "JSON.stringify([...document.querySelectorAll('tr.election')].map(r => \
-    [r.dataset.election, r.querySelector('td:nth-child(2)').textContent, r.querySelector('td:nth-child(3)').textContent]))";
-
-#[test]
-fn the_dashboard_shows_a_change_of_leader_live() {
-    let Some(chromium) = servers::find_program("chromium") else {
-        servers::skip("chromium is not installed (Debian package chromium)");
-        return;
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let mut alpha = leader(dir.path(), "jobs/report", "alpha");
-    let _beta = leader(dir.path(), "jobs/sweeper", "beta");
-    let port = servers::free_port();
-    let dash = Proc(
-        Command::new(tenure())
-            .env("TENURE_STORE", format!("sqlite:{}", dir.path().join("s.db").display()))
-            .args(["dashboard", "--http", &format!("127.0.0.1:{port}")])
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    wait_for("the dashboard", Duration::from_secs(20), || get(port, "/api/elections").filter(|b| b.contains("beta")));
-    let page = get(port, "/").unwrap();
-    assert!(!page.contains("http://") && !page.contains("https://"), "the page loads nothing from elsewhere");
-
+/// Headless Chromium showing the dashboard on `port`, and its page.
+fn open_page(chromium: &Path, dir: &Path, port: u16) -> (Proc, Page) {
     let devtools = servers::free_port();
-    let _browser = Proc(
+    let browser = Proc(
         Command::new(chromium)
             .args(["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--window-size=1100,640"])
             // Nothing but the page: no updater, sync or QUIC connections, which a machine
@@ -127,7 +118,7 @@ fn the_dashboard_shows_a_change_of_leader_live() {
             .args(["--disable-background-networking", "--disable-component-update", "--disable-sync"])
             .args(["--disable-quic", "--disable-dev-shm-usage"])
             .arg(format!("--remote-debugging-port={devtools}"))
-            .arg(format!("--user-data-dir={}", dir.path().join("chromium").display()))
+            .arg(format!("--user-data-dir={}", dir.join("chromium").display()))
             .arg(format!("http://127.0.0.1:{port}/"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -142,7 +133,7 @@ fn the_dashboard_shows_a_change_of_leader_live() {
             .and_then(|t| t["webSocketDebuggerUrl"].as_str().map(String::from))
     });
     let (ws, _) = tungstenite::client::connect(ws_url).unwrap();
-    let mut page = Page {
+    let page = Page {
         ws: match ws.into_inner() {
             tungstenite::stream::MaybeTlsStream::Plain(s) => {
                 tungstenite::WebSocket::from_raw_socket(s, tungstenite::protocol::Role::Client, None)
@@ -151,6 +142,28 @@ fn the_dashboard_shows_a_change_of_leader_live() {
         },
         next: 0,
     };
+
+    (browser, page)
+}
+
+const ROWS: &str = "JSON.stringify([...document.querySelectorAll('tr.election')].map(r => \
+    [r.dataset.election, r.querySelector('td:nth-child(2)').textContent, r.querySelector('td:nth-child(3)').textContent]))";
+
+#[test]
+fn the_dashboard_shows_a_change_of_leader_live() {
+    let Some(chromium) = servers::find_program("chromium") else {
+        servers::skip("chromium is not installed (Debian package chromium)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut alpha = leader(dir.path(), "jobs/report", "alpha");
+    let _beta = leader(dir.path(), "jobs/sweeper", "beta");
+    let (dash, port) = dashboard(dir.path());
+    wait_for("the dashboard", Duration::from_secs(20), || get(port, "/api/elections").filter(|b| b.contains("beta")));
+    let page = get(port, "/").unwrap();
+    assert!(!page.contains("http://") && !page.contains("https://"), "the page loads nothing from elsewhere");
+
+    let (_browser, mut page) = open_page(&chromium, dir.path(), port);
 
     let rows = |page: &mut Page| -> Vec<Vec<String>> {
         serde_json::from_str(page.eval(ROWS).as_str().unwrap_or("[]")).unwrap_or_default()
@@ -250,4 +263,56 @@ fn base64_decode(s: &str) -> Vec<u8> {
         out.extend_from_slice(&n.to_be_bytes()[1..][..v.len() - 1]);
     }
     out
+}
+
+#[test]
+fn a_killed_leader_shows_as_not_renewing_before_its_lease_runs_out_and_history_outlives_a_reload() {
+    let Some(chromium) = servers::find_program("chromium") else {
+        servers::skip("chromium is not installed (Debian package chromium)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // TTL 8 s: renewals every third of it; after a SIGKILL the lease holds 8 s more.
+    let mut alpha = Proc(
+        Command::new(tenure())
+            .env("TENURE_STORE", format!("sqlite:{}", dir.path().join("s.db").display()))
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .args(["run", "jobs/report", "--id", "alpha", "--ttl", "8s", "--announce", "--", "sleep", "600"])
+            .spawn()
+            .unwrap(),
+    );
+    let (_dash, port) = dashboard(dir.path());
+    wait_for("the dashboard", Duration::from_secs(20), || get(port, "/api/elections").filter(|b| b.contains("alpha")));
+    let (_browser, mut page) = open_page(&chromium, dir.path(), port);
+    const ROW: &str = "JSON.stringify([...document.querySelectorAll('tr[data-election=\"jobs/report\"] td')].map(td => td.textContent))";
+    let row = |page: &mut Page| -> Vec<String> {
+        serde_json::from_str(page.eval(ROW).as_str().unwrap_or("[]")).unwrap_or_default()
+    };
+    // election, leader, token, leading for, candidates, expires in, timeline.
+    wait_for("alpha leading, renewing, one candidate", Duration::from_secs(20), || {
+        let r = row(&mut page);
+        (r.len() == 7 && name_of(&r[1]) == "alpha" && !r[1].contains("not renewing") && r[4] == "1").then_some(())
+    });
+    alpha.kill().unwrap();
+    alpha.wait().unwrap();
+    let killed = Instant::now();
+    let shown = wait_for("the page to show alpha as not renewing", Duration::from_secs(8), || {
+        let r = row(&mut page);
+        (r.len() == 7 && r[1].contains("not renewing")).then_some(r)
+    });
+    let left: f64 = shown[5].trim_end_matches(" s").parse().unwrap();
+    assert!(
+        left > 0.5,
+        "shown as not renewing {:?} after the kill, with {left} s of its lease left: {shown:?}",
+        killed.elapsed()
+    );
+    // The history is the server's: a reload keeps it.
+    page.eval("location.reload()");
+    let history = wait_for("the reloaded page's history", Duration::from_secs(20), || {
+        let v = page.eval("JSON.stringify((elections.get('jobs/report') || {history: []}).history)");
+        let h: Vec<Value> = serde_json::from_str(v.as_str()?).ok()?;
+        (!h.is_empty()).then_some(h)
+    });
+    assert!(history.iter().any(|h| h["holder"].as_str().is_some_and(|n| name_of(n) == "alpha")), "{history:?}");
 }
