@@ -154,7 +154,8 @@ fn prometheus_sees_one_leader_and_is_leader_follows_a_crash() {
 #[test]
 fn a_flood_of_idle_connections_neither_restarts_the_command_nor_keeps_a_core_busy() {
     // 600 idle connections against 256 descriptors: the connections must not take what
-    // renewing the lease and keeping the command's deadline need.
+    // renewing the lease, keeping the command's deadline and starting its health checks
+    // need (a health check that cannot start fails, and the leader steps down).
     let dir = tempfile::tempdir().unwrap();
     let port = servers::free_port();
     let log = dir.path().join("starts");
@@ -163,6 +164,7 @@ fn a_flood_of_idle_connections_neither_restarts_the_command_nor_keeps_a_core_bus
         Command::new("sh")
             .args(["-c", r#"ulimit -n 256; exec "$0" "$@""#, tenure()])
             .args(["run", "jobs/flooded", "--ttl", "2s", "--grace", "300ms"])
+            .args(["--health-cmd", "true", "--health-interval", "200ms", "--health-retries", "1"])
             .args(["--http", &format!("127.0.0.1:{port}"), "--", "sh", "-c", &script])
             .env("TENURE_STORE", format!("sqlite:{}", dir.path().join("s.db").display()))
             .env("RUST_LOG", "warn")

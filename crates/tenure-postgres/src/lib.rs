@@ -414,10 +414,7 @@ fn pool_of(options: &PgConnectOptions, n: u32) -> PgPool {
     PgPoolOptions::new()
         .max_connections(n)
         .min_connections(0)
-        // Below the runtime's shortest request timeout for the default TTL (2 s), so that a
-        // server that cannot be reached is reported with its cause (see `check`), not as a
-        // call that got no answer.
-        .acquire_timeout(Duration::from_secs(1))
+        .acquire_timeout(Duration::from_secs(3))
         .test_before_acquire(false)
         .before_acquire(|conn, meta| {
             Box::pin(async move {
