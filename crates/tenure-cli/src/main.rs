@@ -343,8 +343,9 @@ that dies after claiming keeps the id from running until --claim-ttl ends.")]
         /// The action: for the `command` topic, the shell command to run
         #[arg(long, default_value = "")]
         action: String,
-        /// How long to wait for the outcome
-        #[arg(long, default_value = "10s", value_parser = duration)]
+        /// How long to wait for the outcome (a broker that is down and workers that are
+        /// rejoining are waited for within it)
+        #[arg(long, default_value = "10s", value_parser = positive_duration)]
         wait: Duration,
         /// Print the outcome as JSON
         #[arg(long)]

@@ -122,7 +122,7 @@ impl Client {
                     *current = Some(c.clone());
                     return Ok(c);
                 }
-                Ok(Err(e)) if Instant::now() + backoff < deadline => {
+                Ok(Err(e)) if Instant::now() < deadline => {
                     warn!(error = %crate::chain(&e), retry_in = ?backoff, "cannot reach the broker; trying again");
                 }
                 Ok(Err(e)) => return Err(e),
@@ -133,7 +133,8 @@ impl Client {
                     ));
                 }
             }
-            tokio::time::sleep(backoff).await;
+            // Up to the deadline, not short of it: the last try comes at the deadline.
+            tokio::time::sleep_until(deadline.min(Instant::now() + backoff)).await;
             backoff = (backoff * 2).min(Duration::from_secs(2));
         }
     }
@@ -193,7 +194,19 @@ impl Client {
                 // not make this a busy loop.
                 tokio::time::sleep_until(deadline.min(Instant::now() + Duration::from_millis(100))).await;
             }
-            let conn = self.link(deadline).await?;
+            let conn = match self.link(deadline).await {
+                Ok(c) => c,
+                // Asked already: what came of it is unknown, as when no outcome comes.
+                Err(_) if asked && answered.is_empty() => return Err(GossipError::NoWorkers { id: id.into(), wait }),
+                Err(_) if asked => {
+                    return Err(GossipError::NoOutcome {
+                        id: id.into(),
+                        answered: answered.into_iter().collect(),
+                        wait,
+                    });
+                }
+                Err(e) => return Err(e),
+            };
             if asked {
                 warn!(election = %id, "the broker connection was lost while waiting; asking again on a new one");
             }

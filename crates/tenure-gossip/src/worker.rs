@@ -279,6 +279,7 @@ impl Worker {
             pending_runs: 0,
             attempts: 0,
             running: Vec::new(),
+            ask_again: Vec::new(),
             cfg: config.clone(),
         };
         let task = tokio::spawn(actor.run(link, rx, ran_rx));
@@ -402,6 +403,11 @@ struct Election {
     /// it or were not joined when it came, so they never stand in it, and a deferred
     /// election leaves them out of its member set.
     late_hellos: BTreeSet<String>,
+    /// The members this worker knew when it heard the request (deferred elections): one of
+    /// them whose `hello` comes after the request was cut off and is rejoining (a broker
+    /// restart). It stays in the member set (it may have decided this id before, and its
+    /// word must be waited for), and the request is published again for it to hear.
+    known: BTreeSet<String>,
     /// The members this worker stood with, itself included: the live set when it heard the
     /// request, or (deferred) when it joined, less `late_hellos`. Empty until it stands.
     members: BTreeSet<String>,
@@ -493,6 +499,9 @@ struct Actor {
     pending_runs: usize,
     attempts: u64,
     running: Vec<JoinHandle<()>>,
+    /// Requests to publish again, for members that rejoined after hearing them (see
+    /// [`Election::known`]).
+    ask_again: Vec<Request>,
 }
 
 impl Actor {
@@ -770,6 +779,10 @@ impl Actor {
         let from = env.from.clone();
         if env.body.is_sign_of_life() {
             self.saw_worker(&from, env.incarnation, matches!(env.body, Body::Hello));
+            for request in std::mem::take(&mut self.ask_again) {
+                debug!(election = %request.id, member = %from, "asking again for a member that rejoined");
+                self.send(Body::Elect(request)).await;
+            }
         }
         match env.body {
             Body::Hello | Body::Probe => {
@@ -846,7 +859,14 @@ impl Actor {
             // Planted, defer-keeps-late-hellos: a deferred election waits for workers that
             // never saw its request.
             for e in self.elections.values_mut().filter(|e| !e.standing) {
-                e.late_hellos.insert(from.to_string());
+                // (Planted, defer-drops-known-members: a member known before the request
+                // and rejoining is left out, so a worker that decided this id before is
+                // not waited for.)
+                if e.known.contains(from) && !mutant("defer-drops-known-members") {
+                    self.ask_again.push(e.request.clone());
+                } else {
+                    e.late_hellos.insert(from.to_string());
+                }
             }
         }
         match self.members.get_mut(from) {
@@ -921,6 +941,7 @@ impl Actor {
             digest,
             standing: false,
             late_hellos: BTreeSet::new(),
+            known: self.members.keys().cloned().collect(),
             members: BTreeSet::new(),
             answers,
             reported: None,

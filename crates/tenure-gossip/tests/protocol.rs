@@ -1155,3 +1155,52 @@ async fn elections_asked_around_a_broker_outage_each_run_exactly_once() {
     let lost: Vec<String> = (0..30).map(|i| format!("o{i}")).filter(|id| !runs.contains_key(id)).collect();
     assert!(lost.is_empty(), "never ran: {lost:?}; results: {results:?}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_id_asked_again_after_a_broker_restart_waits_for_the_workers_that_decided_it() {
+    let hub = MemoryHub::new();
+    let rec = Recorder::default();
+    let (fa, fb, fc) = (Faults::new(), Faults::new(), Faults::new());
+    let _a = faulty_worker(&hub, "a.1", &rec, &fa).await;
+    let _b = faulty_worker(&hub, "b.2", &rec, &fb).await;
+    let client = Client::connect(Arc::new(hub.clone())).await.unwrap();
+    let first = client.elect("x", "job", "go", WAIT).await.unwrap();
+    assert!(first.started);
+    // c joins after x was decided: it never heard of x.
+    let _c = faulty_worker(&hub, "c.3", &rec, &fc).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The broker restarts; c is back first, a and b (which decided x) 4 s later, still
+    // reconnecting when x is asked again. c defers it; a and b must be heard first.
+    let back_c = outage(vec![fc.clone()], Duration::ZERO, Duration::from_secs(2));
+    let back_ab = outage(vec![fa.clone(), fb.clone()], Duration::ZERO, Duration::from_secs(6));
+    back_c.await.unwrap();
+    // c reconnects with backoff (its try at 3.1 s), and joins again.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let again = client.elect("x", "job", "go", Duration::from_secs(30)).await;
+    back_ab.await.unwrap();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(rec.runs()["x"].len(), 1, "x ran again: {:?} (asked again: {again:?})", rec.runs()["x"]);
+    let again = again.expect("the worker that ran x answers the repeat");
+    assert!(again.repeat && again.winner == first.winner, "{again:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_waits_its_whole_wait_for_a_broker_that_is_down() {
+    let hub = MemoryHub::new();
+    let rec = Recorder::default();
+    let _a = worker(&hub, "a.1", &rec).await;
+    let f = Faults::new();
+    f.down.send_replace(true);
+    let client = Client::new(Arc::new(Faulty { hub: hub.clone(), faults: f.clone() }));
+    // Down for the whole wait: a broker error, at the end of the wait, not before.
+    let t0 = Instant::now();
+    let e = client.elect("x", "job", "go", Duration::from_secs(3)).await.unwrap_err();
+    assert!(t0.elapsed() >= Duration::from_secs(3), "gave up after {:?}: {e}", t0.elapsed());
+    assert!(matches!(e, GossipError::Broker { .. }), "{e}");
+    // Back within the wait: the election runs.
+    let back = outage(vec![f.clone()], Duration::ZERO, Duration::from_secs(2));
+    let outcome = client.elect("y", "job", "go", Duration::from_secs(10)).await.unwrap();
+    back.await.unwrap();
+    assert!(outcome.started, "{outcome:?}");
+    assert_eq!(rec.runs()["y"].len(), 1);
+}
