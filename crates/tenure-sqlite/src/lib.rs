@@ -137,6 +137,9 @@ struct Inner {
     /// The connection's log or shared memory went under it (see [`Opened::log_lost`]):
     /// every call fails from then on.
     log_lost: AtomicBool,
+    /// Why the database at the path could not be opened again after it was replaced (the
+    /// call that found it fails with this).
+    reopen_error: std::sync::Mutex<Option<String>>,
     /// The elections this store may hold a lease of, and a shared lock on the database's
     /// directory kept while there is one: see [`a_leader_may_live`] and [`mark_withheld`].
     leading: std::sync::Mutex<Leading>,
@@ -321,6 +324,7 @@ impl SqliteStore {
             release_durability,
             opened: std::sync::Mutex::new(opened),
             log_lost: AtomicBool::new(false),
+            reopen_error: Default::default(),
             leading: Default::default(),
             #[cfg(test)]
             levels: Default::default(),
@@ -360,9 +364,17 @@ impl SqliteStore {
             .jobs
             .send(job)
             .map_err(|_| StoreError::unavailable(format!("{what}: the SQLite connection's thread has stopped")))?;
-        rx.await.map_err(|_| match self.inner.log_lost.load(Ordering::SeqCst) {
-            true => log_lost_error(&self.inner.path),
-            false => StoreError::unavailable(format!("{what}: the database task failed")),
+        rx.await.map_err(|_| {
+            if self.inner.log_lost.load(Ordering::SeqCst) {
+                return log_lost_error(&self.inner.path);
+            }
+            match self.inner.reopen_error.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+                Some(why) => StoreError::unavailable(format!(
+                    "{what}: {} was deleted or replaced, and cannot be opened again: {why}",
+                    self.inner.path.display()
+                )),
+                None => StoreError::unavailable(format!("{what}: the database task failed")),
+            }
         })?
     }
 
@@ -1150,15 +1162,16 @@ fn serve(mut conn: Connection, inner: &std::sync::Weak<Inner>, queue: &std::sync
             {
                 Ok(c) => c,
                 Err(e) => {
-                    // Nothing to work on: every call fails (as retryable) until a file
-                    // can be opened again.
+                    // Nothing to work on: this call fails with why, and the next tries
+                    // again, from the old connection and what it had open (its marks to
+                    // carry, the shared memory to refuse).
                     tracing::warn!(error = %e, "cannot open the database again");
-                    match Connection::open_in_memory() {
-                        Ok(c) => (c, Opened::default()),
-                        Err(_) => continue,
-                    }
+                    *inner.reopen_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                    drop(job);
+                    continue;
                 }
             };
+            inner.reopen_error.lock().unwrap_or_else(|p| p.into_inner()).take();
             // The old connection is never closed: see [`Opened`].
             std::mem::forget(std::mem::replace(&mut conn, c));
             *inner.opened.lock().unwrap_or_else(|e| e.into_inner()) = opened;
@@ -1183,7 +1196,7 @@ fn reopen(
     options: &SqliteOptions,
     replaced: Option<(Carried, Opened)>,
 ) -> Result<(Connection, Opened), StoreError> {
-    create_fresh(path);
+    create_fresh(path)?;
     // The shared memory at the path is still the one this process has mapped for the file
     // that went (a copy moved over the database, its -wal and -shm left): a connection of
     // this process would take it for new and truncate it under the old one (SIGBUS), and
@@ -1432,8 +1445,10 @@ fn connect(path: &Path, options: &SqliteOptions) -> Result<Connection, StoreErro
             ),
         ));
     }
-    create_fresh(path);
-    let conn = Connection::open(path).map_err(|e| sql_error(path, "opening the database", e))?;
+    create_fresh(path)?;
+    // Never made by SQLite itself: it would attach any log left at the path.
+    let flags = rusqlite::OpenFlags::default() - rusqlite::OpenFlags::SQLITE_OPEN_CREATE;
+    let conn = Connection::open_with_flags(path, flags).map_err(|e| sql_error(path, "opening the database", e))?;
     conn.busy_timeout(options.busy_timeout).map_err(|e| sql_error(path, "setting the busy timeout", e))?;
     // Switching a fresh database to WAL takes an exclusive lock for which SQLite does not
     // call the busy handler, so replicas starting together must retry here themselves.
@@ -1462,14 +1477,16 @@ fn beside(path: &Path, suffix: &str) -> PathBuf {
 /// process makes SIGBUS of the shared memory when it is truncated under it). Makers take
 /// turns under an exclusive lock on `NAME-create`, so that none removes the logs of a
 /// file another has just put in place. An existing database is left as it is.
-fn create_fresh(path: &Path) {
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+fn create_fresh(path: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
     if std::fs::symlink_metadata(path).is_ok() {
-        return;
+        return Ok(());
     }
+    // Never blocking on a FIFO planted at a name, never through a link.
+    let flags = (rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32;
     let private = |p: &Path, new: bool| {
         let mut o = std::fs::OpenOptions::new();
-        o.write(true).mode(0o600).custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32);
+        o.write(true).mode(0o600).custom_flags(flags);
         if new {
             o.create_new(true)
         } else {
@@ -1477,28 +1494,38 @@ fn create_fresh(path: &Path) {
         };
         o.open(p).and_then(|f| f.set_permissions(std::fs::Permissions::from_mode(0o600)).map(|()| f))
     };
-    // Another user may hold the lock (a shared directory): after the busy timeout's worth
-    // of tries, make the file without it, as before.
-    let lock = private(&beside(path, "-create"), false).ok();
-    let locked = lock.as_ref().is_some_and(|f| {
-        (0..200).any(|i| {
-            if i > 0 {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            rustix::fs::flock(f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok()
-        })
+    let name = beside(path, "-create");
+    let refused = |why: String| StoreError::new(ErrorKind::Unavailable, why);
+    let lock = private(&name, false)
+        .map_err(|e| refused(format!("cannot open {} to make the database: {e}", name.display())))?;
+    let meta = lock.metadata().map_err(|e| refused(format!("cannot read {}: {e}", name.display())))?;
+    if !meta.is_file() || meta.uid() != rustix::process::geteuid().as_raw() {
+        return Err(StoreError::new(
+            ErrorKind::Misconfigured,
+            format!(
+                "{} is not a regular file of this user's: remove it (it serializes making the database)",
+                name.display()
+            ),
+        ));
+    }
+    // Without the lock nothing is removed or made: another maker (stalled, or another
+    // user's process) may be about to put a file in place, and its logs must not go.
+    let locked = (0..200).any(|i| {
+        if i > 0 {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok()
     });
     if !locked {
-        tracing::warn!(path = %path.display(), "cannot lock {}-create; making the database without it", path.display());
+        return Err(refused(format!("another process holds {} while it makes the database; retry", name.display())));
     }
     if std::fs::symlink_metadata(path).is_ok() {
-        return;
+        return Ok(());
     }
     let tmp = beside(path, &format!("-new.{}", fastrand::u64(..)));
-    if private(&tmp, true).is_err() {
-        // Let SQLite make it (with the umask's mode) rather than not at all.
-        return;
-    }
+    private(&tmp, true).map_err(|e| {
+        StoreError::new(ErrorKind::Unauthorized, format!("cannot make the database {}: {e}", path.display()))
+    })?;
     if !crate_mutant("sqlite-stale-log-kept") {
         // Planted, sqlite-stale-log-kept: the new file attaches the old one's log.
         for suffix in ["-wal", "-shm"] {
@@ -1508,6 +1535,7 @@ fn create_fresh(path: &Path) {
     // Never over a file another maker put there meanwhile.
     let _ = std::fs::hard_link(&tmp, path);
     let _ = std::fs::remove_file(&tmp);
+    Ok(())
 }
 
 /// Runs `op` again while SQLite answers "busy" or "locked", for up to the busy timeout.

@@ -22,8 +22,9 @@ async fn a_database_deleted_under_its_leader_ends_the_term_and_never_repeats_a_t
     let la = a.leadership().await.unwrap();
     // The leader renews every TTL/3: what follows must not wait for that.
     tokio::time::sleep(Duration::from_millis(200)).await;
+    // Every file (one the store makes meanwhile, noticing, may come and go).
     for entry in std::fs::read_dir(dir.path()).unwrap() {
-        std::fs::remove_file(entry.unwrap().path()).unwrap();
+        let _ = std::fs::remove_file(entry.unwrap().path());
     }
     let deleted = Instant::now();
     // As far as a knows, its lease holds until then, and so may its command run.
@@ -242,4 +243,33 @@ async fn a_database_made_anew_shares_no_memory_or_log_with_the_file_deleted_befo
     e.shutdown().await;
     // Never closed, as a process of the old file would not be.
     std::mem::forget(old);
+}
+
+#[tokio::test]
+async fn a_fifo_planted_where_the_database_is_made_neither_hangs_nor_is_passed_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let made = std::process::Command::new("mkfifo").arg(dir.path().join("t.db-create")).status().unwrap();
+    assert!(made.success());
+    let open = tokio::time::timeout(Duration::from_secs(5), SqliteStore::open(&path)).await;
+    let err = open.expect("opening the store hung on the FIFO").err().expect("a FIFO was taken for the lock");
+    assert!(err.to_string().contains("t.db-create"), "{err}");
+    assert!(!path.exists(), "the database was made without the lock");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_moved_over_the_database_with_the_old_logs_left_is_refused_on_every_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, copy) = (dir.path().join("t.db"), dir.path().join("copy.db"));
+    let a = elector(Arc::new(SqliteStore::open(&path).await.unwrap()), "a");
+    let la = a.leadership().await.unwrap();
+    rusqlite::Connection::open(&path).unwrap().execute("VACUUM INTO ?1", [copy.to_str().unwrap()]).unwrap();
+    // Moved over the database; its -wal and -shm stay, still the ones a has open.
+    std::fs::rename(&copy, &path).unwrap();
+    tokio::time::timeout(TTL * 2, la.cancelled()).await.expect("a led on in the copy with the old logs");
+    drop(la);
+    // Not on the next call either: every call refuses until the logs are removed.
+    let again = tokio::time::timeout(TTL * 2, a.leadership()).await;
+    assert!(!matches!(again, Ok(Ok(_))), "a led again on the copy with the old logs");
+    a.shutdown().await;
 }
