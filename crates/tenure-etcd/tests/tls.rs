@@ -6,10 +6,9 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tenure::store::{Acquire, AcquireRequest};
-use tenure::{ElectionName, HolderId, LeaseStore};
+use tenure::store::Acquire;
 use tenure_etcd::EtcdStore;
-use tenure_testkit::certs::Certs;
+use tenure_testkit::certs::{Certs, first_grant};
 use tenure_testkit::servers;
 
 /// An etcd member on loopback with TLS for clients (and client certificates required),
@@ -50,17 +49,7 @@ fn member(certs: &Certs) -> Option<Member> {
 }
 
 async fn acquire(url: &str) -> Result<Acquire, String> {
-    let store = EtcdStore::connect(url).await.map_err(|e| format!("connect: {e}"))?;
-    let req = AcquireRequest {
-        election: ElectionName::new("tls/e").unwrap(),
-        holder: HolderId::generate(),
-        ttl: Duration::from_secs(5),
-        metadata: Vec::new(),
-    };
-    tokio::time::timeout(Duration::from_secs(5), store.try_acquire(&req))
-        .await
-        .map_err(|_| "timed out".to_string())?
-        .map_err(|e| format!("{e:#}"))
+    first_grant(EtcdStore::connect(url), Duration::from_secs(5)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -236,6 +236,10 @@ impl NatsStore {
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let url = parse_url(url)?;
         check_tls_files(&url)?;
+        // The client's TLS asks rustls for the process's crypto provider, which rustls can
+        // choose alone only while one provider is built in: ring, as every store here uses
+        // (one installed already, by the program or another store, stays).
+        let _ = async_nats::rustls::crypto::ring::default_provider().install_default();
         let hosts: Vec<&str> = url.servers.iter().map(|s| s.trim_start_matches("nats://")).collect();
         let described = format!("nats://{}/{}", hosts.join(","), url.bucket);
         Ok(Self {

@@ -6,10 +6,9 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tenure::store::{Acquire, AcquireRequest};
-use tenure::{ElectionName, HolderId, LeaseStore};
+use tenure::store::Acquire;
 use tenure_nats::NatsStore;
-use tenure_testkit::certs::Certs;
+use tenure_testkit::certs::{Certs, first_grant};
 use tenure_testkit::servers;
 
 /// A nats-server with JetStream on loopback, TLS only, client certificates required;
@@ -46,17 +45,7 @@ fn member(certs: &Certs) -> Option<Member> {
 }
 
 async fn acquire(url: &str) -> Result<Acquire, String> {
-    let store = NatsStore::connect(url).await.map_err(|e| format!("connect: {e}"))?;
-    let req = AcquireRequest {
-        election: ElectionName::new("tls/e").unwrap(),
-        holder: HolderId::generate(),
-        ttl: Duration::from_secs(5),
-        metadata: Vec::new(),
-    };
-    tokio::time::timeout(Duration::from_secs(5), store.try_acquire(&req))
-        .await
-        .map_err(|_| "timed out".to_string())?
-        .map_err(|e| format!("{e:#}"))
+    first_grant(NatsStore::connect(url), Duration::from_secs(5)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,10 +6,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use tenure::store::{Acquire, AcquireRequest};
-use tenure::{ElectionName, HolderId, LeaseStore};
+use tenure::store::Acquire;
 use tenure_redis::RedisStore;
-use tenure_testkit::certs::Certs;
+use tenure_testkit::certs::{Certs, first_grant};
 use tenure_testkit::servers::{self, Kind};
 
 /// A Redis server with a TLS port beside its plain one; returns it and the TLS port.
@@ -35,17 +34,7 @@ fn tls_server(dir: &Path, auth_clients: bool) -> Option<(servers::Server, u16)> 
 }
 
 async fn acquire(url: &str) -> Result<Acquire, String> {
-    let store = RedisStore::connect(url).await.map_err(|e| format!("connect: {e}"))?;
-    let req = AcquireRequest {
-        election: ElectionName::new("tls/e").unwrap(),
-        holder: HolderId::generate(),
-        ttl: Duration::from_secs(5),
-        metadata: Vec::new(),
-    };
-    tokio::time::timeout(Duration::from_secs(10), store.try_acquire(&req))
-        .await
-        .map_err(|_| "timed out".to_string())?
-        .map_err(|e| format!("{e:#}"))
+    first_grant(RedisStore::connect(url), Duration::from_secs(10)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -119,8 +119,9 @@ pub const STORES: &[StoreKind] = &[
     StoreKind {
         family: Family::ZooKeeper,
         name: "ZooKeeper",
-        schemes: &["zk"],
-        form: "zk://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][/PATH] (a TTL within the server's session timeout limits)",
+        schemes: &["zk", "zks"],
+        form: "zk://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][/PATH], zks://…?ca=PATH for TLS (a TTL within the \
+               server's session timeout limits)",
         feature: "zookeeper",
     },
     StoreKind {
@@ -211,8 +212,7 @@ pub fn classify(url: &str) -> Result<(&'static StoreKind, &str), StoreError> {
 }
 
 /// The first host `url` names that is not this machine, if the store is reached without
-/// TLS that verifies the server (or, for ZooKeeper, which this build cannot reach over
-/// TLS, at all): whoever can watch or change that traffic can read the credentials and
+/// TLS that verifies the server: whoever can watch or change that traffic can read the credentials and
 /// choose the leader.
 pub fn plaintext_remote(url: &str) -> Option<String> {
     let (kind, rest) = classify(url).ok()?;
@@ -229,7 +229,7 @@ pub fn plaintext_remote(url: &str) -> Option<String> {
         Family::Redis => scheme == "rediss" || param("tls").is_some_and(|v| v != "no" && v != "false"),
         Family::Etcd => scheme == "etcds",
         Family::Nats => param("ca").is_some(),
-        Family::ZooKeeper => false,
+        Family::ZooKeeper => scheme == "zks",
         // HTTPS to the cloud service unless an endpoint says otherwise.
         Family::AzureBlob | Family::S3 | Family::DynamoDb | Family::Gcs => {
             return param("endpoint").filter(|e| e.starts_with("http://")).and_then(|e| {
@@ -431,6 +431,7 @@ mod tests {
             ("nats://10.0.0.3:4222", Some("10.0.0.3:4222")),
             ("nats://10.0.0.3:4222?ca=/etc/ca.pem", None),
             ("zk://u:p@zk.example:2181", Some("zk.example:2181")),
+            ("zks://u:p@zk.example:2181?ca=/etc/ca.pem", None),
             ("s3://bucket", None),
             ("s3://bucket?endpoint=http://127.0.0.1:9000", None),
             ("s3://bucket?endpoint=http://minio.example:9000", Some("minio.example:9000")),

@@ -74,3 +74,23 @@ fn issue(dir: &Path, name: &str, by: &str, san: &str) {
         &["-out", &pem, "-days", "2", "-extfile", &ext],
     );
 }
+
+/// What a TLS test asks of a store made from a URL: one grant of a fresh election within
+/// `within`, or the error, written out whole (`connect: …` when making the store failed).
+pub async fn first_grant<S, F>(connecting: F, within: std::time::Duration) -> Result<tenure::store::Acquire, String>
+where
+    S: tenure::LeaseStore,
+    F: std::future::Future<Output = Result<S, tenure::StoreError>>,
+{
+    let store = connecting.await.map_err(|e| format!("connect: {e}"))?;
+    let req = tenure::store::AcquireRequest {
+        election: tenure::ElectionName::new("tls/e").expect("a valid name"),
+        holder: tenure::HolderId::generate(),
+        ttl: std::time::Duration::from_secs(5),
+        metadata: Vec::new(),
+    };
+    tokio::time::timeout(within, store.try_acquire(&req))
+        .await
+        .map_err(|_| "timed out".to_string())?
+        .map_err(|e| format!("{e:#}"))
+}

@@ -590,11 +590,25 @@ impl Server {
                 }
                 if self.kind == Kind::ZooKeeper {
                     // zkServer.sh execs java: the server is our child, logging to our directory.
-                    c.env("ZOO_LOG_DIR", self.dir.path()).env("JVMFLAGS", "-Xmx256m -XX:+UseSerialGC");
+                    c.env("ZOO_LOG_DIR", self.dir.path()).env("JVMFLAGS", self.zk_jvm_flags());
                 }
                 c
             }
         }
+    }
+
+    /// The JVM flags of a ZooKeeper server. One that serves TLS runs on Netty, and
+    /// Debian's `zookeeper.jar` names in its class path every Netty part it uses but
+    /// `netty-codec` (without it, every connection is dropped): the class path is then
+    /// given again, with it.
+    fn zk_jvm_flags(&self) -> String {
+        let mut flags = "-Xmx256m -XX:+UseSerialGC".to_string();
+        let netty = self.extra.iter().any(|l| l.to_string_lossy().contains("NettyServerCnxnFactory"));
+        let (jar, codec) = ("/usr/share/java/zookeeper.jar", "/usr/share/java/netty-codec.jar");
+        if netty && Path::new(jar).exists() && Path::new(codec).exists() {
+            flags.push_str(&format!(" -cp /etc/zookeeper/conf:{jar}:{codec}"));
+        }
+        flags
     }
 
     /// RabbitMQ takes its settings from the environment: its own node name, ports, data,

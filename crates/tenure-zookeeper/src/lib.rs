@@ -71,6 +71,9 @@ struct Inner {
     path: String,
     /// Digest credentials, `USER:PASSWORD`.
     auth: Option<String>,
+    /// `zks://`: TLS to every server, verified against the URL's CA; and the same
+    /// settings for rustls, to say why a handshake failed.
+    tls: Option<(zk::TlsOptions, Arc<rustls::ClientConfig>)>,
     described: String,
     /// One session per TTL in milliseconds.
     sessions: tokio::sync::Mutex<HashMap<u64, zk::Client>>,
@@ -110,19 +113,44 @@ struct Parsed {
     hosts: String,
     path: String,
     auth: Option<String>,
+    /// `zks://`: the files of its TLS.
+    tls: Option<TlsFiles>,
+}
+
+/// The files `zks://` names: the CA that signed the servers' certificates, and a client
+/// certificate and key for servers that ask for one (`ssl.clientAuth`).
+#[derive(Debug, PartialEq)]
+struct TlsFiles {
+    ca: String,
+    identity: Option<(String, String)>,
 }
 
 fn parse_url(url: &str) -> Result<Parsed, StoreError> {
     let bad = |why: &str| {
         StoreError::invalid(format!(
-            "ZooKeeper store URL: {why}; write zk://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][/PATH] \
-             (PATH defaults to {DEFAULT_PATH})"
+            "ZooKeeper store URL: {why}; write zk://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][/PATH], or \
+             zks://…[/PATH]?ca=PATH[&cert=PATH&key=PATH] for TLS (PATH defaults to {DEFAULT_PATH})"
         ))
     };
-    let rest = url.strip_prefix("zk://").ok_or_else(|| bad("the scheme must be zk://"))?;
+    let (url, ours) = tenure::store::url::take_params(url, &["ca", "cert", "key"]);
+    let (rest, secure) = match (url.strip_prefix("zk://"), url.strip_prefix("zks://")) {
+        (Some(rest), _) => (rest, false),
+        (_, Some(rest)) => (rest, true),
+        _ => return Err(bad("the scheme must be zk:// (or zks:// for TLS)")),
+    };
     if rest.contains('?') || rest.contains('#') {
-        return Err(bad("parameters are not allowed"));
+        return Err(bad("unknown parameter (known, with zks:// only: ca, cert, key)"));
     }
+    let tls = match (secure, ours[0].clone(), ours[1].clone(), ours[2].clone()) {
+        (false, None, None, None) => None,
+        (false, ..) => return Err(bad("ca=, cert= and key= are for TLS: write zks://")),
+        (true, None, ..) => {
+            return Err(bad("zks:// needs ca=PATH, the PEM file of the CA that signed the servers' certificates"));
+        }
+        (true, Some(ca), Some(cert), Some(key)) => Some(TlsFiles { ca, identity: Some((cert, key)) }),
+        (true, Some(ca), None, None) => Some(TlsFiles { ca, identity: None }),
+        (true, Some(_), ..) => return Err(bad("cert= and key= go together")),
+    };
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, ""),
@@ -148,8 +176,14 @@ fn parse_url(url: &str) -> Result<Parsed, StoreError> {
         if host.is_empty() || port.parse::<u16>().is_err() {
             return Err(bad(&format!("{h:?} is not HOST:PORT")));
         }
+        // A name TLS cannot check a certificate against (the client would fail on it
+        // deep inside a connection attempt).
+        let name = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+        if rustls::pki_types::ServerName::try_from(name).is_err() {
+            return Err(bad(&format!("{host:?} is not a host name or an IP address")));
+        }
     }
-    Ok(Parsed { hosts: hosts.to_string(), path, auth })
+    Ok(Parsed { hosts: hosts.to_string(), path, auth, tls })
 }
 
 /// The node name of an election: `/` is the one character of a name that ZooKeeper
@@ -240,6 +274,94 @@ async fn timed<T, E>(
     }
 }
 
+/// The TLS settings of `zks://`: only the URL's CA is trusted, the server's name or
+/// address must be in its certificate, and the client certificate is sent if given.
+fn tls_options(files: &TlsFiles) -> Result<zk::TlsOptions, StoreError> {
+    use tenure::store::url::{Pem, read_pem};
+    // The client asks rustls for the process's crypto provider: ring, as every other
+    // store of this workspace uses (installing fails harmlessly if one is installed).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let text = |param: &str, path: &str, kind: Pem| {
+        read_pem(param, path, kind).map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+    };
+    let bad = |param: &str, path: &str, e: zk::Error| {
+        StoreError::new(ErrorKind::Misconfigured, format!("{param}={path}: cannot use it ({e})"))
+    };
+    let ca = text("ca", &files.ca, Pem::Certificate)?;
+    let mut options = zk::TlsOptions::new().with_pem_ca(&ca).map_err(|e| bad("ca", &files.ca, e))?;
+    if let Some((cert, key)) = &files.identity {
+        let (cert_pem, key_pem) = (text("cert", cert, Pem::Certificate)?, text("key", key, Pem::Key)?);
+        options = options.with_pem_identity(&cert_pem, &key_pem).map_err(|e| bad("cert", cert, e))?;
+    }
+    Ok(options)
+}
+
+/// The TLS settings of `zks://` as rustls takes them, for [`tls_refusal`].
+fn tls_config(files: &TlsFiles) -> Result<Arc<rustls::ClientConfig>, StoreError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use tenure::store::url::{Pem, read_pem};
+    let bad = |param: &str, path: &str, why: String| {
+        StoreError::new(ErrorKind::Misconfigured, format!("{param}={path}: cannot use it ({why})"))
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    let ca = read_pem("ca", &files.ca, Pem::Certificate)?;
+    for cert in CertificateDer::pem_slice_iter(&ca) {
+        let cert = cert.map_err(|e| bad("ca", &files.ca, e.to_string()))?;
+        roots.add(cert).map_err(|e| bad("ca", &files.ca, e.to_string()))?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| bad("ca", &files.ca, e.to_string()))?
+        .with_root_certificates(roots);
+    let config = match &files.identity {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => {
+            let certs = CertificateDer::pem_slice_iter(&read_pem("cert", cert, Pem::Certificate)?)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| bad("cert", cert, e.to_string()))?;
+            let key_der = PrivateKeyDer::from_pem_slice(&read_pem("key", key, Pem::Key)?)
+                .map_err(|e| bad("key", key, e.to_string()))?;
+            builder.with_client_auth_cert(certs, key_der).map_err(|e| bad("cert", cert, e.to_string()))?
+        }
+    };
+    Ok(Arc::new(config))
+}
+
+/// Why TLS with `config` refuses the first of `hosts` whose handshake fails (the server's
+/// certificate, or the server refusing ours), or `None` if none does: a handshake, then
+/// a read, on a connection of its own to each.
+fn tls_refusal(hosts: &str, config: Arc<rustls::ClientConfig>) -> Option<String> {
+    use std::io::Read;
+    use std::net::ToSocketAddrs;
+    for h in hosts.split(',') {
+        let (host, _) = h.rsplit_once(':')?;
+        let name = host.trim_start_matches('[').trim_end_matches(']');
+        let server = rustls::pki_types::ServerName::try_from(name.to_string()).ok()?;
+        let Some(addr) = h.to_socket_addrs().ok().and_then(|mut a| a.next()) else { continue };
+        let Ok(mut sock) = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else { continue };
+        // Long enough for a refusal, short enough not to hold up the error much.
+        let _ = sock.set_read_timeout(Some(Duration::from_millis(500)));
+        let _ = sock.set_write_timeout(Some(Duration::from_secs(2)));
+        let Ok(mut conn) = rustls::ClientConnection::new(config.clone(), server) else { continue };
+        let mut tls = rustls::Stream::new(&mut conn, &mut sock);
+        // A server that wants a client certificate it did not get says so after the
+        // handshake (TLS 1.3): the first read tells.
+        let failed = match tls.conn.complete_io(tls.sock) {
+            Err(e) => Some(e),
+            Ok(_) => tls.read(&mut [0u8; 1]).err().filter(|e| e.get_ref().is_some()),
+        };
+        if let Some(e) = failed {
+            return Some(format!(
+                "TLS to {h} failed ({e}): the server's certificate must chain to ca= and name {name}, and a server \
+                 that asks for a client certificate needs cert= and key= signed by a CA it trusts"
+            ));
+        }
+    }
+    None
+}
+
 fn millis(ttl: Duration) -> u64 {
     // Round up: a session must last at least the TTL.
     let ms = ttl.as_millis() as u64;
@@ -254,12 +376,15 @@ impl ZkStore {
     /// and `PATH` is created then if it is missing.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let p = parse_url(url)?;
-        let described = format!("zk://{}{}", p.hosts, p.path);
+        let tls = p.tls.as_ref().map(|f| Ok::<_, StoreError>((tls_options(f)?, tls_config(f)?))).transpose()?;
+        let scheme = if tls.is_some() { "zks" } else { "zk" };
+        let described = format!("{scheme}://{}{}", p.hosts, p.path);
         let store = ZkStore {
             inner: Arc::new(Inner {
                 hosts: p.hosts,
                 path: p.path,
                 auth: p.auth,
+                tls,
                 described,
                 sessions: Default::default(),
                 reader: Default::default(),
@@ -284,9 +409,26 @@ impl ZkStore {
             connector = connector.with_auth("digest", auth.as_bytes());
         }
         let hosts = self.inner.hosts.clone();
-        match tokio::time::timeout(REQUEST_TIMEOUT.max(timeout), connector.connect(&hosts)).await {
+        let connecting = async {
+            match &self.inner.tls {
+                Some((tls, _)) => connector.with_tls(tls.clone()).secure_connect(&hosts).await,
+                None => connector.connect(&hosts).await,
+            }
+        };
+        match tokio::time::timeout(REQUEST_TIMEOUT.max(timeout), connecting).await {
             Ok(Ok(c)) => Ok(c),
-            Ok(Err(e)) => Err(error(&format!("connecting to {hosts}"), e, false)),
+            Ok(Err(e)) => {
+                let mut err = error(&format!("connecting to {hosts}"), e, false);
+                // The client says only that no host could be reached: find out whether
+                // TLS refused them, and why.
+                if let Some((_, config)) = &self.inner.tls {
+                    let (config, list) = (config.clone(), hosts.clone());
+                    if let Ok(Some(why)) = tokio::task::spawn_blocking(move || tls_refusal(&list, config)).await {
+                        err = StoreError::new(err.kind(), format!("{err}: {why}"));
+                    }
+                }
+                Err(err)
+            }
             Err(_) => Err(StoreError::unavailable(format!("ZooKeeper: no server of {hosts} answered"))),
         }
     }
@@ -936,12 +1078,33 @@ mod tests {
         let p = parse_url("zk://u:s3cret@h1:2181,h2:2182/apps/tenure/").unwrap();
         assert_eq!(
             p,
-            Parsed { hosts: "h1:2181,h2:2182".into(), path: "/apps/tenure".into(), auth: Some("u:s3cret".into()) }
+            Parsed {
+                hosts: "h1:2181,h2:2182".into(),
+                path: "/apps/tenure".into(),
+                auth: Some("u:s3cret".into()),
+                tls: None
+            }
         );
         assert_eq!(parse_url("zk://h:2181").unwrap().path, DEFAULT_PATH);
-        for bad in
-            ["zk://h", "zk://h:x", "zk://h:1/a//b", "zk://h:1/zookeeper", "zk://h:1?x=1", "redis://h:1", "zk://:p@h:1"]
-        {
+        let tls = parse_url("zks://h:2281/x?ca=/c.pem&cert=/u.pem&key=/u.key").unwrap().tls;
+        let identity = Some(("/u.pem".to_string(), "/u.key".to_string()));
+        assert_eq!(tls, Some(TlsFiles { ca: "/c.pem".into(), identity }));
+        for bad in [
+            "zk://h",
+            "zk://h:x",
+            "zk://h:1/a//b",
+            "zk://h:1/zookeeper",
+            "zk://h:1?x=1",
+            "redis://h:1",
+            "zk://:p@h:1",
+            // TLS files without TLS, TLS without a CA, half an identity, a name no
+            // certificate can hold.
+            "zk://h:1?ca=/c.pem",
+            "zks://h:1",
+            "zks://h:1?ca=/c.pem&cert=/u.pem",
+            "zks://h:1?ca=/c.pem&verify=no",
+            "zks://a b:1?ca=/c.pem",
+        ] {
             assert_eq!(parse_url(bad).err().map(|e| e.kind()), Some(ErrorKind::Invalid), "{bad}");
         }
     }
@@ -1015,7 +1178,7 @@ mod fuzz {
     proptest! {
         #[test]
         fn urls_never_panic_and_refusals_hide_the_password(
-            scheme in prop_oneof![Just("zk://"), Just("zookeeper://"), Just("zk:/"), Just("")],
+            scheme in prop_oneof![Just("zk://"), Just("zks://"), Just("zookeeper://"), Just("zk:/"), Just("")],
             pw in "[a-z]{10}",
             rest in "[ -~]{0,50}",
             any in any::<String>(),
