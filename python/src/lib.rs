@@ -137,7 +137,10 @@ fn block_on<T: Send>(py: Python<'_>, fut: impl std::future::Future<Output = T> +
 }
 
 /// `fut`, given up after `limit` (the timer is made on the runtime, when first polled).
-async fn within<T>(limit: Duration, fut: impl std::future::Future<Output = T>) -> Result<T, tokio::time::error::Elapsed> {
+async fn within<T>(
+    limit: Duration,
+    fut: impl std::future::Future<Output = T>,
+) -> Result<T, tokio::time::error::Elapsed> {
     tokio::time::timeout(limit, fut).await
 }
 
