@@ -55,6 +55,10 @@ pub trait Publisher: Send + Sync + 'static {
 /// independent groups on one broker.
 pub fn connect(url: &str, group: &str) -> Result<Arc<dyn Transport>, GossipError> {
     check_group(group)?;
+    // TLS asks rustls for the process's crypto provider, which it can choose alone
+    // only while one is built in (the ZooKeeper client builds in a second): ring, as
+    // every store here uses; one installed already stays.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
     match scheme.as_deref() {
         Some("redis" | "rediss") => Ok(Arc::new(RedisTransport::new(url, group)?)),

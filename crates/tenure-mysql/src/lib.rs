@@ -176,6 +176,10 @@ impl MysqlStore {
     /// A store for the database `url` names (`mysql://USER:PASSWORD@HOST:PORT/DB`, or
     /// `mariadb://`, plus an optional `table=NAME`). No connection is made yet.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        // TLS asks rustls for the process's crypto provider, which it can choose alone
+        // only while one is built in (the ZooKeeper client builds in a second): ring, as
+        // every store here uses; one installed already stays.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let (url, table) = split_table(url)?;
         let options = MySqlConnectOptions::from_str(&url)
             .map_err(|e| StoreError::new(ErrorKind::Misconfigured, "the MySQL URL is not valid").with_source(e))?

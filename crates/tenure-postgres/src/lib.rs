@@ -198,6 +198,10 @@ impl PostgresStore {
     /// an optional `table=NAME`). No connection is made yet: a server that is down now
     /// only makes the first operations fail with retryable errors.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        // TLS asks rustls for the process's crypto provider, which it can choose alone
+        // only while one is built in (the ZooKeeper client builds in a second): ring, as
+        // every store here uses; one installed already stays.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let (url, table) = split_table(url)?;
         let mut options = PgConnectOptions::from_str(&url)
             .map_err(|e| StoreError::new(ErrorKind::Misconfigured, "the PostgreSQL URL is not valid").with_source(e))?
