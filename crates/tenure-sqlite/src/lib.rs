@@ -137,6 +137,25 @@ struct Inner {
     /// The connection's log or shared memory went under it (see [`Opened::log_lost`]):
     /// every call fails from then on.
     log_lost: AtomicBool,
+    /// How many times the database was deleted or replaced under this store: each keeps
+    /// the old file's connection open for good (see [`Opened`]), so past
+    /// [`MAX_REPLACEMENTS`] every call fails instead, before the process runs out of
+    /// descriptors.
+    replacements: std::sync::atomic::AtomicU32,
+    /// The highest change count (`tenure_seq`) this store's transactions have seen in the
+    /// file it has open (-1 before the first): one lower later means the file was rolled
+    /// back in place (a backup restored into it), see [`notice_rollback`].
+    seq_seen: std::sync::atomic::AtomicI64,
+    /// The file's incarnation (a random id kept in it, `tenure_incarnation`) as this
+    /// store's transactions last saw it: another one means the file's content was replaced
+    /// in place by that of another file (a backup of an earlier database restored into it).
+    incarnation: std::sync::Mutex<Option<String>>,
+    /// The highest token this store has read or been granted in the file it has open:
+    /// the floor it gives a file found rolled back (see [`notice_rollback`]).
+    token_seen: std::sync::atomic::AtomicI64,
+    /// The longest TTL (ns) this store has been asked for: how long a rollback's mark
+    /// withholds.
+    longest_ttl_ns: std::sync::atomic::AtomicI64,
     /// Why the database at the path could not be opened again after it was replaced (the
     /// call that found it fails with this).
     reopen_error: std::sync::Mutex<Option<String>>,
@@ -172,12 +191,31 @@ impl Inner {
     /// (kept while this store may hold a lease), so that a process that makes the
     /// database anew meanwhile knows a leader may live.
     fn lock_for_grant(&self) {
+        self.take_lock(200);
+    }
+
+    /// Takes the directory's lock, if this store may hold a lease and goes without it (it
+    /// was refused when the lease was granted: someone held the directory for a while),
+    /// with one try: a renewal is not held up by it.
+    fn lock_again(&self) {
+        let wanted = {
+            let l = self.leading.lock().unwrap_or_else(|e| e.into_inner());
+            l.lock.is_none() && !l.elections.is_empty()
+        };
+        if wanted {
+            self.take_lock(1);
+        }
+    }
+
+    /// Takes the shared lock on the database's directory, trying `tries` times a
+    /// millisecond apart while another process holds it exclusively.
+    fn take_lock(&self, tries: u32) {
         let mut l = self.leading.lock().unwrap_or_else(|e| e.into_inner());
         if l.lock.is_some() {
             return;
         }
-        let dir = database_dir(&self.path);
-        let Ok(file) = std::fs::File::open(dir) else {
+        let dir = lock_dir(&self.path);
+        let Ok(file) = std::fs::File::open(&dir) else {
             // A directory this user may not read: nobody can check it either.
             return;
         };
@@ -185,7 +223,7 @@ impl Inner {
         // someone else's doing, and must not stop elections: they go on without the lock
         // (a database made anew meanwhile is then protected only by the processes that
         // had the old one open).
-        for _ in 0..200 {
+        for _ in 0..tries {
             match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockShared) {
                 Ok(()) => {
                     l.lock = Some(file);
@@ -226,6 +264,11 @@ impl Inner {
         if l.elections.is_empty() {
             l.lock = None;
         }
+    }
+
+    /// Notes a token read or granted in the file open now.
+    fn saw_token(&self, token: u64) {
+        self.token_seen.fetch_max(i64::try_from(token).unwrap_or(i64::MAX), Ordering::SeqCst);
     }
 
     /// Tells the watch threads on this database that a commit is visible now.
@@ -324,6 +367,11 @@ impl SqliteStore {
             release_durability,
             opened: std::sync::Mutex::new(opened),
             log_lost: AtomicBool::new(false),
+            replacements: Default::default(),
+            seq_seen: std::sync::atomic::AtomicI64::new(-1),
+            incarnation: Default::default(),
+            token_seen: Default::default(),
+            longest_ttl_ns: Default::default(),
             reopen_error: Default::default(),
             leading: Default::default(),
             #[cfg(test)]
@@ -350,8 +398,8 @@ impl SqliteStore {
         what: &'static str,
         f: impl FnOnce(&mut Connection, &Inner) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, StoreError> {
-        if self.inner.log_lost.load(Ordering::SeqCst) {
-            return Err(log_lost_error(&self.inner.path));
+        if let Some(e) = final_error(&self.inner) {
+            return Err(e);
         }
         let (tx, rx) = tokio::sync::oneshot::channel();
         let job: Job = Box::new(move |conn, inner| {
@@ -365,8 +413,8 @@ impl SqliteStore {
             .send(job)
             .map_err(|_| StoreError::unavailable(format!("{what}: the SQLite connection's thread has stopped")))?;
         rx.await.map_err(|_| {
-            if self.inner.log_lost.load(Ordering::SeqCst) {
-                return log_lost_error(&self.inner.path);
+            if let Some(e) = final_error(&self.inner) {
+                return e;
             }
             match self.inner.reopen_error.lock().unwrap_or_else(|p| p.into_inner()).clone() {
                 Some(why) => StoreError::unavailable(format!(
@@ -406,12 +454,15 @@ impl SqliteStore {
                 inner.levels.lock().unwrap().push((what, level));
             }
             let now = Now { ns: monotonic_ns(), boot_id: &inner.boot_id };
+            notice_rollback(&tx, inner)?;
             let before = tx.total_changes();
             let out = f(&tx, now)?;
             // A transaction that changed nothing (a refusal, a release of a lease already
             // gone) wakes nobody.
             let wrote = tx.total_changes() != before;
+            let seq: i64 = tx.query_row("SELECT n FROM tenure_seq", [], |r| r.get(0))?;
             tx.commit()?;
+            inner.seq_seen.fetch_max(seq, Ordering::SeqCst);
             if wrote {
                 inner.announce();
             }
@@ -720,6 +771,29 @@ impl Opened {
     }
 }
 
+/// How many times the database may be deleted or replaced under one store (each costs a
+/// few descriptors and the old file's cache, kept until the process ends).
+const MAX_REPLACEMENTS: u32 = 32;
+
+/// The error every call gets once the store can work no more (its log went under it,
+/// or its database was replaced too often), if it is so.
+fn final_error(inner: &Inner) -> Option<StoreError> {
+    if inner.log_lost.load(Ordering::SeqCst) {
+        return Some(log_lost_error(&inner.path));
+    }
+    (inner.replacements.load(Ordering::SeqCst) >= MAX_REPLACEMENTS).then(|| {
+        StoreError::new(
+            ErrorKind::Misconfigured,
+            format!(
+                "{} was deleted or replaced more than {MAX_REPLACEMENTS} times under this process, which keeps every \
+                 file that went open until it ends: it works on it no more; start it again (and find what keeps \
+                 deleting the database)",
+                inner.path.display()
+            ),
+        )
+    })
+}
+
 /// The error of every call once the connection's log went under it (final: the process
 /// must start again to open the database anew).
 fn log_lost_error(path: &Path) -> StoreError {
@@ -760,8 +834,12 @@ impl LeaseStore for SqliteStore {
         let req = req.clone();
         let e = req.election.as_str().to_string();
         let inner = &self.inner;
+        inner.longest_ttl_ns.fetch_max(ttl_ns(req.ttl), Ordering::SeqCst);
         inner.lock_for_grant();
         let out = self.acquire_in_file(req).await;
+        if let Ok(Ok(Acquire::Acquired(r) | Acquire::Held(r))) = &out {
+            inner.saw_token(r.token.0);
+        }
         match &out {
             Ok(Ok(Acquire::Acquired(_))) | Err(_) => inner.settle(&e, Holds::Now),
             Ok(_) => inner.settle(&e, Holds::Not),
@@ -789,7 +867,11 @@ impl LeaseStore for SqliteStore {
         check_ttl(ttl)?;
         let held = held.clone();
         let (e, lease_ttl) = (held.election.as_str().to_string(), held.ttl);
+        self.inner.lock_again();
         let out = self.transact("renew", move |tx, now| renew_in(tx, &held, ttl, now)).await;
+        if let Ok(Renew::Renewed(r) | Renew::Lost(Some(r))) = &out {
+            self.inner.saw_token(r.token.0);
+        }
         if let Ok(Renew::Lost(_)) = &out {
             self.inner.settle(&e, Holds::Until(lease_ttl.max(ttl)));
         }
@@ -801,6 +883,7 @@ impl LeaseStore for SqliteStore {
         if let Err(e) = check_ttl(ttl) {
             return held.iter().map(|_| Err(e.duplicate())).collect();
         }
+        self.inner.lock_again();
         let names: Vec<(String, Duration)> =
             held.iter().map(|h| (h.election.as_str().to_string(), h.ttl.max(ttl))).collect();
         let held = held.to_vec();
@@ -999,6 +1082,7 @@ fn poll_changes(inner: &Arc<Inner>) {
         // watcher read again (a leader then finds its lease gone, and steps down).
         if opened.replaced(&inner.path)
             && !crate_mutant("sqlite-replaced-file-kept")
+            && inner.replacements.load(Ordering::SeqCst) < MAX_REPLACEMENTS
             && let Ok((c, now_open)) =
                 reopen(&inner.path, &inner.options, Some((carried(&conn, &inner.boot_id), opened)))
         {
@@ -1026,6 +1110,9 @@ fn poll_changes(inner: &Arc<Inner>) {
                     Some(c) => match changed_since(&conn, c, &inner.boot_id) {
                         Ok((changes, next)) => {
                             cursor = Some(next);
+                            // A follower waits here, not in transactions: what it has seen
+                            // counts for noticing a rollback at its next grant.
+                            inner.seq_seen.fetch_max(next, Ordering::SeqCst);
                             for ch in changes {
                                 inner.changes.publish(ch);
                             }
@@ -1157,6 +1244,11 @@ fn serve(mut conn: Connection, inner: &std::sync::Weak<Inner>, queue: &std::sync
         let Some(inner) = inner.upgrade() else { return };
         let opened = *inner.opened.lock().unwrap_or_else(|e| e.into_inner());
         if opened.replaced(&inner.path) && !crate_mutant("sqlite-replaced-file-kept") {
+            if inner.replacements.load(Ordering::SeqCst) >= MAX_REPLACEMENTS {
+                // Its caller gets the final error.
+                drop(job);
+                continue;
+            }
             tracing::warn!(path = %inner.path.display(), "the database file was deleted or replaced; opening the one at its path");
             let (c, opened) = match reopen(&inner.path, &inner.options, Some((carried(&conn, &inner.boot_id), opened)))
             {
@@ -1174,7 +1266,11 @@ fn serve(mut conn: Connection, inner: &std::sync::Weak<Inner>, queue: &std::sync
             inner.reopen_error.lock().unwrap_or_else(|p| p.into_inner()).take();
             // The old connection is never closed: see [`Opened`].
             std::mem::forget(std::mem::replace(&mut conn, c));
+            inner.replacements.fetch_add(1, Ordering::SeqCst);
             *inner.opened.lock().unwrap_or_else(|e| e.into_inner()) = opened;
+            // Another file: its changes are counted afresh.
+            inner.seq_seen.store(-1, Ordering::SeqCst);
+            inner.incarnation.lock().unwrap_or_else(|p| p.into_inner()).take();
         }
         if inner.log_lost.load(Ordering::SeqCst) || opened.log_lost(&inner.path) {
             // The job is dropped unrun: its caller gets the error.
@@ -1292,12 +1388,69 @@ fn raise_floor(conn: &Connection, to: i64) -> rusqlite::Result<()> {
     Ok(())
 }
 
+/// Notices, in a transaction's first step, a database rolled back in place: its change
+/// count is below one this store has seen in the same file, or its incarnation (a random
+/// id each file gets, in `tenure_incarnation`) is another file's (a backup restored into
+/// it with SQLite's `.restore`, which keeps the file, so no replacement shows). Its records
+/// are then from before terms that were granted since, and one of them may bring back a
+/// term that ended (a restored holder would renew it, with its old token, beside the
+/// leader of today): the file is marked to grant nothing, and renew nothing from before,
+/// for one TTL, as a file made anew is (see [`mark_withheld`]). Tokens granted then are
+/// above the old ones, as every first token is (at least the wall clock's microseconds).
+fn notice_rollback(tx: &rusqlite::Transaction<'_>, inner: &Inner) -> rusqlite::Result<()> {
+    tx.prepare_cached("CREATE TABLE IF NOT EXISTS tenure_incarnation (id TEXT NOT NULL)")?.execute([])?;
+    tx.prepare_cached(
+        "INSERT INTO tenure_incarnation (id) SELECT hex(randomblob(16)) WHERE NOT EXISTS (SELECT 1 FROM tenure_incarnation)",
+    )?
+    .execute([])?;
+    let id: String = tx.prepare_cached("SELECT id FROM tenure_incarnation")?.query_row([], |r| r.get(0))?;
+    let now: i64 = tx.prepare_cached("SELECT n FROM tenure_seq")?.query_row([], |r| r.get(0))?;
+    let mut known = inner.incarnation.lock().unwrap_or_else(|p| p.into_inner());
+    let seen = inner.seq_seen.load(Ordering::SeqCst);
+    let rolled_back = known.as_ref().is_some_and(|k| *k != id || (seen >= 0 && now < seen));
+    if rolled_back && !crate_mutant("sqlite-rollback-unseen") {
+        tracing::warn!(
+            path = %inner.path.display(),
+            "the database went back to an earlier state (a backup restored into it?): nothing is granted or renewed \
+             from its old records for one TTL"
+        );
+        // One mark for the rollback: the first process to notice it makes it (its term
+        // covers the leader's from before), and those that notice later do not extend it.
+        let at = Now { ns: monotonic_ns(), boot_id: &inner.boot_id };
+        match inner.longest_ttl_ns.load(Ordering::SeqCst) {
+            0 => mark_withheld(tx, None)?,
+            ttl if withheld(tx, at, Duration::from_nanos(ttl as u64))?.is_none() => {
+                mark_withheld(tx, Some(at.ns.saturating_add(ttl)))?
+            }
+            _ => {}
+        }
+        // Its tokens go on above every token this store saw before the rollback, whatever
+        // the clock of the process that grants next says.
+        raise_floor(tx, inner.token_seen.load(Ordering::SeqCst))?;
+        // Counted from here: the mark is made once.
+        inner.seq_seen.store(now, Ordering::SeqCst);
+    }
+    *known = Some(id);
+    Ok(())
+}
+
 /// The directory of the database at `path`.
 fn database_dir(path: &Path) -> &Path {
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     }
+}
+
+/// The directory whose lock says a leader of the database at `path` may live: the one
+/// that holds the file, whatever way the path reaches it (a symbolic link to the
+/// database or to a directory on the way names the same directory as the real path).
+fn lock_dir(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path)
+        .ok()
+        .and_then(|real| real.parent().map(Path::to_path_buf))
+        .or_else(|| std::fs::canonicalize(database_dir(path)).ok())
+        .unwrap_or_else(|| database_dir(path).to_path_buf())
 }
 
 /// Whether a leader of a database at `path` may still run, for a process that makes the
@@ -1310,7 +1463,7 @@ fn database_dir(path: &Path) -> &Path {
 /// [`mark_withheld`]). Nobody holds it when a deployment first starts, and then nothing
 /// waits.
 fn a_leader_may_live(path: &Path) -> bool {
-    let free = std::fs::File::open(database_dir(path))
+    let free = std::fs::File::open(lock_dir(path))
         .is_ok_and(|f| rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok());
     !free && !crate_mutant("sqlite-fresh-file-grants")
 }

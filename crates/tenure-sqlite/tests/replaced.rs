@@ -273,3 +273,116 @@ async fn a_copy_moved_over_the_database_with_the_old_logs_left_is_refused_on_eve
     assert!(!matches!(again, Ok(Ok(_))), "a led again on the copy with the old logs");
     a.shutdown().await;
 }
+
+/// A grant request of `holder` for the election `jobs/report`.
+fn request(holder: &str) -> tenure::store::AcquireRequest {
+    let election = tenure::ElectionName::new("jobs/report").unwrap();
+    tenure::store::AcquireRequest::new(election, tenure::HolderId::new(holder).unwrap(), TTL)
+}
+
+/// Removes the database at `path` with its log and shared memory.
+fn remove_database(path: &std::path::Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_elected_while_its_directory_was_locked_takes_the_lock_at_its_next_renewal() {
+    use tenure::store::{Acquire, Renew};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let a = SqliteStore::open(&path).await.unwrap();
+    // Someone else holds the directory exclusively for a while (another user may).
+    let other = std::fs::File::open(dir.path()).unwrap();
+    rustix::fs::flock(&other, rustix::fs::FlockOperation::NonBlockingLockExclusive).unwrap();
+    let Acquire::Acquired(lease) = a.try_acquire(&request("a")).await.unwrap() else { panic!("a was not elected") };
+    drop(other);
+    let Renew::Renewed(_) = a.renew(&lease, TTL).await.unwrap() else { panic!("a lost its lease") };
+    // a freezes (it makes no call from here on) and its database goes; a new process
+    // makes the file anew, and must not grant while a's term may go on.
+    remove_database(&path);
+    let n = SqliteStore::open(&path).await.unwrap();
+    let got = n.try_acquire(&request("n")).await;
+    assert!(
+        got.as_ref().is_err_and(|e| e.kind() == tenure::ErrorKind::Unavailable),
+        "a new file granted while the leader of the deleted one may run: {got:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_reaches_its_database_through_a_symbolic_link_is_seen_by_one_that_does_not() {
+    use tenure::store::Acquire;
+    let dir = tempfile::tempdir().unwrap();
+    let (real, links) = (dir.path().join("y"), dir.path().join("x"));
+    std::fs::create_dir(&real).unwrap();
+    std::fs::create_dir(&links).unwrap();
+    let path = real.join("e.db");
+    let a = SqliteStore::open(&path).await.unwrap();
+    drop(a);
+    std::os::unix::fs::symlink(&path, links.join("link.db")).unwrap();
+    let a = SqliteStore::open(links.join("link.db")).await.unwrap();
+    let Acquire::Acquired(_) = a.try_acquire(&request("a")).await.unwrap() else { panic!("a was not elected") };
+    // a freezes; the database goes, and a process that names the real path makes it anew.
+    remove_database(&path);
+    let n = SqliteStore::open(&path).await.unwrap();
+    let got = n.try_acquire(&request("n")).await;
+    assert!(
+        got.as_ref().is_err_and(|e| e.kind() == tenure::ErrorKind::Unavailable),
+        "a new file granted while the leader of the deleted one may run: {got:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_deleted_again_and_again_ends_in_a_final_error_not_in_running_out_of_descriptors() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    let election = tenure::ElectionName::new("jobs/report").unwrap();
+    let mut failed = None;
+    for round in 0..40 {
+        remove_database(&path);
+        if let Err(e) = store.get(&election).await {
+            failed = Some((round, e));
+            break;
+        }
+    }
+    let (round, e) = failed.expect("40 replacements were all taken");
+    assert_eq!(round, 32, "{e}");
+    assert_eq!(e.kind(), tenure::ErrorKind::Misconfigured, "{e}");
+    assert!(e.to_string().contains("start it again"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_restored_into_the_file_brings_back_no_ended_term_and_no_old_token() {
+    use tenure::store::Acquire;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let a = SqliteStore::open(&path).await.unwrap();
+    let b = SqliteStore::open(&path).await.unwrap();
+    let Acquire::Acquired(la) = a.try_acquire(&request("a")).await.unwrap() else { panic!("a was not elected") };
+    // A backup, taken while a leads.
+    let backup = dir.path().join("backup.db");
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute("VACUUM INTO ?1", [backup.display().to_string()]).unwrap();
+    // a's term ends (released) and b is elected.
+    a.release(&la).await.unwrap();
+    let Acquire::Acquired(lb) = b.try_acquire(&request("b")).await.unwrap() else { panic!("b was not elected") };
+    // The backup restored into the file, which stays the same file (as `.restore` does):
+    // a's record is back, live, with a's token.
+    conn.execute("ATTACH ?1 AS bk", [backup.display().to_string()]).unwrap();
+    conn.execute_batch(
+        "BEGIN IMMEDIATE; DELETE FROM tenure_leases; INSERT INTO tenure_leases SELECT * FROM bk.tenure_leases;
+         DELETE FROM tenure_seq; INSERT INTO tenure_seq SELECT * FROM bk.tenure_seq; COMMIT;",
+    )
+    .unwrap();
+    // a, still a candidate, must not take the restored record for its own live term.
+    let got = a.try_acquire(&request("a")).await;
+    assert!(
+        !matches!(&got, Ok(Acquire::Acquired(l)) if l.token <= lb.token),
+        "a was elected again with token {:?} (a's old one {}) beside b (token {}) after the restore",
+        got.as_ref().ok(),
+        la.token,
+        lb.token
+    );
+}

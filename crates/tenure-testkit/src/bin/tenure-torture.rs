@@ -562,6 +562,10 @@ fn torture(a: Args) -> Result<bool, String> {
     let mut restart_times: Vec<u64> = Vec::new();
     // While the server refuses writes: until when.
     let mut refusing_until: Option<Instant> = None;
+    // A backup of the SQLite database, taken at some moment, to restore into it later,
+    // and how many candidates had been started then.
+    let mut backup_taken = false;
+    let mut started_at_backup = 0;
     // A paused cluster member, and when it is thawed.
     let mut member_paused: Option<(usize, Instant)> = None;
     // The paused member is also cut off from the others (see `servers::cut_off`): when
@@ -753,6 +757,30 @@ fn torture(a: Args) -> Result<bool, String> {
             // The leader steps down and nobody leads until someone opens a new file.
             restart_times.push(now_ns());
             note(&mut faults, &dir, if alone { "SQLite database deleted alone" } else { "SQLite database deleted" });
+            continue;
+        }
+        // A backup restored into the database in place (SQLite's `.restore` keeps the
+        // file): terms that ended come back in it, and must neither run again beside the
+        // leader of the moment nor bring back their tokens.
+        if let Some(file) = sqlite_file.as_ref().filter(|f| f.exists())
+            && rng.usize(0..10) == 0
+        {
+            let backup = dir.join("backup.db");
+            // Only a process that has seen a later state of the file can tell it went
+            // back (docs/stores/sqlite.md): not one frozen since before the backup, nor one
+            // started since. Restores wait for a moment with neither.
+            let number = |c: &Candidate| c.id.trim_start_matches("cand-").parse::<usize>().unwrap_or(usize::MAX);
+            let newest = cands.iter().map(number).max().unwrap_or(0);
+            let all_saw_later = newest <= started_at_backup && cands.iter().all(|c| c.frozen_until.is_none());
+            if !backup_taken {
+                let _ = std::fs::remove_file(&backup);
+                backup_taken = sqlite_backup(file, &backup).is_ok();
+                started_at_backup = cands.iter().map(number).max().unwrap_or(0);
+            } else if all_saw_later && sqlite_restore(file, &backup).is_ok() {
+                backup_taken = false;
+                restart_times.push(now_ns());
+                note(&mut faults, &dir, "SQLite backup restored into the database");
+            }
             continue;
         }
         let Some(leader) = current_leader(&events) else {
@@ -1197,4 +1225,20 @@ fn main() -> ExitCode {
             }
         },
     }
+}
+
+/// Copies the SQLite database `file` into `backup` (SQLite's online backup, as
+/// `sqlite3 FILE ".backup BACKUP"` takes it).
+fn sqlite_backup(file: &Path, backup: &Path) -> rusqlite::Result<()> {
+    let conn = rusqlite::Connection::open(file)?;
+    conn.busy_timeout(Duration::from_secs(2))?;
+    conn.backup(rusqlite::MAIN_DB, backup, None::<fn(rusqlite::backup::Progress)>)
+}
+
+/// Restores `backup` into the database `file`, the file staying the same (as
+/// `sqlite3 FILE ".restore BACKUP"` does).
+fn sqlite_restore(file: &Path, backup: &Path) -> rusqlite::Result<()> {
+    let mut conn = rusqlite::Connection::open(file)?;
+    conn.busy_timeout(Duration::from_secs(2))?;
+    conn.restore(rusqlite::MAIN_DB, backup, None::<fn(rusqlite::backup::Progress)>)
 }
