@@ -561,6 +561,51 @@ fn run_once(
     Ok(out)
 }
 
+/// Asks the gossip group on `broker` to elect one worker to run `action` under `topic`
+/// for the election `id`, and waits up to `wait` seconds for the outcome (see
+/// `tenure.gossip.elect`). Returns a dict: `id`, `topic`, `winner`, `started`, `error`,
+/// `repeat`.
+#[pyfunction]
+#[pyo3(signature = (broker, group, id, topic, action, wait))]
+fn gossip_elect<'py>(
+    py: Python<'py>,
+    broker: &str,
+    group: &str,
+    id: &str,
+    topic: &str,
+    action: &str,
+    wait: f64,
+) -> PyResult<Bound<'py, PyDict>> {
+    use tenure_gossip::GossipError as G;
+    let wait = seconds("wait", wait)?;
+    let gossip_error = |e: G| {
+        let kind = match &e {
+            G::BadUrl { .. } | G::Invalid(_) => "invalid",
+            G::NoWorkers { .. } | G::NoOutcome { .. } => "timeout",
+            G::Broker { .. } => "unavailable",
+            _ => "other",
+        };
+        error(kind, chain(&e))
+    };
+    let rt = runtime()?;
+    let _entered = rt.enter();
+    let transport = tenure_gossip::connect(broker, group).map_err(gossip_error)?;
+    let (id, topic, action) = (id.to_string(), topic.to_string(), action.to_string());
+    let out = block_on(py, async move {
+        let client = tenure_gossip::Client::new(transport);
+        client.elect(&id, &topic, &action, wait).await
+    })?
+    .map_err(gossip_error)?;
+    let d = PyDict::new(py);
+    d.set_item("id", out.id)?;
+    d.set_item("topic", out.topic)?;
+    d.set_item("winner", out.winner)?;
+    d.set_item("started", out.started)?;
+    d.set_item("error", out.error)?;
+    d.set_item("repeat", out.repeat)?;
+    Ok(d)
+}
+
 /// A Python exception raised by a task, carried through the Rust runtime.
 struct Failure(PyErr);
 
@@ -583,5 +628,6 @@ fn _tenure(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Leadership>()?;
     m.add_class::<Observer>()?;
     m.add_function(wrap_pyfunction!(run_once, m)?)?;
+    m.add_function(wrap_pyfunction!(gossip_elect, m)?)?;
     Ok(())
 }
