@@ -14,7 +14,7 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tenure::ledger::{Guarantee, Policy};
-use tenure::{ElectError, Elector, ErrorKind, Event, Leader, StepDownReason, StoreError, WorkKey};
+use tenure::{ElectError, Elector, ErrorKind, Event, Leader, StoreError, WorkKey};
 
 /// How often a wait with the GIL released looks for Python signals.
 const SIGNAL_POLL: Duration = Duration::from_millis(50);
@@ -265,7 +265,7 @@ impl Campaign {
             None => return Ok(None),
             Some(Ok(Event::Elected { token })) => ("elected", token.0).into_pyobject(py)?.into_any().unbind(),
             Some(Ok(Event::SteppedDown { reason })) => {
-                ("stepped_down", reason_name(&reason)).into_pyobject(py)?.into_any().unbind()
+                ("stepped_down", reason.name()).into_pyobject(py)?.into_any().unbind()
             }
             Some(Ok(Event::LeaderChanged(l))) => {
                 let leader = l.as_ref().map(|l| leader_dict(py, l)).transpose()?;
@@ -296,18 +296,6 @@ impl<T: Clone> KeepReceiver for tokio::sync::broadcast::Receiver<T> {
     fn resubscribe_keep(&mut self) -> Self {
         let fresh = self.resubscribe();
         std::mem::replace(self, fresh)
-    }
-}
-
-fn reason_name(reason: &StepDownReason) -> &'static str {
-    match reason {
-        StepDownReason::RenewFailed => "renew_failed",
-        StepDownReason::Lost { .. } => "lost",
-        StepDownReason::Evicted => "evicted",
-        StepDownReason::Resigned => "resigned",
-        StepDownReason::ShuttingDown => "shutting_down",
-        StepDownReason::DeadlinePassed => "deadline_passed",
-        StepDownReason::HandedOver { .. } => "handed_over",
     }
 }
 

@@ -1398,12 +1398,20 @@ fn raise_floor(conn: &Connection, to: i64) -> rusqlite::Result<()> {
 /// for one TTL, as a file made anew is (see [`mark_withheld`]). Tokens granted then are
 /// above the old ones, as every first token is (at least the wall clock's microseconds).
 fn notice_rollback(tx: &rusqlite::Transaction<'_>, inner: &Inner) -> rusqlite::Result<()> {
-    tx.prepare_cached("CREATE TABLE IF NOT EXISTS tenure_incarnation (id TEXT NOT NULL)")?.execute([])?;
-    tx.prepare_cached(
-        "INSERT INTO tenure_incarnation (id) SELECT hex(randomblob(16)) WHERE NOT EXISTS (SELECT 1 FROM tenure_incarnation)",
-    )?
-    .execute([])?;
-    let id: String = tx.prepare_cached("SELECT id FROM tenure_incarnation")?.query_row([], |r| r.get(0))?;
+    // One read on every transaction; the table and its id are made only when missing (a
+    // file made before it existed, or restored from such a backup).
+    let read = |tx: &rusqlite::Transaction<'_>| tx.query_row("SELECT id FROM tenure_incarnation", [], |r| r.get(0));
+    let id: String = match read(tx).optional() {
+        Ok(Some(id)) => id,
+        _ => {
+            tx.execute_batch(
+                "CREATE TABLE IF NOT EXISTS tenure_incarnation (id TEXT NOT NULL);
+                 INSERT INTO tenure_incarnation (id) SELECT hex(randomblob(16))
+                 WHERE NOT EXISTS (SELECT 1 FROM tenure_incarnation);",
+            )?;
+            read(tx)?
+        }
+    };
     let now: i64 = tx.prepare_cached("SELECT n FROM tenure_seq")?.query_row([], |r| r.get(0))?;
     let mut known = inner.incarnation.lock().unwrap_or_else(|p| p.into_inner());
     let seen = inner.seq_seen.load(Ordering::SeqCst);

@@ -57,6 +57,22 @@ pub enum StepDownReason {
     },
 }
 
+impl StepDownReason {
+    /// A short name for the reason (`renew_failed`, `lost`, `evicted`, `resigned`,
+    /// `shutting_down`, `deadline_passed`, `handed_over`), as metrics label it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            StepDownReason::RenewFailed => "renew_failed",
+            StepDownReason::Lost { .. } => "lost",
+            StepDownReason::Evicted => "evicted",
+            StepDownReason::Resigned => "resigned",
+            StepDownReason::ShuttingDown => "shutting_down",
+            StepDownReason::DeadlinePassed => "deadline_passed",
+            StepDownReason::HandedOver { .. } => "handed_over",
+        }
+    }
+}
+
 /// What an [`Elector`] tells its subscribers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {

@@ -104,15 +104,7 @@ impl ElectorMetrics {
     pub(crate) fn ended(&self, reason: &StepDownReason) {
         self.is_leader.set(0.0);
         self.remaining.set(0.0);
-        let reason = match reason {
-            StepDownReason::RenewFailed => "renew_failed",
-            StepDownReason::Lost { .. } => "lost",
-            StepDownReason::Evicted => "evicted",
-            StepDownReason::Resigned => "resigned",
-            StepDownReason::ShuttingDown => "shutting_down",
-            StepDownReason::DeadlinePassed => "deadline_passed",
-            StepDownReason::HandedOver { .. } => "handed_over",
-        };
+        let reason = reason.name();
         if !self.internal {
             counter!("tenure_terms_ended_total", "election" => self.election.clone(), "reason" => reason).increment(1);
         }
