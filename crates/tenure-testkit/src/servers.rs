@@ -17,7 +17,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use rustix::process::{Pid, Signal};
+use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
 
 /// Which server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -162,6 +166,27 @@ fn fake_gcs_in_wheel() -> Option<PathBuf> {
     found.pop()
 }
 
+/// The script that runs moto one request at a time (see its first lines for why).
+const MOTO_SERVE: &str = include_str!("moto_serve.py");
+
+/// The `python3` that can import moto's server, if one can.
+fn moto_python() -> Option<PathBuf> {
+    let python = find_program("python3")?;
+    let ok = Command::new(&python)
+        .args(["-c", "import moto.moto_server.werkzeug_app, werkzeug.serving"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    ok.then_some(python)
+}
+
+/// Whether the planted bug `name` is switched on (`TENURE_MUTANT=name`), in a build with
+/// the `mutants` feature, for CI to prove that the checks catch it.
+fn mutant(name: &str) -> bool {
+    cfg!(feature = "mutants") && std::env::var("TENURE_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
+}
+
 /// Whether tests must fail, rather than skip, when a server binary is missing.
 pub fn servers_required() -> bool {
     std::env::var("TENURE_REQUIRE_SERVERS").is_ok_and(|v| v == "1")
@@ -290,6 +315,8 @@ fn server_program(kind: Kind) -> Option<PathBuf> {
         Kind::ZooKeeper => find_program(kind.program())
             .or_else(|| Some(PathBuf::from("/usr/share/zookeeper/bin/zkServer.sh")).filter(|p| p.is_file()))
             .filter(|_| find_program("java").is_some()),
+        // moto runs from our own script (see `MOTO_SERVE`), by the Python that has it.
+        Kind::Moto => find_program(kind.program()).and_then(|_| moto_python()),
         _ => find_program(kind.program()),
     };
     if found.is_none() {
@@ -712,6 +739,9 @@ impl Server {
                 }
                 std::fs::write(self.dir.path().join("zoo.cfg"), cfg).expect("the ZooKeeper configuration");
             }
+            Kind::Moto => {
+                std::fs::write(self.dir.path().join("moto_serve.py"), MOTO_SERVE).expect("moto's start script")
+            }
             Kind::RabbitMq => {
                 // No plugins, and none of the machine's own settings.
                 let dir = self.dir.path();
@@ -814,7 +844,16 @@ impl Server {
                 s("--disableTelemetry"),
                 s("--silent"),
             ],
-            Kind::Moto => vec![s("-H"), s("127.0.0.1"), s("-p"), s(&p)],
+            // The planted bug `moto-unserialized` runs moto's own server, which lets a request
+            // in between another's check of a condition and its write.
+            Kind::Moto if mutant("moto-unserialized") => vec![
+                s("-c"),
+                s(
+                    "import sys; sys.setswitchinterval(1e-6); from moto.server import main; main(['-H', '127.0.0.1', '-p', sys.argv[1]])",
+                ),
+                s(&p),
+            ],
+            Kind::Moto => vec![self.dir.path().join("moto_serve.py").into(), s("127.0.0.1"), s(&p)],
             Kind::FakeGcs => vec![
                 s("-scheme"),
                 s("http"),
@@ -1009,6 +1048,63 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.signal_group(Signal::CONT);
         self.kill();
+    }
+}
+
+/// A process starved of CPU by [`starve`], until this is dropped.
+pub struct Starved {
+    pid: Pid,
+    before: CpuSet,
+    stop: Arc<AtomicBool>,
+    hogs: Vec<std::thread::JoinHandle<()>>,
+}
+
+/// Starves process `pid` of CPU, as on an overloaded host: every thread of it (and every
+/// thread those start later) runs on one CPU only, beside two busy loops pinned to that
+/// CPU, so that it is preempted in the middle of whatever it does. A server that checks a
+/// condition and then writes, with nothing holding other requests off in between, lets
+/// another write in there. It takes one CPU of the machine while it lasts.
+pub fn starve(pid: u32) -> std::io::Result<Starved> {
+    let pid = Pid::from_raw(pid as i32).ok_or_else(|| std::io::Error::other("process id 0"))?;
+    let before = sched_getaffinity(Some(pid))?;
+    let cpu = (0..CpuSet::MAX_CPU).find(|&c| before.is_set(c)).unwrap_or(0);
+    let mut one = CpuSet::new();
+    one.set(cpu);
+    pin_threads(pid, &one)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let hogs = (0..2)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let _ = sched_setaffinity(None, &one);
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    Ok(Starved { pid, before, stop, hogs })
+}
+
+/// Sets the CPUs of every thread of `pid`.
+fn pin_threads(pid: Pid, cpus: &CpuSet) -> std::io::Result<()> {
+    for task in std::fs::read_dir(format!("/proc/{}/task", pid.as_raw_nonzero()))?.flatten() {
+        let tid = task.file_name().to_str().and_then(|t| t.parse().ok()).and_then(Pid::from_raw);
+        if let Some(tid) = tid {
+            // A thread that ended since the listing is no matter.
+            let _ = sched_setaffinity(Some(tid), cpus);
+        }
+    }
+    Ok(())
+}
+
+impl Drop for Starved {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for hog in self.hogs.drain(..) {
+            let _ = hog.join();
+        }
+        let _ = pin_threads(self.pid, &self.before);
     }
 }
 

@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tenure::store::AcquireRequest;
+use tenure::store::{Acquire, AcquireRequest};
 use tenure::{ElectionName, HolderId, LeaseStore};
 use tenure_testkit::conformance::Harness;
 use tenure_testkit::proxy::{Mode, Proxy};
@@ -141,6 +141,68 @@ impl Emulator {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }
+        }
+    }
+}
+
+impl Emulator {
+    /// Starves the emulator of CPU ([`servers::starve`]) and then, `rounds` times, has
+    /// sixteen handles (as of sixteen processes) campaign at once for a vacant election: each
+    /// time exactly one is granted it, with a token above every one before, the others
+    /// are told that one holds it, and the winner lets go for the next round. A service
+    /// whose conditional writes are not atomic grants some vacancy twice.
+    pub async fn one_grant_per_vacancy_on_a_starved_server(&self, bucket: &'static str, rounds: usize) {
+        let e = ElectionName::new("jobs/contended").unwrap();
+        let mut handles = Vec::new();
+        for _ in 0..16 {
+            handles.push(self.open(bucket).await);
+        }
+        let pid = self.server.lock().unwrap().pid().expect("the emulator runs");
+        let _starved = servers::starve(pid).expect("the emulator can be pinned to one CPU");
+        let mut last = 0;
+        for round in 0..rounds {
+            let mut tries = tokio::task::JoinSet::new();
+            for (i, h) in handles.iter().enumerate() {
+                let (h, e, ttl) = (h.clone(), e.clone(), self.short_ttl);
+                tries.spawn(async move {
+                    let req = AcquireRequest::new(e, HolderId::new(format!("c{i}")).unwrap(), ttl);
+                    // An error is asked again, as the runtime does: a grant whose answer
+                    // was lost then comes back as the campaigner's own.
+                    let mut answer = h.try_acquire(&req).await;
+                    for _ in 0..5 {
+                        match &answer {
+                            Err(err) if err.is_retryable() => answer = h.try_acquire(&req).await,
+                            _ => break,
+                        }
+                    }
+                    (i, answer)
+                });
+            }
+            let mut granted = Vec::new();
+            let mut told = Vec::new();
+            while let Some(joined) = tries.join_next().await {
+                match joined.unwrap() {
+                    (i, Ok(Acquire::Acquired(rec))) => granted.push((i, rec)),
+                    (_, Ok(Acquire::Held(rec))) => told.push(rec),
+                    (i, Err(err)) => {
+                        panic!("round {round}: c{i} got no answer from the starved emulator in six tries: {err}")
+                    }
+                }
+            }
+            let [(winner, rec)] = granted.as_slice() else {
+                let who: Vec<String> = granted.iter().map(|(i, r)| format!("c{i} (token {})", r.token.0)).collect();
+                panic!("round {round}: the vacancy was granted to {} campaigners at once: {who:?}", who.len());
+            };
+            assert!(rec.token.0 > last, "round {round}: token {} after token {last}", rec.token.0);
+            for other in &told {
+                assert_eq!(
+                    (&other.holder, other.token),
+                    (&rec.holder, rec.token),
+                    "round {round}: told of another holder"
+                );
+            }
+            last = rec.token.0;
+            handles[*winner].release(rec).await.unwrap();
         }
     }
 }

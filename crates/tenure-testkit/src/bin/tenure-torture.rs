@@ -572,6 +572,8 @@ fn torture(a: Args) -> Result<bool, String> {
     // it is thawed, it wakes alone for a moment (the others paused), so that, were it the
     // leader, it answers keep-alives from a stale copy of its leases, and then all run.
     let mut member_cut: Option<servers::PeerCut> = None;
+    // The server starved of CPU (see `servers::starve`), and until when.
+    let mut starved: Option<(servers::Starved, Instant)> = None;
     // Candidates that exited without being stopped (tenure run must campaign on).
     let mut gave_up = 0usize;
     // Standby supervisors still running 2 s after their `tenure run` was killed.
@@ -585,6 +587,10 @@ fn torture(a: Args) -> Result<bool, String> {
             refusing_until = None;
             records.push(Record::Recovered { election: ELECTION.into(), at: now_ns() });
             append(&dir.join("faults"), &format!("{} writes taken again", now_ns()));
+        }
+        if starved.as_ref().is_some_and(|(_, until)| Instant::now() >= *until) {
+            starved = None;
+            append(&dir.join("faults"), &format!("{} server fed again", now_ns()));
         }
         // Thaw candidates whose freeze is over; heal their network.
         for c in cands.iter_mut() {
@@ -711,6 +717,23 @@ fn torture(a: Args) -> Result<bool, String> {
                 s.restart();
                 note(&mut faults, &dir, "server restart");
             }
+            continue;
+        }
+        // The emulators, whose conditional writes are what keeps two candidates from
+        // one grant: now and then the server is starved of CPU, preempted in the midst
+        // of its requests, for longer than the TTL. Grants slow down; none may be given
+        // twice. (Under a loaded CI machine moto once granted one vacancy twice this way.)
+        if let Some(s) = server.as_ref()
+            && matches!(s.kind(), Kind::Moto | Kind::Azurite | Kind::FakeGcs)
+            && starved.is_none()
+            && rng.usize(0..5) == 0
+        {
+            let pid = s.pid().ok_or("the server does not run")?;
+            let guard = servers::starve(pid).map_err(|e| format!("cannot starve the server: {e}"))?;
+            starved = Some((guard, Instant::now() + a.ttl.mul_f64(1.2 + 1.3 * rng.f64())));
+            // Its requests take long: a takeover meanwhile may too.
+            restart_times.push(now_ns());
+            note(&mut faults, &dir, "server starved of CPU");
             continue;
         }
         // Redis: now and then a snapshot, which a later restart may bring back.
