@@ -317,7 +317,7 @@ fn split_params(url: &str) -> Result<Params, StoreError> {
     let (url, ours) =
         tenure::store::url::take_params(url, &["prefix", "restart_guard", "min_replicas", "ca", "cert", "key"]);
     let tls = target::TlsFiles { ca: ours[3].clone(), cert: ours[4].clone(), key: ours[5].clone() };
-    if !url.starts_with("redis+sentinel://") {
+    if !target::is_sentinel_url(&url) {
         let query = url.split_once('?').map(|(_, q)| q).unwrap_or_default();
         if let Some(k) = query
             .split('&')
@@ -329,15 +329,17 @@ fn split_params(url: &str) -> Result<Params, StoreError> {
                 "unknown parameter {k:?} in the Redis URL (known: {KNOWN_PARAMS})"
             )));
         }
-    } else if tls.any() {
-        return Err(StoreError::invalid("ca=, cert= and key= are not supported behind Sentinel yet"));
+    } else if tls.any() && !url.starts_with("rediss+sentinel://") {
+        return Err(StoreError::invalid(
+            "ca=, cert= and key= are TLS settings: write rediss+sentinel:// to reach the sentinels and the primary over TLS",
+        ));
     }
     if url.contains("#insecure") {
         return Err(StoreError::invalid(
             "rediss://…#insecure (TLS that does not verify the server) is refused: give the server's CA with ca=PATH",
         ));
     }
-    if tls.any() && !url.starts_with("rediss://") {
+    if tls.any() && !url.starts_with("rediss://") && !url.starts_with("rediss+sentinel://") {
         return Err(StoreError::invalid("ca=, cert= and key= are TLS settings: write rediss:// to use TLS"));
     }
     if tls.cert.is_some() != tls.key.is_some() {
@@ -375,8 +377,10 @@ fn split_params(url: &str) -> Result<Params, StoreError> {
 impl RedisStore {
     /// A store on the server `url` names (`redis://[:PASSWORD@]HOST[:PORT][/DB]`,
     /// `rediss://` for TLS), or on the primary Redis Sentinel names
-    /// (`redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT…]/MASTER_NAME[?db=N&sentinel_password=PW]`),
-    /// plus our optional `prefix=NAME` and `restart_guard=on|off|DURATION`. The connection
+    /// (`redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT…]/MASTER_NAME[?db=N&sentinel_password=PW]`,
+    /// `rediss+sentinel://` for TLS to the sentinels and the primary), plus our optional
+    /// `prefix=NAME`, `restart_guard=on|off|DURATION`, `min_replicas=N` and, with TLS,
+    /// `ca=`, `cert=` and `key=` (PEM files). The connection
     /// is made on first use and remade after failures (behind Sentinel, to the primary of
     /// the moment), so a server that is down now is not an error yet.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
@@ -763,6 +767,8 @@ pub(crate) fn redis_error(what: &str, e: redis::RedisError) -> StoreError {
         (ErrorKind::Unavailable, "nothing listens at the store URL's host and port")
     } else if e.is_timeout() || e.is_connection_dropped() {
         (ErrorKind::Ambiguous, "the connection broke; the request may have been applied")
+    } else if text.contains("certificate") {
+        (ErrorKind::Unavailable, "the server's TLS certificate was not accepted: check ca=, cert= and key=")
     } else if e.is_io_error() {
         (ErrorKind::Unavailable, "cannot reach the server")
     } else if e.kind() == redis::ErrorKind::InvalidClientConfig {

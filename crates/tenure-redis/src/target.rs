@@ -31,9 +31,11 @@ pub(crate) struct Sentinel {
     current: std::sync::Mutex<Option<(redis::Client, ConnectionManager)>>,
 }
 
-/// What a `redis+sentinel://` URL names.
+/// What a `redis+sentinel://` (or `rediss+sentinel://`) URL names.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct SentinelUrl {
+    /// `rediss+sentinel://`: TLS to the sentinels and to the primary.
+    pub tls: bool,
     pub sentinels: Vec<(String, u16)>,
     pub master: String,
     pub username: Option<String>,
@@ -42,19 +44,29 @@ pub(crate) struct SentinelUrl {
     pub db: i64,
 }
 
+/// Whether `url` names sentinels (`redis+sentinel://` or `rediss+sentinel://`).
+pub(crate) fn is_sentinel_url(url: &str) -> bool {
+    url.starts_with("redis+sentinel://") || url.starts_with("rediss+sentinel://")
+}
+
 /// The port sentinels listen on unless the URL says otherwise.
 const SENTINEL_PORT: u16 = 26379;
 
 /// Parses `redis+sentinel://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]…]/MASTER_NAME`
-/// with the optional parameters `db=N` and `sentinel_password=PASSWORD` (our own ones
-/// already split off).
+/// (`rediss+sentinel://` for TLS) with the optional parameters `db=N` and
+/// `sentinel_password=PASSWORD` (our own ones already split off).
 pub(crate) fn parse_sentinel_url(url: &str) -> Result<SentinelUrl, StoreError> {
     let bad = |why: &str| {
         StoreError::invalid(format!(
-            "{why}: write redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT…]/MASTER_NAME[?db=N&sentinel_password=PW]"
+            "{why}: write redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT…]/MASTER_NAME[?db=N&sentinel_password=PW] \
+             (rediss+sentinel:// for TLS)"
         ))
     };
-    let rest = url.strip_prefix("redis+sentinel://").ok_or_else(|| bad("not a redis+sentinel:// URL"))?;
+    let (tls, rest) = match (url.strip_prefix("redis+sentinel://"), url.strip_prefix("rediss+sentinel://")) {
+        (Some(rest), _) => (false, rest),
+        (None, Some(rest)) => (true, rest),
+        (None, None) => return Err(bad("not a redis+sentinel:// URL")),
+    };
     let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
     let (authority, master) = rest.split_once('/').ok_or_else(|| bad("no master name"))?;
     let master = master.trim_end_matches('/');
@@ -93,7 +105,7 @@ pub(crate) fn parse_sentinel_url(url: &str) -> Result<SentinelUrl, StoreError> {
             _ => return Err(bad(&format!("unknown parameter {pair:?}"))),
         }
     }
-    Ok(SentinelUrl { sentinels, master: master.to_string(), username, password, sentinel_password, db })
+    Ok(SentinelUrl { tls, sentinels, master: master.to_string(), username, password, sentinel_password, db })
 }
 
 fn connection_config() -> redis::aio::ConnectionManagerConfig {
@@ -134,18 +146,32 @@ impl TlsFiles {
 }
 
 impl Target {
-    /// A target for what `url` names: sentinels for `redis+sentinel://`, else one server
-    /// (over TLS with `tls`'s files, if any).
+    /// A target for what `url` names: sentinels for `redis+sentinel://` (over TLS to the
+    /// sentinels and the primary for `rediss+sentinel://`), else one server (over TLS with
+    /// `tls`'s files, if any).
     pub(crate) fn new(url: &str, tls: &TlsFiles) -> Result<(Self, String), StoreError> {
         // rustls needs a process-wide crypto provider; one installed already (by the
         // program, or another store) stays.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        if url.starts_with("redis+sentinel://") {
+        if is_sentinel_url(url) {
             let u = parse_sentinel_url(url)?;
-            let addrs = u.sentinels.iter().map(|(h, p)| redis::ConnectionAddr::Tcp(h.clone(), *p));
+            let addrs = u.sentinels.iter().map(|(h, p)| match u.tls {
+                true => redis::ConnectionAddr::TcpTls { host: h.clone(), port: *p, insecure: false, tls_params: None },
+                false => redis::ConnectionAddr::Tcp(h.clone(), *p),
+            });
             let mut b = SentinelClientBuilder::new(addrs, &u.master, SentinelServerType::Master)
                 .map_err(|e| StoreError::invalid("the sentinel URL is not valid").with_source(e))?
                 .set_client_to_redis_db(u.db);
+            if u.tls {
+                // Verified both ways: the sentinels, and the primary they name.
+                b = b
+                    .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure)
+                    .set_client_to_redis_tls_mode(redis::TlsMode::Secure);
+                if tls.any() {
+                    let files = tls.read()?;
+                    b = b.set_client_to_sentinel_certificates(files.clone()).set_client_to_redis_certificates(files);
+                }
+            }
             if let Some(user) = &u.username {
                 b = b.set_client_to_redis_username(user);
             }
@@ -157,7 +183,8 @@ impl Target {
             }
             let client = b.build().map_err(|e| StoreError::invalid("the sentinel URL is not valid").with_source(e))?;
             let hosts: Vec<String> = u.sentinels.iter().map(|(h, p)| format!("{h}:{p}")).collect();
-            let described = format!("redis+sentinel://{}/{}", hosts.join(","), u.master);
+            let scheme = if u.tls { "rediss+sentinel" } else { "redis+sentinel" };
+            let described = format!("{scheme}://{}/{}", hosts.join(","), u.master);
             let target = Target::Sentinel(Sentinel {
                 master: u.master.clone(),
                 client: tokio::sync::Mutex::new(client),
@@ -277,6 +304,7 @@ mod tests {
         assert_eq!(
             u,
             SentinelUrl {
+                tls: false,
                 sentinels: vec![("10.0.0.1".into(), 26380), ("10.0.0.2".into(), 26379)],
                 master: "main".into(),
                 username: None,

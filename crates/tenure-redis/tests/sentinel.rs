@@ -1,7 +1,8 @@
 //! The Redis store behind Sentinel (`redis+sentinel://`), against a throwaway primary, a
 //! replica and three sentinels: it finds the primary through the sentinels, follows
 //! failovers (forced, and a killed primary), and after each one grants nothing for the
-//! longest TTL in use, since the promoted replica may lack the newest grants.
+//! longest TTL in use, since the promoted replica may lack the newest grants. The same
+//! over TLS (`rediss+sentinel://`), verified against a private CA.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -171,4 +172,45 @@ async fn a_primary_cut_off_from_its_replicas_grants_nothing() {
     // min_replicas=0 takes the risk knowingly.
     let b = RedisStore::connect(&format!("{}?min_replicas=0", g.url())).await.unwrap();
     granted(&b, &req("sentinel/risky", "b", Duration::from_secs(1)), Duration::from_secs(20)).await;
+}
+
+/// `rediss+sentinel://`: the sentinels and the primary they name are reached over TLS and
+/// verified against `ca=` (another CA, or the system's roots, are refused), and the store
+/// follows a failover to the other server, over TLS too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_sentinel_verifies_the_sentinels_and_the_primary_and_follows_a_failover() {
+    let Some(certs) = tenure_testkit::certs::Certs::make() else { return };
+    let Some(g) = RedisSentinels::launch_tls(certs.dir()) else { return };
+    let url = g.url();
+    assert!(url.starts_with("rediss+sentinel://"), "{url}");
+    let wait = Duration::from_secs(10);
+    for (bad, why, says) in [
+        (url.replace("ca.pem", "other-ca.pem"), "a CA that signed neither", "UnknownIssuer"),
+        (url.split('?').next().unwrap().to_string(), "the system's roots only", "UnknownIssuer"),
+        (url.replace("rediss+sentinel://", "redis+sentinel://").split('?').next().unwrap().to_string(), "no TLS", ""),
+    ] {
+        let store = RedisStore::connect(&bad).await.unwrap();
+        let got = tokio::time::timeout(wait, store.try_acquire(&req("tls/x", "z", Duration::from_secs(1)))).await;
+        let Ok(Err(err)) = got else { panic!("granted through {why}, or no answer: {got:?}") };
+        let mut chain = Vec::new();
+        let mut cause: Option<&dyn std::error::Error> = Some(&err);
+        while let Some(c) = cause {
+            chain.push(c.to_string());
+            cause = c.source();
+        }
+        let chain = chain.join(": ");
+        assert!(chain.contains(says), "{why}: {chain}");
+        if !says.is_empty() {
+            assert!(chain.contains("certificate was not accepted"), "{why}: {chain}");
+        }
+    }
+    let a = RedisStore::connect(&url).await.unwrap();
+    assert!(a.describe().starts_with("rediss+sentinel://127.0.0.1:"), "{}", a.describe());
+    let ttl = Duration::from_secs(1);
+    granted(&a, &req("tls/x", "a", ttl), Duration::from_secs(20)).await;
+    let before = g.primary_port().unwrap();
+    let after = tokio::task::block_in_place(|| g.failover());
+    assert_ne!(before, after);
+    // Once the failover's guard is over, the promoted server grants, over TLS.
+    granted(&a, &req("tls/y", "b", ttl), Duration::from_secs(20)).await;
 }

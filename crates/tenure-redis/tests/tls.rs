@@ -72,7 +72,9 @@ async fn tls_settings_that_would_be_ignored_or_not_verify_are_refused() {
         ("rediss://127.0.0.1:1/0?cert=/tmp/c.pem", "go together"),
         ("rediss://127.0.0.1:1/0?ca=/nonexistent/ca.pem", "ca=/nonexistent/ca.pem: cannot read it"),
         ("rediss://127.0.0.1:1/0?ca=/dev/zero", "not a regular file"),
-        ("redis+sentinel://127.0.0.1:1/m?ca=/tmp/ca.pem", "not supported behind Sentinel"),
+        ("redis+sentinel://127.0.0.1:1/m?ca=/tmp/ca.pem", "write rediss+sentinel://"),
+        ("rediss+sentinel://127.0.0.1:1/m?cert=/tmp/c.pem", "go together"),
+        ("rediss+sentinel://127.0.0.1:1/m?ca=/nonexistent/ca.pem", "cannot read it"),
     ] {
         let err = RedisStore::connect(url).await.err().unwrap_or_else(|| panic!("{url} was taken"));
         assert!(format!("{err:#}").contains(says), "{url}: {err:#}");

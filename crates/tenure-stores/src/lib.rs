@@ -98,8 +98,9 @@ pub const STORES: &[StoreKind] = &[
     StoreKind {
         family: Family::Redis,
         name: "Redis",
-        schemes: &["redis+sentinel"],
-        form: "redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT…]/MASTER_NAME (the primary the sentinels name)",
+        schemes: &["redis+sentinel", "rediss+sentinel"],
+        form: "redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT…]/MASTER_NAME (the primary the sentinels name; \
+               rediss+sentinel:// for TLS)",
         feature: "redis",
     },
     StoreKind {
@@ -226,7 +227,7 @@ pub fn plaintext_remote(url: &str) -> Option<String> {
         Family::Postgres => matches!(param("sslmode"), Some("verify-ca" | "verify-full")),
         Family::Mysql => param("ssl-mode")
             .is_some_and(|m| m.eq_ignore_ascii_case("verify_ca") || m.eq_ignore_ascii_case("verify_identity")),
-        Family::Redis => scheme == "rediss" || param("tls").is_some_and(|v| v != "no" && v != "false"),
+        Family::Redis => scheme == "rediss" || scheme == "rediss+sentinel",
         Family::Etcd => scheme == "etcds",
         Family::Nats => param("ca").is_some(),
         Family::ZooKeeper => scheme == "zks",
@@ -426,6 +427,8 @@ mod tests {
             ("redis://:p@[::1]:6379/0", None),
             ("redis://:p@cache.example:6379/0", Some("cache.example:6379")),
             ("rediss://:p@cache.example:6379/0", None),
+            ("redis+sentinel://s1.example:26379/m", Some("s1.example:26379")),
+            ("rediss+sentinel://s1.example:26379/m?ca=/etc/ca.pem", None),
             ("etcd://127.0.0.1:2379,10.0.0.2:2379", Some("10.0.0.2:2379")),
             ("etcds://10.0.0.2:2379", None),
             ("nats://10.0.0.3:4222", Some("10.0.0.3:4222")),

@@ -1142,10 +1142,16 @@ pub struct RedisSentinels {
     /// The two data servers; which one is the primary changes with every failover.
     pub nodes: Vec<Server>,
     sentinels: Vec<SentinelProcess>,
+    /// With TLS ([`RedisSentinels::launch_tls`]): the CA's file, and each node's TLS port
+    /// (in the order of `nodes`).
+    tls: Option<(PathBuf, Vec<u16>)>,
 }
 
 struct SentinelProcess {
+    /// The plain port, which the test kit's own commands use.
     port: u16,
+    /// The TLS port, with TLS.
+    tls_port: Option<u16>,
     dir: tempfile::TempDir,
     child: Option<Child>,
 }
@@ -1167,10 +1173,46 @@ impl RedisSentinels {
     /// sentinels (and waits until each knows the replica and the other two); `None` as
     /// [`launch`] does when `redis-server` is missing.
     pub fn launch() -> Option<Self> {
+        Self::start(None)
+    }
+
+    /// Like [`RedisSentinels::launch`], with every server and sentinel also listening for
+    /// TLS with the certificates of `certs` (`server.pem`, `server.key`, `ca.pem`, see
+    /// [`crate::certs`]), and talking to each other over TLS only: the sentinels name the
+    /// TLS ports, and [`RedisSentinels::url`] is a `rediss+sentinel://` URL with `ca=`.
+    /// The plain ports stay, for the test kit's own commands.
+    pub fn launch_tls(certs: &Path) -> Option<Self> {
+        Self::start(Some(certs))
+    }
+
+    fn start(certs: Option<&Path>) -> Option<Self> {
         let program = server_program(Kind::Redis)?;
-        let primary = launch(Kind::Redis)?;
-        let pport = primary.port().to_string();
-        let replica = launch_configured(Kind::Redis, None, &["--replicaof", "127.0.0.1", &pport])?;
+        let file = |n: &str| certs.map(|d| d.join(n).display().to_string()).unwrap_or_default();
+        let (cert, key, ca) = (file("server.pem"), file("server.key"), file("ca.pem"));
+        // The settings of TLS port `port`, with replication and the sentinels' links over TLS.
+        let tls = |port: u16| -> Vec<(&str, String)> {
+            vec![
+                ("tls-port", port.to_string()),
+                ("tls-cert-file", cert.clone()),
+                ("tls-key-file", key.clone()),
+                ("tls-ca-cert-file", ca.clone()),
+                ("tls-replication", "yes".into()),
+                ("tls-auth-clients", "no".into()),
+            ]
+        };
+        let tls_ports = certs.map(|_| [free_port(), free_port()]);
+        let flags = |i: usize| -> Vec<String> {
+            let settings = tls_ports.map(|p| tls(p[i])).unwrap_or_default();
+            settings.into_iter().flat_map(|(k, v)| [format!("--{k}"), v]).collect()
+        };
+        let launch_node = |flags: Vec<String>| {
+            launch_configured(Kind::Redis, None, &flags.iter().map(String::as_str).collect::<Vec<_>>())
+        };
+        let primary = launch_node(flags(0))?;
+        let pport = tls_ports.map_or(primary.port(), |p| p[0]).to_string();
+        let mut replica_flags = flags(1);
+        replica_flags.extend(["--replicaof".into(), "127.0.0.1".into(), pport.clone()]);
+        let replica = launch_node(replica_flags)?;
         let t0 = Instant::now();
         while !redis_command(replica.port(), &["INFO", "replication"])
             .is_some_and(|r| r.contains("master_link_status:up"))
@@ -1182,11 +1224,14 @@ impl RedisSentinels {
         for _ in 0..3 {
             let dir = tempfile::Builder::new().prefix("tenure-sentinel-").tempdir().expect("a temporary directory");
             let port = free_port();
+            let tls_port = certs.map(|_| free_port());
+            let tls_conf: String =
+                tls_port.map(tls).unwrap_or_default().iter().map(|(k, v)| format!("{k} {v}\n")).collect();
             let conf = dir.path().join("sentinel.conf");
             std::fs::write(
                 &conf,
                 format!(
-                    "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {dir}\n\
+                    "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {dir}\n{tls_conf}\
                      sentinel monitor {m} 127.0.0.1 {pport} 2\n\
                      sentinel down-after-milliseconds {m} 1000\n\
                      sentinel failover-timeout {m} 3000\n\
@@ -1207,9 +1252,10 @@ impl RedisSentinels {
                 .stderr(log)
                 .spawn()
                 .unwrap_or_else(|e| panic!("cannot start a sentinel: {e}"));
-            sentinels.push(SentinelProcess { port, dir, child: Some(child) });
+            sentinels.push(SentinelProcess { port, tls_port, dir, child: Some(child) });
         }
-        let group = Self { nodes: vec![primary, replica], sentinels };
+        let tls = tls_ports.map(|p| (PathBuf::from(&ca), p.to_vec()));
+        let group = Self { nodes: vec![primary, replica], sentinels, tls };
         let t0 = Instant::now();
         while !group.sentinels.iter().all(|s| {
             redis_command(s.port, &["SENTINEL", "MASTER", SENTINEL_MASTER]).is_some_and(|r| {
@@ -1229,18 +1275,36 @@ impl RedisSentinels {
         Some(group)
     }
 
-    /// The store URL: every sentinel, and the master name.
+    /// The store URL: every sentinel, and the master name (with TLS: the sentinels' TLS
+    /// ports, `rediss+sentinel://` and `ca=`).
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self.sentinels.iter().map(|s| format!("127.0.0.1:{}", s.port)).collect();
-        format!("redis+sentinel://{}/{SENTINEL_MASTER}", hosts.join(","))
+        let hosts: Vec<String> =
+            self.sentinels.iter().map(|s| format!("127.0.0.1:{}", s.tls_port.unwrap_or(s.port))).collect();
+        match &self.tls {
+            Some((ca, _)) => format!("rediss+sentinel://{}/{SENTINEL_MASTER}?ca={}", hosts.join(","), ca.display()),
+            None => format!("redis+sentinel://{}/{SENTINEL_MASTER}", hosts.join(",")),
+        }
     }
 
-    /// The port of the primary the sentinels name now.
+    /// The (plain) port of the primary the sentinels name now.
     pub fn primary_port(&self) -> Option<u16> {
-        self.sentinels.iter().find_map(|s| {
+        let named: u16 = self.sentinels.iter().find_map(|s| {
             let r = redis_command(s.port, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_MASTER])?;
             r.lines().filter(|l| !l.starts_with(['*', '$'])).nth(1)?.trim().parse().ok()
-        })
+        })?;
+        match &self.tls {
+            Some((_, ports)) => ports.iter().position(|p| *p == named).map(|i| self.nodes[i].port()),
+            None => Some(named),
+        }
+    }
+
+    /// The port the other servers and the sentinels reach the node on plain port `port`
+    /// by: its TLS port, with TLS.
+    fn linked_port(&self, port: u16) -> u16 {
+        match &self.tls {
+            Some((_, ports)) => self.nodes.iter().position(|n| n.port() == port).map_or(port, |i| ports[i]),
+            None => port,
+        }
     }
 
     /// The data server that is the primary now.
@@ -1295,8 +1359,10 @@ impl RedisSentinels {
             let primary = self.primary_port();
             let settled = primary.is_some_and(|p| {
                 self.nodes.iter().filter(|n| n.port() != p).all(|n| {
-                    redis_command(n.port(), &["INFO", "replication"])
-                        .is_some_and(|r| r.contains(&format!("master_port:{p}")) && r.contains("master_link_status:up"))
+                    redis_command(n.port(), &["INFO", "replication"]).is_some_and(|r| {
+                        r.contains(&format!("master_port:{}", self.linked_port(p)))
+                            && r.contains("master_link_status:up")
+                    })
                 })
             });
             if settled {
