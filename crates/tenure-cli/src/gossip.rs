@@ -148,11 +148,44 @@ pub async fn worker(s: WorkerArgs, store: Option<&str>) -> Result<i32> {
 }
 
 #[cfg(feature = "gossip")]
-/// `tenure gossip elect`: asks the group to elect a worker for `id` and prints the winner.
+/// The election ids of `--from-file PATH` (`-`: standard input): one per line, blank lines
+/// and `#` comments skipped; a line that is not an election name is an error naming it.
+pub fn read_ids(path: &std::path::Path) -> Result<Vec<tenure::ElectionName>> {
+    let text = if path.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin()).context("cannot read the election ids from standard input")?
+    } else {
+        std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the election ids from {}", path.display()))?
+    };
+    let mut ids = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let id = tenure::ElectionName::new(line)
+            .with_context(|| format!("{}, line {}: {line:?} is not an election id", path.display(), n + 1))?;
+        ids.push(id);
+    }
+    if ids.is_empty() {
+        bail!("{} names no election id", path.display());
+    }
+    Ok(ids)
+}
+
+#[cfg(feature = "gossip")]
+/// How many elections `tenure gossip elect --from-file` has under way at once.
+const ELECT_AT_ONCE: usize = 256;
+
+#[cfg(feature = "gossip")]
+/// `tenure gossip elect`: asks the group to elect a worker for each of `ids` (all at once,
+/// from one connection) and prints each winner as its outcome comes in. Exits 0 if every
+/// action started, [`EXIT_NO_OUTCOME`] if any election had no outcome, else
+/// [`EXIT_NOT_STARTED`] if any did not start.
 pub async fn elect(
     broker: &str,
     group: &str,
-    id: &str,
+    ids: &[tenure::ElectionName],
     topic: &str,
     action: &str,
     wait: Duration,
@@ -174,7 +207,51 @@ pub async fn elect(
             Client::new(transport)
         }
     };
-    let outcome = match client.elect(id, topic, action, wait).await {
+    // Each election a task of its own, at most ELECT_AT_ONCE at a time, printed as each ends.
+    let client = std::sync::Arc::new(client);
+    let (topic_owned, action_owned) = (std::sync::Arc::<str>::from(topic), std::sync::Arc::<str>::from(action));
+    let mut waiting = ids.iter().map(|id| id.as_str().to_string());
+    let mut running = tokio::task::JoinSet::new();
+    let (mut no_outcome, mut not_started, mut failed) = (false, false, None);
+    loop {
+        while running.len() < ELECT_AT_ONCE
+            && let Some(id) = waiting.next()
+        {
+            let (client, topic, action) = (client.clone(), topic_owned.clone(), action_owned.clone());
+            running.spawn(async move {
+                let outcome = client.elect(&id, &topic, &action, wait).await;
+                (id, outcome)
+            });
+        }
+        let Some(done) = running.join_next().await else { break };
+        let (id, outcome) = done.context("an election's task ended abnormally")?;
+        match report(&id, topic, outcome, json) {
+            Ok(0) => {}
+            Ok(EXIT_NO_OUTCOME) => no_outcome = true,
+            Ok(_) => not_started = true,
+            Err(e) if ids.len() == 1 => return Err(e),
+            Err(e) => {
+                eprintln!("tenure: error: {id}: {e:#}");
+                failed = Some(e);
+            }
+        }
+    }
+    if let Some(e) = failed {
+        return Err(e.context("some elections could not be asked"));
+    }
+    Ok(if no_outcome {
+        EXIT_NO_OUTCOME
+    } else if not_started {
+        EXIT_NOT_STARTED
+    } else {
+        0
+    })
+}
+
+#[cfg(feature = "gossip")]
+/// Prints the outcome of election `id` and answers its exit code.
+fn report(id: &str, topic: &str, outcome: Result<tenure_gossip::Outcome, GossipError>, json: bool) -> Result<i32> {
+    let outcome = match outcome {
         Ok(o) => o,
         Err(e @ (GossipError::NoWorkers { .. } | GossipError::NoOutcome { .. })) => {
             eprintln!("tenure: error: {e}");

@@ -333,8 +333,13 @@ that dies after claiming keeps the id from running until --claim-ttl ends.")]
     /// Ask the group to elect one worker to run an action; print the winner
     Elect {
         /// The election id: at most one run per id (e.g. report-2026-11-21)
-        #[arg(value_parser = election)]
-        id: ElectionName,
+        #[arg(value_parser = election, required_unless_present = "from_file")]
+        id: Option<ElectionName>,
+        /// Ask every id in PATH (one per line; blank lines and lines starting with # are
+        /// skipped; - reads standard input) at once, from this one process, with the same
+        /// topic and action; prints one line per id as its outcome comes in
+        #[arg(long, value_name = "PATH", conflicts_with = "id")]
+        from_file: Option<std::path::PathBuf>,
         #[command(flatten)]
         broker: gossip::BrokerArgs,
         /// The topic, which picks the workers' handler
@@ -586,8 +591,13 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         #[cfg(feature = "gossip")]
         Command::Gossip { command } => match command {
             GossipCommand::Worker(args) => gossip::worker(args, store).await,
-            GossipCommand::Elect { id, broker, topic, action, wait, json } => {
-                gossip::elect(&broker.broker, &broker.group, id.as_str(), &topic, &action, wait, json).await
+            GossipCommand::Elect { id, from_file, broker, topic, action, wait, json } => {
+                let ids = match (id, from_file) {
+                    (Some(id), _) => vec![id],
+                    (None, Some(path)) => gossip::read_ids(&path)?,
+                    (None, None) => unreachable!("clap requires an id or --from-file"),
+                };
+                gossip::elect(&broker.broker, &broker.group, &ids, &topic, &action, wait, json).await
             }
             GossipCommand::Members { broker, wait, json } => {
                 gossip::members(&broker.broker, &broker.group, wait, json).await

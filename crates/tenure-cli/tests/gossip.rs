@@ -54,6 +54,15 @@ fn start_worker(broker: &str, dir: &Path, n: usize) -> Proc {
     Proc(child)
 }
 
+/// Three workers of group `t`, once each has joined.
+fn three_joined_workers(broker: &str, dir: &Path) -> Vec<Proc> {
+    let workers = (0..3).map(|n| start_worker(broker, dir, n)).collect();
+    wait_for("three workers to join", Duration::from_secs(30), || {
+        (0..3).all(|n| read(&dir.join(format!("w{n}.out"))).starts_with("joined t as "))
+    });
+    workers
+}
+
 /// Runs elections `range` four at a time; returns each one's printed winner.
 fn elect_all(broker: &str, dir: &Path, range: std::ops::Range<usize>) -> BTreeMap<String, String> {
     let ran = dir.join("ran.log");
@@ -139,6 +148,57 @@ fn five_workers_two_hundred_elections(kind: Kind) {
     }
     let killed_id = read(&dir.path().join("w2.out")).split_whitespace().nth(3).unwrap().to_string();
     assert!((100..200).all(|n| winners[&format!("job-{n}")] != killed_id), "the killed worker won after it was killed");
+}
+
+/// `gossip elect --from-file`: thirty ids asked at once from one process; each prints one
+/// line, each action runs exactly once, on the winner printed; a bad line is named.
+#[test]
+fn elect_from_file_asks_every_id_at_once_and_runs_each_once() {
+    let Some(server) = servers::launch(Kind::Redis) else { return };
+    let broker = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let _workers = three_joined_workers(&broker, dir.path());
+    let ids: Vec<String> = (0..30).map(|n| format!("batch-{n}")).collect();
+    let file = dir.path().join("ids");
+    std::fs::write(&file, format!("# tonight's reports\n\n{}\n", ids.join("\n"))).unwrap();
+    let ran = dir.path().join("ran.log");
+    let action = format!("echo \"$TENURE_GOSSIP_ELECTION $TENURE_GOSSIP_WORKER\" >> {}", ran.display());
+    let out = tenure(&broker)
+        .args(["gossip", "elect", "--from-file"])
+        .arg(&file)
+        .args(["--group", "t", "--action", &action])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let mut winners = BTreeMap::new();
+    for line in stdout.lines() {
+        let (winner, rest) = line.split_once(' ').unwrap();
+        let id = rest.strip_prefix("started ").unwrap_or_else(|| panic!("{line}"));
+        assert!(winners.insert(id.to_string(), winner.to_string()).is_none(), "{id} printed twice");
+    }
+    let asked: std::collections::BTreeSet<&String> = ids.iter().collect();
+    assert_eq!(winners.keys().collect::<std::collections::BTreeSet<_>>(), asked, "{stdout}");
+    wait_for("every action to run", Duration::from_secs(10), || read(&ran).lines().count() >= 30);
+    let mut runs: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for line in read(&ran).lines() {
+        let (id, worker) = line.split_once(' ').unwrap();
+        runs.entry(id.to_string()).or_default().push(worker.to_string());
+    }
+    for id in &ids {
+        assert_eq!(runs.get(id), Some(&vec![winners[id].clone()]), "{id}");
+    }
+
+    std::fs::write(&file, "ok-1\nnot an id\n").unwrap();
+    let out = tenure(&broker)
+        .args(["gossip", "elect", "--from-file"])
+        .arg(&file)
+        .args(["--action", "true"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("line 2") && stderr.contains("not an id"), "{stderr}");
 }
 
 #[test]
@@ -358,10 +418,7 @@ fn a_broker_restart_during_a_burst_runs_no_action_twice(kind: Kind) {
     let Some(mut server) = servers::launch(kind) else { return };
     let broker = server.url();
     let dir = tempfile::tempdir().unwrap();
-    let _workers: Vec<Proc> = (0..3).map(|n| start_worker(&broker, dir.path(), n)).collect();
-    wait_for("three workers to join", Duration::from_secs(30), || {
-        (0..3).all(|n| read(&dir.path().join(format!("w{n}.out"))).starts_with("joined t as "))
-    });
+    let _workers = three_joined_workers(&broker, dir.path());
     let ids: Vec<String> = (0..200).map(|i| format!("b-{i}")).collect();
     let burst = {
         let (broker, dir, ids) = (broker.clone(), dir.path().to_path_buf(), ids.clone());
