@@ -572,8 +572,10 @@ fn torture(a: Args) -> Result<bool, String> {
     // it is thawed, it wakes alone for a moment (the others paused), so that, were it the
     // leader, it answers keep-alives from a stale copy of its leases, and then all run.
     let mut member_cut: Option<servers::PeerCut> = None;
-    // The server starved of CPU (see `servers::starve`), and until when.
+    // The server starved of CPU (see `servers::starve`), and until when; and every
+    // stretch of time it was (ns), in which no takeover is judged.
     let mut starved: Option<(servers::Starved, Instant)> = None;
+    let mut starved_times: Vec<(u64, u64)> = Vec::new();
     // Candidates that exited without being stopped (tenure run must campaign on).
     let mut gave_up = 0usize;
     // Standby supervisors still running 2 s after their `tenure run` was killed.
@@ -730,9 +732,10 @@ fn torture(a: Args) -> Result<bool, String> {
         {
             let pid = s.pid().ok_or("the server does not run")?;
             let guard = servers::starve(pid).map_err(|e| format!("cannot starve the server: {e}"))?;
-            starved = Some((guard, Instant::now() + a.ttl.mul_f64(1.2 + 1.3 * rng.f64())));
+            let lasts = a.ttl.mul_f64(1.2 + 1.3 * rng.f64());
+            starved = Some((guard, Instant::now() + lasts));
             // Its requests take long: a takeover meanwhile may too.
-            restart_times.push(now_ns());
+            starved_times.push((now_ns(), now_ns() + lasts.as_nanos() as u64));
             note(&mut faults, &dir, "server starved of CPU");
             continue;
         }
@@ -1043,16 +1046,20 @@ fn torture(a: Args) -> Result<bool, String> {
     // The bound allows for one server restart during a takeover; a stop followed by a
     // further restart, a refusal of writes or a follower killed (it may have just won)
     // within the bound gave the candidates no fair chance and is not judged (the
-    // refusal's end is judged on its own).
+    // refusal's end is judged on its own); nor is a stop whose bound overlaps a time the
+    // server was starved of CPU (safety, I1-I3, is judged throughout).
     let before = records.len();
     records.retain(|r| match r {
         Record::Stop { at, .. } | Record::Recovered { at, .. } => {
-            !restart_times.iter().any(|t| *t >= *at && *t <= at + liveness.after_crash)
+            let end = at + liveness.after_crash;
+            !restart_times.iter().any(|t| *t >= *at && *t <= end)
+                && !starved_times.iter().any(|(from, to)| *from <= end && *to >= *at)
         }
         _ => true,
     });
     println!(
-        "liveness excused    {} stops followed by another server restart, refusal or follower kill within the bound",
+        "liveness excused    {} stops followed by another server restart, refusal or follower kill, or by a \
+         starved server, within the bound",
         before - records.len()
     );
     // In the slot workload a leader's probes start at slots, not at its election: the
