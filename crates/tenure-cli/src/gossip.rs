@@ -151,35 +151,55 @@ pub async fn worker(s: WorkerArgs, store: Option<&str>) -> Result<i32> {
 /// The election ids of `--from-file PATH` (`-`: standard input): one per line, blank lines
 /// and `#` comments skipped; a line that is not an election name is an error naming it.
 pub fn read_ids(path: &std::path::Path) -> Result<Vec<tenure::ElectionName>> {
-    let text = if path.as_os_str() == "-" {
-        std::io::read_to_string(std::io::stdin()).context("cannot read the election ids from standard input")?
+    use std::io::Read;
+    let (name, file): (String, Box<dyn Read>) = if path.as_os_str() == "-" {
+        ("standard input".into(), Box::new(std::io::stdin()))
     } else {
-        std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the election ids from {}", path.display()))?
+        let f = std::fs::File::open(path)
+            .with_context(|| format!("cannot read the election ids from {}", path.display()))?;
+        (path.display().to_string(), Box::new(f))
     };
+    let mut text = String::new();
+    file.take(MAX_IDS_FILE + 1)
+        .read_to_string(&mut text)
+        .with_context(|| format!("cannot read the election ids from {name}"))?;
+    if text.len() as u64 > MAX_IDS_FILE {
+        bail!("{name} holds more than {} MiB of election ids; split it", MAX_IDS_FILE >> 20);
+    }
     let mut ids = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for (n, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
         let id = tenure::ElectionName::new(line)
-            .with_context(|| format!("{}, line {}: {line:?} is not an election id", path.display(), n + 1))?;
+            .with_context(|| format!("{name}, line {}: {line:?} is not an election id", n + 1))?;
+        if !seen.insert(id.clone()) {
+            eprintln!("tenure: warning: {name}, line {}: {id} is named twice; asked once", n + 1);
+            continue;
+        }
         ids.push(id);
     }
     if ids.is_empty() {
-        bail!("{} names no election id", path.display());
+        bail!("{name} names no election id");
     }
     Ok(ids)
 }
 
 #[cfg(feature = "gossip")]
-/// How many elections `tenure gossip elect --from-file` has under way at once.
-const ELECT_AT_ONCE: usize = 256;
+/// The most `--from-file` reads (16 MiB).
+const MAX_IDS_FILE: u64 = 16 << 20;
+
+#[cfg(feature = "gossip")]
+/// How many elections `tenure gossip elect --from-file` has under way at once: each one's
+/// messages (a request, an answer from every worker, the outcome) pass through the
+/// client's buffer of 4,096, which this leaves room in for groups of up to 60 workers.
+const ELECT_AT_ONCE: usize = 64;
 
 #[cfg(feature = "gossip")]
 /// `tenure gossip elect`: asks the group to elect a worker for each of `ids` (all at once,
-/// from one connection) and prints each winner as its outcome comes in. Exits 0 if every
+/// from one connection, at most 64 at a time) and prints each winner as its outcome comes in. Exits 0 if every
 /// action started, [`EXIT_NO_OUTCOME`] if any election had no outcome, else
 /// [`EXIT_NOT_STARTED`] if any did not start.
 pub async fn elect(
@@ -212,7 +232,7 @@ pub async fn elect(
     let (topic_owned, action_owned) = (std::sync::Arc::<str>::from(topic), std::sync::Arc::<str>::from(action));
     let mut waiting = ids.iter().map(|id| id.as_str().to_string());
     let mut running = tokio::task::JoinSet::new();
-    let (mut no_outcome, mut not_started, mut failed) = (false, false, None);
+    let (mut no_outcome, mut not_started, mut failed) = (false, false, 0);
     loop {
         while running.len() < ELECT_AT_ONCE
             && let Some(id) = waiting.next()
@@ -232,12 +252,12 @@ pub async fn elect(
             Err(e) if ids.len() == 1 => return Err(e),
             Err(e) => {
                 eprintln!("tenure: error: {id}: {e:#}");
-                failed = Some(e);
+                failed += 1;
             }
         }
     }
-    if let Some(e) = failed {
-        return Err(e.context("some elections could not be asked"));
+    if failed > 0 {
+        bail!("{failed} of {} elections could not be asked (each error is above)", ids.len());
     }
     Ok(if no_outcome {
         EXIT_NO_OUTCOME

@@ -160,7 +160,8 @@ fn elect_from_file_asks_every_id_at_once_and_runs_each_once() {
     let _workers = three_joined_workers(&broker, dir.path());
     let ids: Vec<String> = (0..30).map(|n| format!("batch-{n}")).collect();
     let file = dir.path().join("ids");
-    std::fs::write(&file, format!("# tonight's reports\n\n{}\n", ids.join("\n"))).unwrap();
+    // One id named twice: asked once, with a warning.
+    std::fs::write(&file, format!("# tonight's reports\n\n{}\nbatch-7\n", ids.join("\n"))).unwrap();
     let ran = dir.path().join("ran.log");
     let action = format!("echo \"$TENURE_GOSSIP_ELECTION $TENURE_GOSSIP_WORKER\" >> {}", ran.display());
     let out = tenure(&broker)
@@ -170,7 +171,9 @@ fn elect_from_file_asks_every_id_at_once_and_runs_each_once() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stderr.contains("line 33: batch-7 is named twice"), "{stderr}");
     let mut winners = BTreeMap::new();
     for line in stdout.lines() {
         let (winner, rest) = line.split_once(' ').unwrap();
@@ -189,16 +192,37 @@ fn elect_from_file_asks_every_id_at_once_and_runs_each_once() {
         assert_eq!(runs.get(id), Some(&vec![winners[id].clone()]), "{id}");
     }
 
-    std::fs::write(&file, "ok-1\nnot an id\n").unwrap();
-    let out = tenure(&broker)
-        .args(["gossip", "elect", "--from-file"])
-        .arg(&file)
-        .args(["--action", "true"])
-        .output()
+    // From standard input.
+    let mut child = tenure(&broker)
+        .args(["gossip", "elect", "--from-file", "-", "--group", "t", "--action", "true"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("line 2") && stderr.contains("not an id"), "{stderr}");
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(b"piped-1\npiped-2\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect();
+    lines.sort();
+    assert!(
+        lines.len() == 2 && lines[0].ends_with(" started piped-1") && lines[1].ends_with(" started piped-2"),
+        "{lines:?}"
+    );
+
+    // Files that name nothing, or something that is not an id: exit 1, nothing asked.
+    for (text, says) in [("# nothing\n", "names no election id"), ("ok-1\nnot an id\n", "line 2: \"not an id\"")] {
+        std::fs::write(&file, text).unwrap();
+        let out = tenure(&broker)
+            .args(["gossip", "elect", "--from-file"])
+            .arg(&file)
+            .args(["--action", "true"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(says), "{stderr}");
+    }
 }
 
 #[test]

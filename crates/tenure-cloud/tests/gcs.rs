@@ -86,7 +86,7 @@ async fn throttling_and_server_errors_are_retried() {
     gcs.refusals_are_retried("refusals", &replies).await;
 }
 
-/// Eight campaigners at once, on an emulator starved of CPU: one grant per vacancy.
+/// Sixteen campaigners at once, on an emulator starved of CPU: one grant per vacancy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_grant_per_vacancy_on_a_starved_server() {
     let Some(emulator) = fake_gcs() else { return };

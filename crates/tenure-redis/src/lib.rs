@@ -767,8 +767,11 @@ pub(crate) fn redis_error(what: &str, e: redis::RedisError) -> StoreError {
         (ErrorKind::Unavailable, "nothing listens at the store URL's host and port")
     } else if e.is_timeout() || e.is_connection_dropped() {
         (ErrorKind::Ambiguous, "the connection broke; the request may have been applied")
-    } else if text.contains("certificate") {
-        (ErrorKind::Unavailable, "the server's TLS certificate was not accepted: check ca=, cert= and key=")
+    } else if e.is_io_error() && text.to_lowercase().contains("certificate") {
+        (
+            ErrorKind::Unavailable,
+            "a TLS certificate was not accepted (the server's, or ours): check ca=, cert= and key=",
+        )
     } else if e.is_io_error() {
         (ErrorKind::Unavailable, "cannot reach the server")
     } else if e.kind() == redis::ErrorKind::InvalidClientConfig {

@@ -201,7 +201,7 @@ async fn rediss_sentinel_verifies_the_sentinels_and_the_primary_and_follows_a_fa
         let chain = chain.join(": ");
         assert!(chain.contains(says), "{why}: {chain}");
         if !says.is_empty() {
-            assert!(chain.contains("certificate was not accepted"), "{why}: {chain}");
+            assert!(chain.contains("TLS certificate was not accepted"), "{why}: {chain}");
         }
     }
     let a = RedisStore::connect(&url).await.unwrap();

@@ -28,13 +28,21 @@ def app(environ, start_response):
     stream = environ["wsgi.input"]
     if length.isdigit():
         body = stream.read(int(length))
+        if len(body) != int(length):
+            start_response("400 Bad Request", [("Content-Type", "text/plain")])
+            return [b"the request body ended early"]
     elif environ.get("wsgi.input_terminated"):
         body = stream.read()
     else:
         body = b""
     environ["wsgi.input"] = io.BytesIO(body)
     with one_at_a_time:
-        return list(emulator(environ, start_response))
+        answer = emulator(environ, start_response)
+        try:
+            return [b"".join(answer)]
+        finally:
+            if hasattr(answer, "close"):
+                answer.close()
 
 
 run_simple(host, port, app, threaded=True)

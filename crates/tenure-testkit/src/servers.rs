@@ -169,9 +169,20 @@ fn fake_gcs_in_wheel() -> Option<PathBuf> {
 /// The script that runs moto one request at a time (see its first lines for why).
 const MOTO_SERVE: &str = include_str!("moto_serve.py");
 
-/// The `python3` that can import moto's server, if one can.
-fn moto_python() -> Option<PathBuf> {
-    let python = find_program("python3")?;
+/// The Python that runs `moto_server` (its script's `#!` line, when that names a
+/// Python), else `python3`, if it can import moto's server.
+fn moto_python(moto_server: &Path) -> Option<PathBuf> {
+    let first = std::fs::read(moto_server).ok().and_then(|b| {
+        let line = b.split(|c| *c == b'\n').next()?.to_vec();
+        String::from_utf8(line).ok()
+    });
+    let named = first
+        .as_deref()
+        .and_then(|l| l.strip_prefix("#!"))
+        .and_then(|l| l.split_whitespace().next())
+        .map(PathBuf::from)
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("python")) && p.is_file());
+    let python = named.or_else(|| find_program("python3"))?;
     let ok = Command::new(&python)
         .args(["-c", "import moto.moto_server.werkzeug_app, werkzeug.serving"])
         .stdout(Stdio::null())
@@ -316,7 +327,7 @@ fn server_program(kind: Kind) -> Option<PathBuf> {
             .or_else(|| Some(PathBuf::from("/usr/share/zookeeper/bin/zkServer.sh")).filter(|p| p.is_file()))
             .filter(|_| find_program("java").is_some()),
         // moto runs from our own script (see `MOTO_SERVE`), by the Python that has it.
-        Kind::Moto => find_program(kind.program()).and_then(|_| moto_python()),
+        Kind::Moto => find_program(kind.program()).and_then(|m| moto_python(&m)),
         _ => find_program(kind.program()),
     };
     if found.is_none() {
@@ -1072,27 +1083,44 @@ pub fn starve(pid: u32) -> std::io::Result<Starved> {
     one.set(cpu);
     pin_threads(pid, &one)?;
     let stop = Arc::new(AtomicBool::new(false));
-    let hogs = (0..2)
+    let (pinned, told) = std::sync::mpsc::channel();
+    let hogs: Vec<_> = (0..2)
         .map(|_| {
-            let stop = stop.clone();
+            let (stop, pinned) = (stop.clone(), pinned.clone());
             std::thread::spawn(move || {
-                let _ = sched_setaffinity(None, &one);
-                while !stop.load(Ordering::Relaxed) {
+                let ok = sched_setaffinity(None, &one);
+                let go = ok.is_ok();
+                let _ = pinned.send(ok);
+                while go && !stop.load(Ordering::Relaxed) {
                     std::hint::spin_loop();
                 }
             })
         })
         .collect();
-    Ok(Starved { pid, before, stop, hogs })
+    let starved = Starved { pid, before, stop, hogs };
+    // A busy loop left free to run on another CPU would starve nothing.
+    for _ in 0..2 {
+        told.recv().map_err(std::io::Error::other)??;
+    }
+    Ok(starved)
 }
 
-/// Sets the CPUs of every thread of `pid`.
+/// Sets the CPUs of every thread of `pid`, again until a pass finds every thread set
+/// (a thread started meanwhile takes the mask of the thread that started it).
 fn pin_threads(pid: Pid, cpus: &CpuSet) -> std::io::Result<()> {
-    for task in std::fs::read_dir(format!("/proc/{}/task", pid.as_raw_nonzero()))?.flatten() {
-        let tid = task.file_name().to_str().and_then(|t| t.parse().ok()).and_then(Pid::from_raw);
-        if let Some(tid) = tid {
+    for _ in 0..10 {
+        let mut changed = false;
+        for task in std::fs::read_dir(format!("/proc/{}/task", pid.as_raw_nonzero()))?.flatten() {
+            let tid = task.file_name().to_str().and_then(|t| t.parse().ok()).and_then(Pid::from_raw);
+            let Some(tid) = tid else { continue };
             // A thread that ended since the listing is no matter.
-            let _ = sched_setaffinity(Some(tid), cpus);
+            if sched_getaffinity(Some(tid)).is_ok_and(|now| now != *cpus) {
+                let _ = sched_setaffinity(Some(tid), cpus);
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
         }
     }
     Ok(())

@@ -202,7 +202,14 @@ impl Emulator {
                 );
             }
             last = rec.token.0;
-            handles[*winner].release(rec).await.unwrap();
+            let mut released = handles[*winner].release(rec).await;
+            for _ in 0..5 {
+                match &released {
+                    Err(err) if err.is_retryable() => released = handles[*winner].release(rec).await,
+                    _ => break,
+                }
+            }
+            released.unwrap_or_else(|err| panic!("round {round}: the release went unanswered in six tries: {err}"));
         }
     }
 }

@@ -592,6 +592,10 @@ fn torture(a: Args) -> Result<bool, String> {
         }
         if starved.as_ref().is_some_and(|(_, until)| Instant::now() >= *until) {
             starved = None;
+            // It ends now, which may be well after it was meant to (the loop sleeps first).
+            if let Some((_, to)) = starved_times.last_mut() {
+                *to = now_ns();
+            }
             append(&dir.join("faults"), &format!("{} server fed again", now_ns()));
         }
         // Thaw candidates whose freeze is over; heal their network.
@@ -735,7 +739,8 @@ fn torture(a: Args) -> Result<bool, String> {
             let lasts = a.ttl.mul_f64(1.2 + 1.3 * rng.f64());
             starved = Some((guard, Instant::now() + lasts));
             // Its requests take long: a takeover meanwhile may too.
-            starved_times.push((now_ns(), now_ns() + lasts.as_nanos() as u64));
+            // Until fed again (the end is set then; at the end of the round if never).
+            starved_times.push((now_ns(), u64::MAX));
             note(&mut faults, &dir, "server starved of CPU");
             continue;
         }
@@ -978,6 +983,11 @@ fn torture(a: Args) -> Result<bool, String> {
         c[i].resume();
     }
     drop(member_cut);
+    if starved.take().is_some()
+        && let Some((_, to)) = starved_times.last_mut()
+    {
+        *to = now_ns();
+    }
     let until = now_ns();
     for c in cands.iter_mut() {
         signal(&c.child, Signal::CONT);
