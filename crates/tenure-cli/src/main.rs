@@ -703,7 +703,10 @@ fn block_on(work: impl std::future::Future<Output = Result<i32>>) -> ExitCode {
     match rt.block_on(work) {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {
-            eprintln!("tenure: error: {}", error_chain(&e));
+            // Not eprintln!, which panics (exit 101) when standard error cannot be written
+            // either, e.g. both sent to a full disk: the exit code still says what happened.
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "tenure: error: {}", error_chain(&e));
             ExitCode::from(1)
         }
     }

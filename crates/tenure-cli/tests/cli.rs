@@ -460,6 +460,14 @@ fn a_hostile_record_is_shown_without_a_panic_or_a_control_character() {
         rusqlite::params![i64::MAX, b"\x1b]0;pwned\x07\x1b[31mred".to_vec()],
     )
     .unwrap();
+    // And beside it a row no build can read (its token is text): the list leaves that one
+    // out, not every election with it.
+    db.execute_batch(
+        "CREATE TEMP TABLE bad AS SELECT * FROM tenure_leases WHERE election = 'jobs/hostile';
+         UPDATE bad SET election = 'jobs/corrupt', token = 'abc';
+         INSERT INTO tenure_leases SELECT * FROM bad;",
+    )
+    .unwrap();
     let watch = env.cmd().args(["watch", "jobs/hostile"]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
     for args in [&["status", "jobs/hostile"][..], &["status", "jobs/hostile", "--json"], &["list"], &["list", "--json"]]
     {
@@ -472,6 +480,10 @@ fn a_hostile_record_is_shown_without_a_panic_or_a_control_character() {
         );
         assert!(stdout.contains("pwned"), "{args:?} shows what can be shown: {stdout}");
     }
+    // Neither output writable (both on a full disk): an error exit, not a panic's 101.
+    let full = || std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let out = env.cmd().args(["list"]).stdout(full()).stderr(full()).status().unwrap();
+    assert_eq!(out.code(), Some(1));
     std::thread::sleep(Duration::from_millis(300));
     signal(watch.id(), rustix::process::Signal::TERM);
     let watched = watch.wait_with_output().unwrap();

@@ -914,10 +914,16 @@ impl LeaseStore for RedisStore {
         names.dedup();
         let mut out = Vec::new();
         for n in names {
-            if let Ok(e) = ElectionName::new(&n)
-                && let Some(r) = self.get(&e).await?
-            {
-                out.push(r);
+            let Ok(e) = ElectionName::new(&n) else { continue };
+            match self.get(&e).await {
+                Ok(Some(r)) => out.push(r),
+                Ok(None) => {}
+                // A record this build cannot read (written by hand, or corrupted) is left
+                // out, not the whole list with it: `status` of that election says what is wrong.
+                Err(err) if err.kind() == ErrorKind::Misconfigured => {
+                    tracing::warn!(election = %e, "left out of the list: {err}");
+                }
+                Err(err) => return Err(err),
             }
         }
         Ok(out)

@@ -102,7 +102,11 @@ pub(crate) fn parse_sentinel_url(url: &str) -> Result<SentinelUrl, StoreError> {
         match pair.split_once('=') {
             Some(("db", v)) => db = v.parse().map_err(|_| bad(&format!("db={v:?} is not a number")))?,
             Some(("sentinel_password", v)) => sentinel_password = Some(v.to_string()),
-            _ => return Err(bad(&format!("unknown parameter {pair:?}"))),
+            // The name only: a value may be a password.
+            _ => {
+                let name = pair.split_once('=').map_or(pair, |(k, _)| k);
+                return Err(bad(&format!("unknown parameter {name:?} (known: db, sentinel_password)")));
+            }
         }
     }
     Ok(SentinelUrl { tls, sentinels, master: master.to_string(), username, password, sentinel_password, db })
@@ -325,6 +329,9 @@ mod tests {
         ] {
             assert_eq!(parse_sentinel_url(bad).err().map(|e| e.kind()), Some(ErrorKind::Invalid), "{bad}");
         }
+        // A misspelt password parameter is named, its value never shown.
+        let err = parse_sentinel_url("rediss+sentinel://h:1/m?Sentinel_Password=S3CRET").unwrap_err().to_string();
+        assert!(err.contains("\"Sentinel_Password\"") && !err.contains("S3CRET"), "{err}");
     }
 }
 

@@ -953,7 +953,20 @@ impl LeaseStore for SqliteStore {
                 "SELECT {COLUMNS} FROM tenure_leases
                  WHERE holder IS NOT NULL AND substr(election, 1, length(?1)) = ?1 ORDER BY election"
             ))?;
-            let rows = stmt.query_map([&prefix], Row::read)?.collect::<rusqlite::Result<Vec<_>>>()?;
+            let mut rows = Vec::new();
+            for row in stmt.query_map([&prefix], Row::read)? {
+                match row {
+                    Ok(r) => rows.push(r),
+                    // A row this build cannot read (written by hand, or corrupted) is left
+                    // out, not the whole list with it: `status` of it says what is wrong.
+                    Err(
+                        e @ (rusqlite::Error::InvalidColumnType(..)
+                        | rusqlite::Error::FromSqlConversionFailure(..)
+                        | rusqlite::Error::IntegralValueOutOfRange(..)),
+                    ) => tracing::warn!("a lease row left out of the list: {e}"),
+                    Err(e) => return Err(e),
+                }
+            }
             let now = Now { ns: monotonic_ns(), boot_id: &inner.boot_id };
             Ok(rows.iter().filter_map(|r| r.live(now)).collect())
         })
