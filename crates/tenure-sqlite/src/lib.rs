@@ -1121,7 +1121,7 @@ fn poll_changes(inner: &Arc<Inner>) {
                         }
                     },
                     Some(c) => match changed_since(&conn, c, &inner.boot_id) {
-                        Ok((changes, next)) => {
+                        Ok((Some(changes), next)) => {
                             cursor = Some(next);
                             // A follower waits here, not in transactions: what it has seen
                             // counts for noticing a rollback at its next grant.
@@ -1129,6 +1129,15 @@ fn poll_changes(inner: &Arc<Inner>) {
                             for ch in changes {
                                 inner.changes.publish(ch);
                             }
+                        }
+                        // Gone back: every watcher reads again. What was seen before stays
+                        // in `seq_seen` for the next transaction to notice the rollback
+                        // once; raising it to the old count again after that would have
+                        // every later transaction notice it anew (each leader then lost
+                        // its lease at its first renewal, until the count caught up).
+                        Ok((None, now)) => {
+                            cursor = Some(now);
+                            inner.changes.publish(Change::Everything);
                         }
                         Err(e) => {
                             version = None;
@@ -1545,7 +1554,13 @@ fn humantime_ms(d: Duration) -> String {
 }
 
 /// The rows changed after `cursor`, as changes for their watchers, and the new cursor.
-fn changed_since(conn: &Connection, cursor: i64, boot_id: &str) -> rusqlite::Result<(Vec<Change>, i64)> {
+fn changed_since(conn: &Connection, cursor: i64, boot_id: &str) -> rusqlite::Result<(Option<Vec<Change>>, i64)> {
+    // The count went down: the file went back to an earlier state (a backup restored into
+    // it). Counted from where it is now; what changed is unknown.
+    let now: i64 = conn.prepare_cached("SELECT n FROM tenure_seq")?.query_row([], |r| r.get(0))?;
+    if now < cursor && !crate_mutant("sqlite-watch-keeps-count") {
+        return Ok((None, now));
+    }
     let mut stmt = conn.prepare_cached(&CHANGED_SINCE)?;
     let rows = stmt
         .query_map([cursor], |r| Ok((Row::read(r)?, r.get::<_, i64>(11)?)))?
@@ -1553,7 +1568,7 @@ fn changed_since(conn: &Connection, cursor: i64, boot_id: &str) -> rusqlite::Res
     let now = Now { ns: monotonic_ns(), boot_id };
     let next = rows.last().map_or(cursor, |(_, seq)| *seq);
     let changes = rows.iter().map(|(row, _)| Change::now(row.election.as_str(), row.live(now)));
-    Ok((changes.collect(), next))
+    Ok((Some(changes.collect()), next))
 }
 
 /// Brings the database to the current schema version, in one transaction.
@@ -1861,32 +1876,40 @@ mod tests {
         let store = SqliteStore::open(&path).await.unwrap();
         let conn = connect(&path, &SqliteOptions::default()).unwrap();
         let boot = boot_id();
-        let (none, start) = changed_since(&conn, 0, &boot).unwrap();
+        let since = |cursor: i64| {
+            let (changes, next) = changed_since(&conn, cursor, &boot).unwrap();
+            (changes.expect("the count did not go down"), next)
+        };
+        let (none, start) = since(0);
         assert!(none.is_empty());
         let Acquire::Acquired(a) = store.try_acquire(&req("a", "x")).await.unwrap() else { panic!("a not won") };
         let Acquire::Acquired(b) = store.try_acquire(&req("b", "y")).await.unwrap() else { panic!("b not won") };
-        let (changes, cursor) = changed_since(&conn, start, &boot).unwrap();
+        let (changes, cursor) = since(start);
         let names: Vec<&str> = changes.iter().map(|c| parts(c).0).collect();
         assert_eq!(names, ["a", "b"]);
         let carried = parts(&changes[1]).1.unwrap().unwrap();
         assert_eq!((carried.holder.as_str(), carried.token), ("y", b.token));
         // A renewal of b (three rows in one batch would be three changes) concerns b only.
         let Renew::Renewed(b2) = store.renew(&b, Duration::from_secs(30)).await.unwrap() else { panic!("b lost") };
-        let (changes, cursor) = changed_since(&conn, cursor, &boot).unwrap();
+        let (changes, cursor) = since(cursor);
         assert_eq!(changes.len(), 1);
         assert_eq!(parts(&changes[0]).1.unwrap().unwrap().revision, b2.revision);
         // A release is told as "no record".
         store.release(&a).await.unwrap();
-        let (changes, cursor) = changed_since(&conn, cursor, &boot).unwrap();
+        let (changes, cursor) = since(cursor);
         assert_eq!((parts(&changes[0]).0, changes.len()), ("a", 1));
         assert!(parts(&changes[0]).1.unwrap().is_none());
-        let (none, cursor) = changed_since(&conn, cursor, &boot).unwrap();
+        let (none, cursor) = since(cursor);
         assert!(none.is_empty());
         // A new grant after the release (the row is replaced) is told too.
         let Acquire::Acquired(a2) = store.try_acquire(&req("a", "z")).await.unwrap() else { panic!("a not won") };
-        let (changes, _) = changed_since(&conn, cursor, &boot).unwrap();
+        let (changes, _) = since(cursor);
         assert_eq!(changes.len(), 1, "{:?}", changes.iter().map(|c| parts(c).0).collect::<Vec<_>>());
         assert_eq!(parts(&changes[0]).1.unwrap().unwrap().token, a2.token);
+        // A cursor past the count (the file went back): no changes to tell, and the count
+        // as it is now.
+        let (gone_back, now) = changed_since(&conn, i64::MAX, &boot).unwrap();
+        assert!(gone_back.is_none() && now < i64::MAX);
     }
 
     #[test]
@@ -2064,7 +2087,7 @@ mod tests {
         let conn = connect(&path, &SqliteOptions::default()).unwrap();
         store.release(&held).await.unwrap();
         let (changes, _) = changed_since(&conn, 0, &boot_id()).unwrap();
-        assert_eq!(changes.len(), 1);
+        assert_eq!(changes.map(|c| c.len()), Some(1));
         let Acquire::Acquired(next) = store.try_acquire(&req("a", "new")).await.unwrap() else { panic!("not won") };
         assert!(next.token > FencingToken(7), "{:?}", next.token);
     }

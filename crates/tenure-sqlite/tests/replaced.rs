@@ -386,3 +386,56 @@ async fn a_backup_restored_into_the_file_brings_back_no_ended_term_and_no_old_to
         lb.token
     );
 }
+
+/// After a backup restored in place is noticed, leadership settles: a follower whose watch
+/// had counted past the restored file must not notice the same rollback again at every
+/// later transaction (each leader then lost its lease at its first renewal, over and
+/// over, until the count caught up with the old one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_is_noticed_once_and_the_next_leader_renews_on() {
+    use tenure::store::{Acquire, AcquireRequest, Renew};
+    let ttl = Duration::from_millis(600);
+    let election = tenure::ElectionName::new("jobs/report").unwrap();
+    let req = |h: &str| AcquireRequest::new(election.clone(), tenure::HolderId::new(h).unwrap(), ttl);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let a = SqliteStore::open(&path).await.unwrap();
+    let b = SqliteStore::open(&path).await.unwrap();
+    // b follows through its watch, as a candidate that does not lead does.
+    let _watching = b.watch(&election).expect("SQLite tells of changes");
+    let Acquire::Acquired(mut la) = a.try_acquire(&req("a")).await.unwrap() else { panic!("a was not elected") };
+    assert!(matches!(b.try_acquire(&req("b")).await.unwrap(), Acquire::Held(_)));
+    let backup = dir.path().join("backup.db");
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute("VACUUM INTO ?1", [backup.display().to_string()]).unwrap();
+    // Many writes after the backup, which b's watch reads.
+    for _ in 0..20 {
+        let Renew::Renewed(next) = a.renew(&la, ttl).await.unwrap() else { panic!("a lost its lease") };
+        la = next;
+    }
+    a.release(&la).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    conn.execute("ATTACH ?1 AS bk", [backup.display().to_string()]).unwrap();
+    conn.execute_batch(
+        "BEGIN IMMEDIATE; DELETE FROM tenure_leases; INSERT INTO tenure_leases SELECT * FROM bk.tenure_leases;
+         DELETE FROM tenure_seq; INSERT INTO tenure_seq SELECT * FROM bk.tenure_seq; COMMIT;",
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // b is elected once the rollback's pause is over, and then renews on, every TTL/3.
+    let t0 = Instant::now();
+    let mut lb = loop {
+        if let Ok(Acquire::Acquired(l)) = b.try_acquire(&req("b")).await {
+            break l;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "b was not elected within 10 s of the restore");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    for i in 0..6 {
+        tokio::time::sleep(ttl / 3).await;
+        match b.renew(&lb, ttl).await {
+            Ok(Renew::Renewed(next)) => lb = next,
+            other => panic!("renewal {i} after the restore: {other:?}"),
+        }
+    }
+}
