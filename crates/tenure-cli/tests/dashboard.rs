@@ -215,7 +215,10 @@ fn the_dashboard_shows_a_change_of_leader_live() {
     let shows = |c: &String, name: &str, token: u64| {
         c.contains(&format!(": {name}.")) && c.ends_with(&format!(" (token {token})"))
     };
-    assert!(changes.first().is_some_and(|c| shows(c, "alpha", alpha_token)), "{changes:?}");
+    // alpha's first term, and the one the page showed (a renewal that found no answer in
+    // time on a busy machine can end a term, and alpha is then elected again).
+    assert!(changes.first().is_some_and(|c| c.contains(": alpha.")), "{changes:?}");
+    assert!(changes.iter().any(|c| shows(c, "alpha", alpha_token)), "{changes:?}");
     assert!(changes.last().is_some_and(|c| shows(c, "gamma", gamma_token)), "{changes:?}");
 
     // A screenshot of the page as it stands (docs/dashboard.png comes from this).

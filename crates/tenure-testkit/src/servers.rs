@@ -1136,6 +1136,43 @@ impl Drop for Starved {
     }
 }
 
+/// A process stalled in bursts by [`stutter`], until this is dropped.
+pub struct Stuttering {
+    pid: Pid,
+    stop: Arc<AtomicBool>,
+    stopper: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Stalls process `pid` over and over, as a host whose CPU is given to others does: it is
+/// stopped (SIGSTOP) for 5 ms, then runs for 0.2 to 3 ms, so that it is cut off in the
+/// middle of whatever it does, at random places. Unlike [`starve`], it costs the machine
+/// no CPU, for faults that last long beside other work.
+pub fn stutter(pid: u32) -> std::io::Result<Stuttering> {
+    let pid = Pid::from_raw(pid as i32).ok_or_else(|| std::io::Error::other("process id 0"))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopping = stop.clone();
+    let stopper = std::thread::spawn(move || {
+        let mut rng = fastrand::Rng::new();
+        while !stopping.load(Ordering::Relaxed) {
+            let _ = rustix::process::kill_process(pid, Signal::STOP);
+            std::thread::sleep(Duration::from_millis(5));
+            let _ = rustix::process::kill_process(pid, Signal::CONT);
+            std::thread::sleep(Duration::from_micros(rng.u64(200..3000)));
+        }
+    });
+    Ok(Stuttering { pid, stop, stopper: Some(stopper) })
+}
+
+impl Drop for Stuttering {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.stopper.take() {
+            let _ = t.join();
+        }
+        let _ = rustix::process::kill_process(self.pid, Signal::CONT);
+    }
+}
+
 /// Sends one command to the Redis server (or sentinel) on `port` and returns its reply in
 /// RESP form, or `None` if it does not answer within 2 s.
 pub fn redis_command(port: u16, args: &[&str]) -> Option<String> {

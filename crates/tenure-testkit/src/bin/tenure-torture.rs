@@ -572,9 +572,9 @@ fn torture(a: Args) -> Result<bool, String> {
     // it is thawed, it wakes alone for a moment (the others paused), so that, were it the
     // leader, it answers keep-alives from a stale copy of its leases, and then all run.
     let mut member_cut: Option<servers::PeerCut> = None;
-    // The server starved of CPU (see `servers::starve`), and until when; and every
+    // The server stalled in bursts (see `servers::stutter`), and until when; and every
     // stretch of time it was (ns), in which no takeover is judged.
-    let mut starved: Option<(servers::Starved, Instant)> = None;
+    let mut starved: Option<(servers::Stuttering, Instant)> = None;
     let mut starved_times: Vec<(u64, u64)> = Vec::new();
     // Candidates that exited without being stopped (tenure run must campaign on).
     let mut gave_up = 0usize;
@@ -726,7 +726,7 @@ fn torture(a: Args) -> Result<bool, String> {
             continue;
         }
         // The emulators, whose conditional writes are what keeps two candidates from
-        // one grant: now and then the server is starved of CPU, preempted in the midst
+        // one grant: now and then the server is stalled in bursts, cut off in the midst
         // of its requests, for longer than the TTL. Grants slow down; none may be given
         // twice. (Under a loaded CI machine moto once granted one vacancy twice this way.)
         if let Some(s) = server.as_ref()
@@ -735,13 +735,15 @@ fn torture(a: Args) -> Result<bool, String> {
             && rng.usize(0..5) == 0
         {
             let pid = s.pid().ok_or("the server does not run")?;
-            let guard = servers::starve(pid).map_err(|e| format!("cannot starve the server: {e}"))?;
+            // Stalled in bursts (SIGSTOP), which takes no CPU from the rest of the machine;
+            // the emulators' own tests pin them beside busy loops instead.
+            let guard = servers::stutter(pid).map_err(|e| format!("cannot stall the server: {e}"))?;
             let lasts = a.ttl.mul_f64(1.2 + 1.3 * rng.f64());
             starved = Some((guard, Instant::now() + lasts));
             // Its requests take long: a takeover meanwhile may too.
             // Until fed again (the end is set then; at the end of the round if never).
             starved_times.push((now_ns(), u64::MAX));
-            note(&mut faults, &dir, "server starved of CPU");
+            note(&mut faults, &dir, "server stalled in bursts");
             continue;
         }
         // Redis: now and then a snapshot, which a later restart may bring back.
@@ -1057,7 +1059,7 @@ fn torture(a: Args) -> Result<bool, String> {
     // further restart, a refusal of writes or a follower killed (it may have just won)
     // within the bound gave the candidates no fair chance and is not judged (the
     // refusal's end is judged on its own); nor is a stop whose bound overlaps a time the
-    // server was starved of CPU (safety, I1-I3, is judged throughout).
+    // server was stalled (safety, I1-I3, is judged throughout).
     let before = records.len();
     records.retain(|r| match r {
         Record::Stop { at, .. } | Record::Recovered { at, .. } => {
