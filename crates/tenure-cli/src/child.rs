@@ -92,6 +92,17 @@ fn passed_stop_at(path: &Path, now: u64) -> Option<u64> {
     }
 }
 
+/// Why [`passed_stop_at`] said stop, for the log: a deadline that passed, or a deadline
+/// file that could not be believed (and what was wrong with it), which is not the same
+/// fault and is fixed elsewhere.
+fn stop_cause(path: &Path) -> String {
+    match read_private(path) {
+        Ok(s) if parse_stop_at(&s).is_some() => "the lease was not renewed in time".to_string(),
+        Ok(_) => format!("the deadline file {} holds no deadline that tenure wrote", path.display()),
+        Err(e) => format!("the deadline file cannot be believed ({e})"),
+    }
+}
+
 /// When the grace period of a stop asked for now begins: now, or the instant stopping
 /// was due if that has passed.
 fn stop_due(deadline_file: &Path) -> u64 {
@@ -156,8 +167,17 @@ pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 fn read_private(path: &Path) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    let mut f =
-        std::fs::OpenOptions::new().read(true).custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32).open(path)?;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(code) if code == rustix::io::Errno::LOOP.raw_os_error() => std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!("{} is a symbolic link, not a file tenure wrote", path.display()),
+            ),
+            _ => e,
+        })?;
     let meta = f.metadata()?;
     let own = meta.uid() == rustix::process::geteuid().as_raw() && meta.mode() & 0o022 == 0;
     if !own && !mutant("deadline-file-trusted") {
@@ -235,6 +255,92 @@ fn remove_deadline_dir(deadline_file: &Path) {
     {
         let _ = std::fs::remove_dir_all(dir);
     }
+}
+
+/// The directory of this process's cgroup (version 2), under the cgroup2 mount; `None`
+/// where there is none.
+fn own_cgroup() -> Option<PathBuf> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path = own.lines().find_map(|l| l.strip_prefix("0::"))?.to_string();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mounts.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        if right.split_whitespace().next() != Some("cgroup2") {
+            return None;
+        }
+        // Fields 4 and 5: the mount's root within the hierarchy, and where it is mounted.
+        let mut fields = left.split_whitespace().skip(3);
+        let (root, point) = (fields.next()?, fields.next()?);
+        let inside = if root == "/" { path.as_str() } else { path.strip_prefix(root)? };
+        Some(PathBuf::from(point).join(inside.trim_start_matches('/')))
+    })
+}
+
+/// The cgroup a term's command runs in, where the host lets tenure's user make one (root,
+/// a container's own cgroup, a delegated systemd unit): a child of tenure's own cgroup,
+/// named after the supervisor's directory. The kernel keeps every process the command
+/// starts in it whatever it does (a new session, a double fork, a chain of forks faster
+/// than any look over `/proc`), and `cgroup.kill` kills them all at once.
+///
+/// Not with `TENURE_CGROUP=off`, and not inside a systemd unit that was not given its
+/// cgroup's subtree (`Delegate=yes`): systemd alone manages such a unit's cgroup, and
+/// stopping the unit stops every process in it anyway.
+fn command_cgroup(deadline_file: &Path) -> Option<PathBuf> {
+    let name = deadline_file.parent()?.file_name()?.to_str()?;
+    name.starts_with("tenure-run-").then_some(())?;
+    if std::env::var_os(CGROUP_ENV).is_some_and(|v| v == "off") {
+        return None;
+    }
+    let own = own_cgroup()?;
+    let in_unit = own.components().any(|c| {
+        let c = c.as_os_str().to_string_lossy();
+        c.ends_with(".service") || c.ends_with(".scope")
+    });
+    let delegated = || {
+        ["trusted.delegate", "user.delegate"].iter().any(|x| {
+            let mut buf = [0u8; 8];
+            rustix::fs::getxattr(&own, *x, &mut buf).is_ok_and(|n| buf[..n].starts_with(b"1"))
+        })
+    };
+    if in_unit && !delegated() {
+        return None;
+    }
+    Some(own.join(name))
+}
+
+/// The environment variable that turns the command's cgroup off (`TENURE_CGROUP=off`).
+pub const CGROUP_ENV: &str = "TENURE_CGROUP";
+
+/// Runs `spawn` (which starts the command) inside the command's cgroup, made for it, so
+/// that the command starts there; the supervisor then goes back to its own. Returns what
+/// `spawn` did, and the cgroup when the supervisor may kill it whole (it is back in its
+/// own). Where no cgroup can be made or entered, `spawn` runs where the supervisor is,
+/// and the command is followed through `/proc` alone.
+fn spawn_in_cgroup<R>(cg: Option<&Path>, spawn: impl FnOnce() -> R) -> (R, Option<PathBuf>) {
+    let (Some(home), Some(cg)) = (own_cgroup(), cg) else { return (spawn(), None) };
+    if std::fs::create_dir(cg).is_err() {
+        return (spawn(), None);
+    }
+    if std::fs::write(cg.join("cgroup.procs"), b"0").is_err() {
+        let _ = std::fs::remove_dir(cg);
+        return (spawn(), None);
+    }
+    let spawned = spawn();
+    match std::fs::write(home.join("cgroup.procs"), b"0") {
+        Ok(()) => (spawned, Some(cg.to_path_buf())),
+        Err(e) => {
+            // Left in it, the supervisor is killed with the command by the guard, which
+            // kills it anyway when it must act; the supervisor itself signals the tree.
+            eprintln!("tenure: cannot leave the command's cgroup {}: {e}", cg.display());
+            (spawned, None)
+        }
+    }
+}
+
+/// The processes in cgroup `cg` (none if it is gone).
+fn cgroup_members(cg: &Path) -> Vec<Pid> {
+    let procs = std::fs::read_to_string(cg.join("cgroup.procs")).unwrap_or_default();
+    procs.lines().filter_map(|l| l.trim().parse().ok()).filter_map(Pid::from_raw).collect()
 }
 
 /// Every live descendant of `root`, found through `/proc` (parents before children).
@@ -387,9 +493,15 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, stan
         eprintln!("tenure: cannot start the command: {e}");
         return 125;
     }
-    let command = match command.spawn() {
+    // Named before the supervisor enters it: from inside, its own cgroup is that one.
+    let made = command_cgroup(deadline_file);
+    let (spawned, cgroup) = spawn_in_cgroup(made.as_deref(), || command.spawn());
+    let command = match spawned {
         Ok(c) => c.id() as i32,
         Err(e) => {
+            if let Some(cg) = &made {
+                let _ = std::fs::remove_dir(cg);
+            }
             eprintln!("tenure: cannot start {program:?}: {e}");
             return if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
         }
@@ -416,6 +528,10 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, stan
                 }
                 Ok(None) => break,
                 Err(rustix::io::Errno::CHILD) => {
+                    // Nothing of the command is left: its cgroup, if it had one, is empty.
+                    if let Some(cg) = &made {
+                        let _ = std::fs::remove_dir(cg);
+                    }
                     if parent_gone {
                         // `tenure run` cannot clean up after itself: its directory goes too.
                         remove_deadline_dir(deadline_file);
@@ -441,7 +557,7 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, stan
             // so that it reads the exit as a stop, not a finish. The grace period counts
             // from the instant stopping was due, not from now.
             let _ = write_private(&stopped_marker(deadline_file), b"");
-            eprintln!("tenure: the lease was not renewed in time; stopping the command");
+            eprintln!("tenure: {}; stopping the command", stop_cause(deadline_file));
             signal_tree(me, Signal::TERM);
             phase = Phase::Terminating(at);
         }
@@ -456,6 +572,10 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, stan
             phase = Phase::Killing;
         }
         if phase == Phase::Killing {
+            // The cgroup too: a chain of forks can keep ahead of a look over /proc.
+            if let Some(cg) = &cgroup {
+                let _ = std::fs::write(cg.join("cgroup.kill"), b"1");
+            }
             signal_tree(me, Signal::KILL);
         }
         tokio::select! {
@@ -517,8 +637,15 @@ pub fn guard(parent: i32, supervisor: i32, deadline_file: &Path, grace: Duration
         return 0;
     }
     let mut round: u32 = 0;
+    // The command's cgroup, once the supervisor made it (see `command_cgroup`).
+    let cgroup_path = command_cgroup(deadline_file);
+    let mut cgroup: Option<PathBuf> = None;
     loop {
         let now = boottime_ns();
+        if cgroup.is_none() && !mutant("guard-ignores-cgroup") {
+            cgroup = cgroup_path.clone().filter(|cg| cg.is_dir());
+        }
+        let in_cgroup = || cgroup.as_deref().map(cgroup_members).unwrap_or_default();
         // The tree is looked over every REMEMBER_EVERY, not at every check: a look reads
         // all of /proc, and the guard should cost next to nothing while all is well.
         // Every check for a while after the deadline first appears (the command has just
@@ -571,6 +698,7 @@ pub fn guard(parent: i32, supervisor: i32, deadline_file: &Path, grace: Duration
                 Some(stop_at) if now >= stop_at.saturating_add(late) => {
                     let mut tree: Vec<Pid> = descendants(parent_pid).into_iter().filter(|p| *p != me).collect();
                     tree.extend(remembered());
+                    tree.extend(in_cgroup());
                     tree
                 }
                 _ => Vec::new(),
@@ -584,11 +712,15 @@ pub fn guard(parent: i32, supervisor: i32, deadline_file: &Path, grace: Duration
             if !mutant("guard-forgets-orphans") {
                 tree.extend(remembered());
             }
+            tree.extend(in_cgroup());
             tree.sort_by_key(|p| p.as_raw_pid());
             tree.dedup();
             // Killed already, and left unreaped by whoever they were re-parented to.
             tree.retain(|p| !finished(*p));
             if tree.is_empty() {
+                if let Some(cg) = &cgroup {
+                    let _ = std::fs::remove_dir(cg);
+                }
                 return 0;
             }
             if now < gone_at.saturating_add(STOP_SLACK.as_nanos() as u64) { Vec::new() } else { tree }
@@ -600,6 +732,11 @@ pub fn guard(parent: i32, supervisor: i32, deadline_file: &Path, grace: Duration
                     "tenure: neither tenure nor the command's supervisor stopped the command in time; killing its {} process(es)",
                     tree.len()
                 );
+            }
+            // The cgroup first: the kernel kills every process in it at once, a chain of
+            // forks included, which one signal a process cannot outrun.
+            if let Some(cg) = &cgroup {
+                let _ = std::fs::write(cg.join("cgroup.kill"), b"1");
             }
             for p in tree {
                 let _ = rustix::process::kill_process(p, Signal::KILL);
@@ -1048,6 +1185,15 @@ impl Supervised {
     async fn sweep_then_end_guard(&mut self) {
         let guard = self.guard.as_ref().and_then(|g| g.id()).and_then(|p| Pid::from_raw(p as i32));
         sweep_orphans(guard);
+        // The command's cgroup, which a killed supervisor left: whatever is still in it
+        // (outside this tree: it moved itself out) goes, then the cgroup.
+        if let Some(cg) = command_cgroup(&self.deadline_file).filter(|cg| cg.is_dir()) {
+            let _ = std::fs::write(cg.join("cgroup.kill"), b"1");
+            let t0 = std::time::Instant::now();
+            while std::fs::remove_dir(&cg).is_err() && cg.is_dir() && t0.elapsed() < STOP_SLACK {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
         self.end_guard().await;
     }
 

@@ -15,12 +15,12 @@ use tenure::LeaseStore;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::http::{Get, read_get, respond};
+use crate::http::{Get, respond};
 
 /// Most pages following the live view at once: each costs a store read every
 /// [`REFRESH`], and together they leave room under [`crate::http::MAX_CONNECTIONS`] for
 /// everything else.
-const MAX_EVENT_STREAMS: usize = crate::http::MAX_CONNECTIONS / 2;
+const MAX_EVENT_STREAMS: usize = 32;
 
 const PAGE: &str = include_str!("dashboard.html");
 
@@ -33,13 +33,39 @@ const HISTORY: usize = 50;
 /// How often the candidates of each election are counted (one store read each).
 const CANDIDATES_EVERY: u32 = 8;
 
+/// Most bytes of an election's metadata the page is sent; the rest is cut off, and the
+/// whole length given (`metadata_bytes`). A record of many megabytes would otherwise be
+/// sent to every open page four times a second.
+const MAX_METADATA_SHOWN: usize = 4096;
+
 /// What the dashboard has seen of the store: the latest snapshot the pages get, and per
 /// election the changes of leader since this server started.
 #[derive(Default)]
 struct Board {
-    /// The latest snapshot, as the pages get it (`None` before the first read).
-    snapshot: Option<Value>,
+    /// The latest snapshot, as the pages get it (`None` before the first read): made
+    /// once per read of the store and shared by every page, whatever their number.
+    snapshot: Option<Arc<str>>,
+    /// Counts the snapshots that differ in more than their countdowns: a live view sends
+    /// when it moves on.
+    version: u64,
+    /// The last snapshot without its countdowns (see [`strip_countdowns`]).
+    key: String,
+    /// Whether the snapshot is an error (the store could not be read).
+    failed: bool,
     tracks: std::collections::BTreeMap<String, Track>,
+}
+
+impl Board {
+    /// Makes `v` the snapshot the pages get.
+    fn publish(&mut self, v: &Value) {
+        let key = strip_countdowns(v);
+        if key != self.key {
+            self.key = key;
+            self.version += 1;
+        }
+        self.failed = v.get("error").is_some();
+        self.snapshot = Some(Arc::from(v.to_string()));
+    }
 }
 
 #[derive(Default)]
@@ -71,7 +97,7 @@ async fn watch_store(store: Arc<dyn LeaseStore>, prefix: Arc<String>, board: Arc
         let mut recs = match read {
             Ok(r) => r,
             Err(e) => {
-                board.lock().unwrap_or_else(|p| p.into_inner()).snapshot = Some(json!({ "error": format!("{e:#}") }));
+                board.lock().unwrap_or_else(|p| p.into_inner()).publish(&json!({ "error": format!("{e:#}") }));
                 tokio::time::sleep(REFRESH).await;
                 continue;
             }
@@ -99,7 +125,7 @@ fn record(
     now_ms: u64,
 ) {
     {
-        let Board { snapshot, tracks } = board;
+        let tracks = &mut board.tracks;
         let mut seen = std::collections::BTreeSet::new();
         for r in recs {
             let name = r.election.as_str().to_string();
@@ -134,19 +160,27 @@ fn record(
                 if let (Some(r), Some(leader)) = (rec, v["leader"].as_object_mut()) {
                     leader.insert("ttl_ms".into(), json!(r.ttl.as_millis() as u64));
                     leader.insert("late".into(), json!(late(r)));
+                    if r.metadata.len() > MAX_METADATA_SHOWN {
+                        let cut = String::from_utf8_lossy(&r.metadata[..MAX_METADATA_SHOWN]).into_owned();
+                        leader.insert("metadata".into(), json!(cut + "…"));
+                        leader.insert("metadata_bytes".into(), json!(r.metadata.len()));
+                    }
                 }
                 v["candidates"] = json!(t.candidates);
                 v["history"] = Value::Array(t.history.iter().cloned().collect());
                 v
             })
             .collect();
-        *snapshot = Some(json!({ "elections": all }));
+        let all = json!({ "elections": all });
+        board.publish(&all);
     }
 }
 
-/// The board's latest snapshot; `None` before the store was first read.
-fn latest(board: &std::sync::Mutex<Board>) -> Option<Value> {
-    board.lock().unwrap_or_else(|p| p.into_inner()).snapshot.clone()
+/// The board's latest snapshot, its version and whether it is an error; `None` before
+/// the store was first read.
+fn latest(board: &std::sync::Mutex<Board>) -> Option<(Arc<str>, u64, bool)> {
+    let b = board.lock().unwrap_or_else(|p| p.into_inner());
+    b.snapshot.clone().map(|s| (s, b.version, b.failed))
 }
 
 /// Serves the page until SIGINT or SIGTERM.
@@ -159,10 +193,10 @@ pub async fn dashboard(store: Arc<dyn LeaseStore>, addr: SocketAddr, prefix: Str
     let board = Arc::new(std::sync::Mutex::new(Board::default()));
     tokio::spawn(watch_store(store, prefix, board.clone()));
     let streams = Arc::new(tokio::sync::Semaphore::new(MAX_EVENT_STREAMS));
-    let serve = crate::http::accept_loop(listener, move |conn| {
+    let serve = crate::http::accept_loop(listener, move |conn, get| {
         let (board, streams) = (board.clone(), streams.clone());
         async move {
-            let _ = serve_one(conn, &board, bound, &streams).await;
+            let _ = serve_one(conn, get, &board, bound, &streams).await;
         }
     });
     tokio::select! {
@@ -191,11 +225,11 @@ fn host_allowed(host: Option<&str>, bound: SocketAddr) -> bool {
 
 async fn serve_one(
     mut conn: TcpStream,
+    Get { path, host, .. }: Get,
     board: &std::sync::Mutex<Board>,
     bound: SocketAddr,
     streams: &Arc<tokio::sync::Semaphore>,
 ) -> std::io::Result<()> {
-    let Some(Get { path, host, .. }) = read_get(&mut conn).await? else { return Ok(()) };
     if !host_allowed(host.as_deref(), bound) {
         return respond(&mut conn, 403, "text/plain", "the Host header must name this address\n").await;
     }
@@ -210,10 +244,8 @@ async fn serve_one(
         match path.as_str() {
             "/" => respond(&mut conn, 200, "text/html; charset=utf-8", PAGE).await,
             "/api/elections" => match latest(board) {
-                Some(v) if v.get("error").is_none() => {
-                    respond(&mut conn, 200, "application/json", &(v.to_string() + "\n")).await
-                }
-                Some(v) => respond(&mut conn, 503, "application/json", &(v.to_string() + "\n")).await,
+                Some((v, _, false)) => respond(&mut conn, 200, "application/json", &format!("{v}\n")).await,
+                Some((v, _, true)) => respond(&mut conn, 503, "application/json", &format!("{v}\n")).await,
                 None => {
                     let e = json!({ "error": "the store has not been read yet" });
                     respond(&mut conn, 503, "application/json", &(e.to_string() + "\n")).await
@@ -232,18 +264,19 @@ async fn events(conn: &mut TcpStream, board: &std::sync::Mutex<Board>) -> std::i
         b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n",
     )
     .await?;
-    let mut last = String::new();
+    let mut last = None;
     let mut quiet = Duration::ZERO;
     loop {
-        let Some(data) = latest(board).map(|v| v.to_string()) else {
+        let Some((data, version, _)) = latest(board) else {
             tokio::time::sleep(REFRESH).await;
             continue;
         };
         // Countdowns move on every read: send when who leads changes, else now and then.
-        let key = strip_countdowns(&data);
-        if key != last || quiet >= Duration::from_secs(2) {
-            conn.write_all(format!("data: {data}\n\n").as_bytes()).await?;
-            last = key;
+        if last != Some(version) || quiet >= Duration::from_secs(2) {
+            conn.write_all(b"data: ").await?;
+            conn.write_all(data.as_bytes()).await?;
+            conn.write_all(b"\n\n").await?;
+            last = Some(version);
             quiet = Duration::ZERO;
         }
         tokio::time::sleep(REFRESH).await;
@@ -252,8 +285,8 @@ async fn events(conn: &mut TcpStream, board: &std::sync::Mutex<Board>) -> std::i
 }
 
 /// The snapshot without its time-dependent fields, to tell real changes apart.
-fn strip_countdowns(data: &str) -> String {
-    let Ok(mut v) = serde_json::from_str::<Value>(data) else { return data.to_string() };
+fn strip_countdowns(v: &Value) -> String {
+    let mut v = v.clone();
     if let Some(all) = v["elections"].as_array_mut() {
         for e in all {
             if let Some(l) = e["leader"].as_object_mut() {

@@ -294,7 +294,7 @@ fn report(id: &str, topic: &str, outcome: Result<tenure_gossip::Outcome, GossipE
         );
     }
     if json {
-        println!("{}", serde_json::to_string(&outcome)?);
+        println!("{}", crate::inspect::json_line(&serde_json::to_value(&outcome)?));
     } else {
         let winner = outcome.winner.as_deref().unwrap_or("-");
         let repeat = if outcome.repeat { " (decided before; not run again)" } else { "" };
@@ -314,7 +314,7 @@ pub async fn members(broker: &str, group: &str, wait: Duration, json: bool) -> R
     let client = Client::connect(transport).await?;
     let members = client.members(wait).await?;
     if json {
-        println!("{}", serde_json::to_string(&members)?);
+        println!("{}", crate::inspect::json_line(&serde_json::to_value(&members)?));
     } else if members.is_empty() {
         println!("no live workers in group {group}");
     } else {

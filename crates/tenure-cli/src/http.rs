@@ -52,19 +52,29 @@ pub async fn serve(
     tracing::info!(%bound, "serving /metrics, /healthz, /leader and /is-leader");
     let long_polls = Arc::new(tokio::sync::Semaphore::new(MAX_LONG_POLLS));
     let state = Arc::new(State { metrics, elector, store, long_polls });
-    tokio::spawn(accept_loop(listener, move |conn| {
+    tokio::spawn(accept_loop(listener, move |conn, get| {
         let state = state.clone();
         async move {
-            let _ = tokio::time::timeout(ANSWER_TIMEOUT + MAX_WAIT, answer(conn, &state)).await;
+            let _ = tokio::time::timeout(ANSWER_TIMEOUT + MAX_WAIT, answer(conn, get, &state)).await;
         }
     }));
     Ok(bound)
 }
 
-/// Most connections an `--http` address serves at once. Beyond it, new ones wait in the
-/// kernel's queue and cost this process no descriptor, so that a flood of connections
+/// Most connections an `--http` address holds open at once. Beyond it, new ones wait in
+/// the kernel's queue and cost this process no descriptor, so that a flood of connections
 /// cannot take the descriptors that renewing the lease and stopping the command need.
-pub const MAX_CONNECTIONS: usize = 64;
+pub const MAX_CONNECTIONS: usize = 128;
+
+/// Most connections whose request head is still awaited. One more is made room for by
+/// closing the one that has waited longest, once it has had [`MIN_READING`]: idle
+/// connections cannot keep a probe that sends its request at once waiting in the kernel's
+/// queue behind them.
+pub const MAX_READING: usize = 64;
+
+/// How long a connection is given for its request's head before it may be closed to make
+/// room: a client across a network sends it within a round trip.
+pub const MIN_READING: Duration = Duration::from_millis(100);
 
 /// Longest a client may take to send its request's head.
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
@@ -80,27 +90,75 @@ pub const MAX_WAIT: Duration = Duration::from_secs(60);
 /// scrapes. A long poll beyond it is answered at once.
 pub const MAX_LONG_POLLS: usize = 48;
 
-/// Accepts connections on `listener` for ever, at most [`MAX_CONNECTIONS`] at once, each
-/// served by `serve` in a task of its own. When accepting fails (no descriptor left), it
+/// The connections whose request head is awaited, oldest first, each with the means to
+/// close it.
+#[derive(Default)]
+struct Reading {
+    next: u64,
+    queue: std::collections::VecDeque<(u64, tokio::time::Instant, tokio::sync::oneshot::Sender<()>)>,
+}
+
+/// Accepts connections on `listener` for ever, at most [`MAX_CONNECTIONS`] at once. Each
+/// one's request head is read in a task of its own, within [`HEAD_TIMEOUT`] and while it
+/// is among the [`MAX_READING`] newest still awaited; a GET is then handed to `serve`, and
+/// anything else answered with an error. When accepting fails (no descriptor left), it
 /// waits before trying again, longer each time up to a second, instead of spinning.
 pub async fn accept_loop<F, Fut>(listener: TcpListener, serve: F)
 where
-    F: Fn(TcpStream) -> Fut,
+    F: Fn(TcpStream, Get) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let cap = if crate::child::mutant("http-uncapped") { tokio::sync::Semaphore::MAX_PERMITS } else { MAX_CONNECTIONS };
-    let permits = Arc::new(tokio::sync::Semaphore::new(cap));
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let reading = Arc::new(std::sync::Mutex::new(Reading::default()));
+    let serve = Arc::new(serve);
     let mut pause = Duration::from_millis(10);
     loop {
         let Ok(permit) = permits.clone().acquire_owned().await else { return };
         match listener.accept().await {
-            Ok((conn, _)) => {
+            Ok((mut conn, _)) => {
                 pause = Duration::from_millis(10);
-                let served = serve(conn);
+                let (close, closed) = tokio::sync::oneshot::channel();
+                let id = {
+                    let mut r = reading.lock().unwrap_or_else(|p| p.into_inner());
+                    r.next += 1;
+                    let id = r.next;
+                    r.queue.push_back((id, tokio::time::Instant::now(), close));
+                    id
+                };
+                let (waiting, serve) = (reading.clone(), serve.clone());
                 tokio::spawn(async move {
-                    served.await;
+                    // A head that has come is read even when the connection was just
+                    // picked to close.
+                    let head = tokio::select! {
+                        biased;
+                        head = tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut conn)) => head.ok(),
+                        _ = closed => None,
+                    };
+                    waiting.lock().unwrap_or_else(|p| p.into_inner()).queue.retain(|(i, ..)| *i != id);
+                    if let Some(Ok(Some(get))) = head {
+                        serve(conn, get).await;
+                    }
                     drop(permit);
                 });
+                // Room is made by closing the longest waiting, once it has had its time;
+                // until then, new connections wait in the kernel's queue.
+                while !crate::child::mutant("http-idle-kept") {
+                    let wait = {
+                        let mut r = reading.lock().unwrap_or_else(|p| p.into_inner());
+                        if r.queue.len() <= MAX_READING {
+                            break;
+                        }
+                        let since = r.queue.front().map_or(MIN_READING, |(_, at, _)| at.elapsed());
+                        if since >= MIN_READING {
+                            if let Some((_, _, oldest)) = r.queue.pop_front() {
+                                let _ = oldest.send(());
+                            }
+                            continue;
+                        }
+                        MIN_READING - since
+                    };
+                    tokio::time::sleep(wait).await;
+                }
             }
             Err(e) => {
                 drop(permit);
@@ -127,15 +185,6 @@ pub struct Get {
     pub query: String,
     /// The `Host` header's value.
     pub host: Option<String>,
-}
-
-/// Reads a request's head within [`HEAD_TIMEOUT`]; the GET, or `None` after answering
-/// anything else (or when the client went away or was too slow).
-pub async fn read_get(conn: &mut TcpStream) -> std::io::Result<Option<Get>> {
-    match tokio::time::timeout(HEAD_TIMEOUT, read_head(conn)).await {
-        Ok(read) => read,
-        Err(_) => Ok(None),
-    }
 }
 
 async fn read_head(conn: &mut TcpStream) -> std::io::Result<Option<Get>> {
@@ -168,9 +217,8 @@ async fn read_head(conn: &mut TcpStream) -> std::io::Result<Option<Get>> {
     Ok(Some(Get { path: path.to_string(), query: query.to_string(), host }))
 }
 
-/// Reads one request's head and answers it; one request per connection.
-async fn answer(mut conn: TcpStream, state: &State) -> std::io::Result<()> {
-    let Some(Get { path, query, .. }) = read_get(&mut conn).await? else { return Ok(()) };
+/// Answers one request; one request per connection.
+async fn answer(mut conn: TcpStream, Get { path, query, .. }: Get, state: &State) -> std::io::Result<()> {
     match path.as_str() {
         "/metrics" => {
             let text = state.metrics.render();

@@ -37,10 +37,36 @@ fn text(bytes: &[u8]) -> String {
 pub(crate) fn printable(bytes: &[u8]) -> String {
     let mut out = String::new();
     for c in String::from_utf8_lossy(bytes).chars() {
-        // Controls, and the marks that reorder or break lines (a right-to-left override
-        // would make `a.sh` read as `hs.a`).
-        if c.is_control() || matches!(c, '\u{200e}' | '\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2066}'..='\u{2069}') {
+        if unsafe_char(c) {
             out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Whether `c` must not reach a terminal as it is: a control character (C0, DEL, C1:
+/// `\u{9b}` starts an escape sequence on many terminals), or a mark that reorders or breaks
+/// lines (a right-to-left override would make `a.sh` read as `hs.a`).
+fn unsafe_char(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{61c}' | '\u{200e}' | '\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// `v` as one line of JSON in which every [`unsafe_char`] is written as a `\uXXXX`
+/// escape. JSON escapes only C0 controls itself, and such characters appear only inside
+/// its strings, so the line is the same JSON for any parser and harmless on a terminal.
+pub(crate) fn json_line(v: &Value) -> String {
+    let raw = v.to_string();
+    if !raw.chars().any(unsafe_char) {
+        return raw;
+    }
+    let mut out = String::with_capacity(raw.len() + 16);
+    for c in raw.chars() {
+        if unsafe_char(c) {
+            // Every such character is in the Basic Multilingual Plane: one escape each.
+            out.push_str(&format!("\\u{:04x}", c as u32));
         } else {
             out.push(c);
         }
@@ -108,7 +134,7 @@ pub async fn status(store: Arc<dyn LeaseStore>, election: &ElectionName, as_json
     if as_json {
         let mut v = status_json(election.as_str(), rec.as_ref());
         v["candidates"] = candidates.iter().map(candidate_json).collect();
-        writeln!(out, "{v}")?;
+        writeln!(out, "{}", json_line(&v))?;
         return Ok(());
     }
     match &rec {
@@ -171,7 +197,7 @@ pub async fn list(store: Arc<dyn LeaseStore>, prefix: &str, as_json: bool) -> Re
     let mut out = std::io::stdout().lock();
     if as_json {
         let all: Vec<Value> = recs.iter().map(|r| status_json(r.election.as_str(), Some(r))).collect();
-        writeln!(out, "{}", Value::Array(all))?;
+        writeln!(out, "{}", json_line(&Value::Array(all)))?;
         return Ok(());
     }
     if recs.is_empty() {
@@ -438,7 +464,7 @@ pub async fn watch(store: Arc<dyn LeaseStore>, election: &ElectionName, as_json:
                         _ => leader_json_without_record(l),
                     },
                 };
-                json!({ "time": now.to_string(), "election": election.as_str(), "leader": leader_obj }).to_string()
+                json_line(&json!({ "time": now.to_string(), "election": election.as_str(), "leader": leader_obj }))
             }
             // The same term with new metadata: the leader proclaimed it.
             (Some(l), false) if last.as_ref().is_some_and(|p| p.holder == l.holder && p.token == l.token) => {
@@ -462,6 +488,18 @@ pub async fn watch(store: Arc<dyn LeaseStore>, election: &ElectionName, as_json:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_lines_carry_no_terminal_controls_and_read_back_the_same() {
+        let hostile = "a\u{9b}31m\u{1b}]0;title\u{7}\u{202e}hs.a\u{2066}\u{85}\u{7f}é😀";
+        let v = json!({ "metadata": hostile, hostile: [hostile] });
+        let line = json_line(&v);
+        assert!(!line.chars().any(unsafe_char), "{line:?}");
+        assert!(line.contains("\\u009b") && line.contains("\\u202e") && line.contains("é😀"), "{line}");
+        assert_eq!(serde_json::from_str::<Value>(&line).unwrap(), v);
+        let plain = json!({ "metadata": "plain é" });
+        assert_eq!(json_line(&plain), plain.to_string());
+    }
 
     #[test]
     fn status_json_has_the_documented_shape() {

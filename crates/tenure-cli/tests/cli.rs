@@ -395,6 +395,52 @@ fn the_store_url_reaches_neither_the_command_nor_its_health_check() {
 }
 
 #[test]
+fn a_state_directory_reached_through_another_users_link_is_refused() {
+    // Another user's link in a directory anyone may write (sticky, as /tmp is), pointing
+    // into this user's own private directory: everything it reaches is this user's, but
+    // its owner may point it elsewhere at any time.
+    use std::os::unix::fs::PermissionsExt;
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: making a link owned by another user needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let own = dir.path().join("own");
+    std::fs::create_dir(&own).unwrap();
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let base = shared.join("state");
+    std::os::unix::fs::symlink(&own, &base).unwrap();
+    let run = || {
+        Command::new(tenure())
+            .env_remove("TENURE_STORE")
+            .env("XDG_STATE_HOME", &base)
+            .args(["run", "jobs/x", "--", "true"])
+            .output()
+            .unwrap()
+    };
+    std::os::unix::fs::lchown(&base, Some(65534), Some(65534)).unwrap();
+    let out = run();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("a symbolic link owned by uid 65534"), "{err}");
+    assert!(!own.join("tenure").exists(), "a state directory was made through the link");
+    // A directory others may write without the sticky bit, on the way: refused too.
+    std::os::unix::fs::lchown(&base, Some(0), Some(0)).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = run();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("a directory others may write (mode 777, no sticky bit)"), "{err}");
+    // The link this user's own, in a sticky directory: followed.
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let out = run();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(own.join("tenure/tenure.db").exists());
+}
+
+#[test]
 fn a_state_directory_others_may_write_is_refused() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
@@ -457,7 +503,8 @@ fn a_hostile_record_is_shown_without_a_panic_or_a_control_character() {
     db.busy_timeout(Duration::from_secs(5)).unwrap();
     db.execute(
         "UPDATE tenure_leases SET acquired_ms = ?1, renewed_ms = ?1, metadata = ?2 WHERE election = 'jobs/hostile'",
-        rusqlite::params![i64::MAX, b"\x1b]0;pwned\x07\x1b[31mred".to_vec()],
+        // C1's CSI and a right-to-left override too, which JSON itself does not escape.
+        rusqlite::params![i64::MAX, b"\x1b]0;pwned\x07\x1b[31mred\xc2\x9b31m\xe2\x80\xaeevil".to_vec()],
     )
     .unwrap();
     // And beside it a row no build can read (its token is text): the list leaves that one
@@ -465,9 +512,16 @@ fn a_hostile_record_is_shown_without_a_panic_or_a_control_character() {
     db.execute_batch(
         "CREATE TEMP TABLE bad AS SELECT * FROM tenure_leases WHERE election = 'jobs/hostile';
          UPDATE bad SET election = 'jobs/corrupt', token = 'abc';
+         INSERT INTO tenure_leases SELECT * FROM bad;
+         UPDATE bad SET election = 'jobs/negative', token = -1;
          INSERT INTO tenure_leases SELECT * FROM bad;",
     )
     .unwrap();
+    // A negative token is no token: named as it is, never shown as a huge one.
+    let out = env.tenure(&["status", "jobs/negative"]);
+    let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_ne!(out.status.code(), Some(0), "{all}");
+    assert!(all.contains("token -1") && !all.contains("18446744073709551615"), "{all}");
     let watch = env.cmd().args(["watch", "jobs/hostile"]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
     for args in [&["status", "jobs/hostile"][..], &["status", "jobs/hostile", "--json"], &["list"], &["list", "--json"]]
     {
@@ -475,9 +529,10 @@ fn a_hostile_record_is_shown_without_a_panic_or_a_control_character() {
         let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
         assert!(
-            !stdout.contains('\x1b') && !stdout.contains('\x07'),
+            !stdout.contains(['\x1b', '\x07', '\u{9b}', '\u{202e}']),
             "{args:?} printed a control character: {stdout:?}"
         );
+        assert!(!stdout.contains("jobs/negative") && !stdout.contains("18446744073709551615"), "{args:?}: {stdout}");
         assert!(stdout.contains("pwned"), "{args:?} shows what can be shown: {stdout}");
     }
     // Neither output writable (both on a full disk): an error exit, not a panic's 101.

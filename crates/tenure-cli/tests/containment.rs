@@ -86,7 +86,12 @@ impl Env {
         self.dir.path().join(name)
     }
     fn run(&self, store: &str, id: &str, script: &str) -> Proc {
+        self.run_env(store, id, script, &[])
+    }
+    /// [`Env::run`] with `extra` added to its environment.
+    fn run_env(&self, store: &str, id: &str, script: &str, extra: &[(&str, &str)]) -> Proc {
         Command::new(tenure())
+            .envs(extra.iter().copied())
             .env("TENURE_STORE", store)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
@@ -96,13 +101,15 @@ impl Env {
             .map(Proc)
             .unwrap()
     }
-    /// `tenure run` on SQLite with TTL `ttl` and its temporary files in `tmp`.
+    /// `tenure run` on SQLite with TTL `ttl` and its temporary files in `tmp`; what it and
+    /// its supervisor say goes to the file `stderr`.
     fn run_in(&self, tmp: &Path, ttl: &str, script: &str) -> Proc {
         Command::new(tenure())
             .env("TENURE_STORE", self.sqlite())
             .env("TMPDIR", tmp)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
+            .stderr(std::fs::File::create(self.path("stderr")).unwrap())
             .args(["run", "jobs/tmp", "--ttl", ttl, "--grace", "300ms", "--", "sh", "-c", script])
             .spawn()
             .map(Proc)
@@ -164,9 +171,45 @@ fn a_killed_tenure_run_leaves_nothing_in_the_temporary_directory() {
     }
 }
 
+/// The cgroup (its directory) that process `pid` is in, below `parent`, this test
+/// process's own.
+fn cgroup_of(pid: i32, parent: &Path) -> PathBuf {
+    let name = |text: &str| text.lines().find_map(|l| l.strip_prefix("0::")).unwrap().to_string();
+    let ours = name(&std::fs::read_to_string("/proc/self/cgroup").unwrap());
+    let theirs = name(&std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap());
+    let below = theirs.strip_prefix(ours.trim_end_matches('/')).and_then(|r| r.strip_prefix('/')).unwrap_or("");
+    assert!(below.starts_with("tenure-run-"), "process {pid} runs in {theirs}, not in a cgroup of its own in {ours}");
+    parent.join(below)
+}
+
+#[test]
+fn a_killed_supervisor_leaves_no_process_and_no_cgroup_behind() {
+    let Some(cgroups) = tenure_testkit::servers::cgroups_can_be_made() else {
+        tenure_testkit::servers::skip("this host lets this user make no cgroup (version 2) inside its own");
+        return;
+    };
+    let env = Env::new();
+    let (pids, log, sup) = (env.path("pids"), env.path("log"), env.path("supervisor"));
+    let _reap = Reap(pids.clone());
+    let w = sh_quote(&worker(&pids, &log, true));
+    let script = format!("echo $PPID > {}; setsid sh -c {w} & sh -c {w} & wait", sup.display());
+    let mut leader = env.run(&env.sqlite(), "a", &script);
+    let started = wait_pids(&pids, 2);
+    let cg = cgroup_of(started[0], &cgroups);
+    assert!(cg.is_dir());
+    let supervisor: u32 = std::fs::read_to_string(&sup).unwrap().trim().parse().unwrap();
+    signal(supervisor, rustix::process::Signal::KILL);
+    leader.wait().unwrap();
+    for p in &started {
+        assert!(!alive(*p), "process {p} outlived its killed supervisor and tenure run");
+    }
+    assert!(!cg.exists(), "the command's cgroup {} was left behind", cg.display());
+}
+
 /// Starts a 10 s term whose command works, does `spoil` to its supervisor's directory
-/// (with `tenure run` frozen while it does), and returns how long the command then ran on.
-fn spoil_the_deadline(spoil: impl FnOnce(&Path)) -> Duration {
+/// (with `tenure run` frozen while it does), and returns how long the command then ran on
+/// and what tenure said.
+fn spoil_the_deadline(spoil: impl FnOnce(&Path)) -> (Duration, String) {
     let env = Env::new();
     let tmp = env.path("tmp");
     std::fs::create_dir(&tmp).unwrap();
@@ -181,14 +224,15 @@ fn spoil_the_deadline(spoil: impl FnOnce(&Path)) -> Duration {
     signal(leader.id(), rustix::process::Signal::CONT);
     signal(leader.id(), rustix::process::Signal::TERM);
     leader.wait().unwrap();
-    took
+    (took, std::fs::read_to_string(env.path("stderr")).unwrap())
 }
 
 #[test]
 fn the_supervisor_stops_the_command_when_its_deadline_cannot_be_read() {
     // Fail closed: no readable deadline means the deadline has passed.
-    let took = spoil_the_deadline(|dir| std::fs::remove_file(dir.join("deadline")).unwrap());
+    let (took, said) = spoil_the_deadline(|dir| std::fs::remove_file(dir.join("deadline")).unwrap());
     assert!(took < Duration::from_secs(1), "stopped {took:?} after the deadline became unreadable");
+    assert!(said.contains("the deadline file cannot be believed") && said.contains("No such file"), "{said}");
 }
 
 #[test]
@@ -196,13 +240,16 @@ fn a_deadline_file_others_could_write_is_not_believed() {
     // Another local user who could write the deadline file would move the deadline out:
     // the supervisor believes only a file of its user's that nobody else may write.
     use std::os::unix::fs::PermissionsExt;
-    let took = spoil_the_deadline(|dir| {
+    let (took, said) = spoil_the_deadline(|dir| {
         let forged = dir.join("forged");
         std::fs::write(&forged, u64::MAX.to_string()).unwrap();
         std::fs::set_permissions(&forged, std::fs::Permissions::from_mode(0o666)).unwrap();
         std::fs::rename(&forged, dir.join("deadline")).unwrap();
     });
     assert!(took < Duration::from_secs(1), "stopped {took:?} after the deadline file became one anyone may write");
+    // The cause is named: not a lease that was not renewed, but a file not to be believed.
+    assert!(said.contains("is not a file of this user's that only it may write"), "{said}");
+    assert!(!said.contains("not renewed in time"), "{said}");
 }
 
 #[test]
@@ -299,6 +346,7 @@ fn the_processes_of_a_killed_supervisor_are_stopped_before_tenure_run_lets_go() 
     // The supervisor itself is killed (the OOM killer, an operator's `kill -9`): its
     // command and every process under it are re-parented to `tenure run`, which must stop
     // them all before it releases the lease, or they would work on beside the next leader.
+    // Found through /proc, as on a host that gives the command no cgroup.
     let env = Env::new();
     let (pids, log, sup, next) = (env.path("pids"), env.path("log"), env.path("supervisor"), env.path("next"));
     let _reap = Reap(pids.clone());
@@ -308,7 +356,7 @@ fn the_processes_of_a_killed_supervisor_are_stopped_before_tenure_run_lets_go() 
         sup = sup.display(),
         p = pids.display()
     );
-    let mut leader = env.run(&env.sqlite(), "a", &script);
+    let mut leader = env.run_env(&env.sqlite(), "a", &script, &[("TENURE_CGROUP", "off")]);
     let started = wait_pids(&pids, 3);
     // A standby, whose command notes when it starts: the next term's work.
     let _standby = env.run(&env.sqlite(), "b", &format!("date +%s%N > {}; sleep 600", next.display()));
@@ -907,12 +955,14 @@ fn running_supervisor_of(parent: u32) -> i32 {
 /// Starts a tree of workers that ignore SIGTERM (one in a session of its own) under
 /// `tenure run` (TTL 2 s), disables `tenure run` and its supervisor together as `disable`
 /// says, and asserts that no worker works past the lease deadline.
-fn both_disabled_and_the_work_stops(disable: impl FnOnce(u32, i32)) {
+/// `extra`: more environment for `tenure run` (`TENURE_CGROUP=off`, so that the guard
+/// must find the command's processes without a cgroup, as on hosts that give it none).
+fn both_disabled_and_the_work_stops(extra: &[(&str, &str)], disable: impl FnOnce(u32, i32)) {
     let env = Env::new();
     let (pids, log) = (env.path("pids"), env.path("log"));
     let _reap = Reap(pids.clone());
     let w = sh_quote(&worker(&pids, &log, true));
-    let mut leader = env.run(&env.sqlite(), "a", &format!("setsid sh -c {w} & sh -c {w} & wait"));
+    let mut leader = env.run_env(&env.sqlite(), "a", &format!("setsid sh -c {w} & sh -c {w} & wait"), extra);
     wait_pids(&pids, 2);
     let supervisor = running_supervisor_of(leader.id());
     // The guard looks over the tree at every check (50 ms) in the command's first second:
@@ -930,7 +980,7 @@ fn both_disabled_and_the_work_stops(disable: impl FnOnce(u32, i32)) {
 
 #[test]
 fn the_guard_stops_the_command_when_tenure_run_and_its_supervisor_are_both_frozen() {
-    both_disabled_and_the_work_stops(|leader, supervisor| {
+    both_disabled_and_the_work_stops(&[], |leader, supervisor| {
         signal(supervisor as u32, rustix::process::Signal::STOP);
         signal(leader, rustix::process::Signal::STOP);
     });
@@ -938,7 +988,7 @@ fn the_guard_stops_the_command_when_tenure_run_and_its_supervisor_are_both_froze
 
 #[test]
 fn the_guard_stops_the_command_when_tenure_run_is_frozen_and_its_supervisor_killed() {
-    both_disabled_and_the_work_stops(|leader, supervisor| {
+    both_disabled_and_the_work_stops(&[], |leader, supervisor| {
         signal(leader, rustix::process::Signal::STOP);
         signal(supervisor as u32, rustix::process::Signal::KILL);
     });
@@ -946,11 +996,72 @@ fn the_guard_stops_the_command_when_tenure_run_is_frozen_and_its_supervisor_kill
 
 #[test]
 fn the_guard_stops_the_command_when_tenure_run_and_its_supervisor_are_both_killed() {
-    // The command's processes are re-parented away from both: the guard remembers them.
-    both_disabled_and_the_work_stops(|leader, supervisor| {
+    // The command's processes are re-parented away from both: the guard remembers them
+    // (without a cgroup, which would hold them all). Both are frozen first, so that they
+    // die together: killed one after the other, a `tenure run` that outlives its
+    // supervisor by a moment stops the tree itself, and the guard is not what is tested.
+    both_disabled_and_the_work_stops(&[("TENURE_CGROUP", "off")], |leader, supervisor| {
+        signal(leader, rustix::process::Signal::STOP);
+        signal(supervisor as u32, rustix::process::Signal::STOP);
         signal(supervisor as u32, rustix::process::Signal::KILL);
         signal(leader, rustix::process::Signal::KILL);
     });
+}
+
+#[test]
+fn a_chain_of_forks_in_new_sessions_stops_when_tenure_run_and_its_supervisor_are_both_killed() {
+    // Each process of the command starts the next in a session of its own every few
+    // milliseconds and exits: re-parented away from both, no look over /proc keeps up with
+    // it. Where the host allows it, the command runs in a cgroup the guard kills whole.
+    let Some(cgroups) = tenure_testkit::servers::cgroups_can_be_made() else {
+        tenure_testkit::servers::skip("this host lets this user make no cgroup (version 2) inside its own");
+        return;
+    };
+    let env = Env::new();
+    let (log, stop, script) = (env.path("log"), env.path("stop"), env.path("chain.sh"));
+    std::fs::write(
+        &script,
+        format!(
+            "[ -e {stop} ] && exit 0\necho $(date +%s%N) >> {log}\nsleep 0.005\nsetsid sh {me} &\n",
+            stop = stop.display(),
+            log = log.display(),
+            me = script.display()
+        ),
+    )
+    .unwrap();
+    // Whatever happens, the chain ends with the test.
+    struct Stop(PathBuf);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = std::fs::write(&self.0, b"");
+        }
+    }
+    let _stop = Stop(stop.clone());
+    let mut leader = env.run(&env.sqlite(), "a", &format!("sh {}; sleep 600", script.display()));
+    let t0 = Instant::now();
+    while last_work(&log) == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the chain did not start");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let supervisor = running_supervisor_of(leader.id());
+    // The command's first process (`sh …; sleep 600`) stays: its cgroup is the command's.
+    let children = std::fs::read_to_string(format!("/proc/{supervisor}/task/{supervisor}/children")).unwrap();
+    let first: i32 = children.split_whitespace().next().expect("the command runs").parse().unwrap();
+    let made = cgroup_of(first, &cgroups);
+    std::thread::sleep(Duration::from_millis(300));
+    let leader_pid = leader.id();
+    disable_and_check_work_stops(&mut leader, &log, "tenure run and its supervisor were killed", &[], || {
+        signal(leader_pid, rustix::process::Signal::STOP);
+        signal(supervisor as u32, rustix::process::Signal::STOP);
+        signal(supervisor as u32, rustix::process::Signal::KILL);
+        signal(leader_pid, rustix::process::Signal::KILL);
+    });
+    // The guard leaves no cgroup behind once the chain is gone.
+    let t0 = Instant::now();
+    while made.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(5), "the command's cgroup was left behind");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]

@@ -72,12 +72,18 @@ impl Reply {
     }
 }
 
+/// How long an idle connection is kept for the next request: below the 5 s after which
+/// many servers and proxies (Node's HTTP server among them, so Azurite) close an idle
+/// connection, so that a request is not sent on one the server is closing at that
+/// moment (it fails with "connection closed before message completed").
+const POOL_IDLE: Duration = Duration::from_secs(4);
+
 /// Builds the shared client: rustls, no proxy lookups beyond reqwest's defaults.
 pub(crate) fn client() -> Result<reqwest::Client, StoreError> {
     reqwest::Client::builder()
         .timeout(REQUEST_TIMEOUT)
         .connect_timeout(CONNECT_TIMEOUT)
-        .pool_idle_timeout(Duration::from_secs(50))
+        .pool_idle_timeout(POOL_IDLE)
         .build()
         .map_err(|e| StoreError::new(ErrorKind::Misconfigured, "cannot set up the HTTP client").with_source(e))
 }
@@ -96,7 +102,17 @@ pub(crate) async fn send(req: reqwest::RequestBuilder, what: &str, writes: bool)
         };
         StoreError::new(kind, msg).with_source(e)
     };
-    let resp = req.send().await.map_err(failed)?;
+    // A read that failed on its way (a kept connection the server closed as it was used)
+    // is sent once more: reading twice changes nothing. A write is not: it may have been
+    // applied, which the caller must find out.
+    let again = if writes { None } else { req.try_clone() };
+    let resp = match (req.send().await, again) {
+        (Err(e), Some(again)) if !e.is_timeout() && !e.is_builder() => {
+            tracing::debug!(error = %e, "{what}: sent again after a failure on the way");
+            again.send().await.map_err(failed)?
+        }
+        (sent, _) => sent.map_err(failed)?,
+    };
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
     let body = resp.bytes().await.map_err(failed)?.to_vec();

@@ -58,7 +58,8 @@ fn split_url(
     kind: &str,
     form: &str,
 ) -> Result<(String, Vec<Option<String>>), StoreError> {
-    let (rest, values) = take_params(url, params);
+    let (rest, values) =
+        take_params(url, params).map_err(|why| StoreError::invalid(format!("{kind} ({form}): {why}")))?;
     let Some(rest) = rest.strip_prefix(scheme) else {
         return Err(StoreError::invalid(format!("{url:?} is not {kind}; write {form}")));
     };

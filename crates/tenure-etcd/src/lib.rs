@@ -217,13 +217,14 @@ struct Parsed {
 }
 
 fn parse_url(url: &str) -> Result<Parsed, StoreError> {
-    let (url, ours) = tenure::store::url::take_params(url, &["prefix", "ca", "cert", "key"]);
     let bad = |why: &str| {
         StoreError::invalid(format!(
             "etcd store URL: {why}; write etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][?prefix=NAME] \
              (etcds:// for TLS, with ca=PATH for a private CA, cert=PATH&key=PATH for a client certificate)"
         ))
     };
+    let (url, ours) =
+        tenure::store::url::take_params(url, &["prefix", "ca", "cert", "key"]).map_err(|why| bad(&why))?;
     let (tls, rest) = if let Some(r) = url.strip_prefix("etcds://") {
         (true, r)
     } else if let Some(r) = url.strip_prefix("etcd://") {

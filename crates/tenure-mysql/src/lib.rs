@@ -115,7 +115,8 @@ fn split_table(url: &str) -> Result<(String, String), StoreError> {
         Some(rest) => format!("mysql://{rest}"),
         None => url.to_string(),
     };
-    let (url, mut ours) = tenure::store::url::take_params(&url, &["table"]);
+    let (url, mut ours) = tenure::store::url::take_params(&url, &["table"])
+        .map_err(|why| StoreError::invalid(format!("MySQL store URL: {why}")))?;
     let table = ours.remove(0).unwrap_or_else(|| DEFAULT_TABLE.to_string());
     // The change counter's table is named TABLE_seq, within MySQL's 64 characters.
     tenure::store::check_table_name(&table, 60)?;

@@ -86,13 +86,13 @@ enum Auth {
 }
 
 fn parse_url(url: &str) -> Result<Parsed, StoreError> {
-    let (url, ours) = tenure::store::url::take_params(url, &["ca", "cert", "key"]);
     let bad = |why: &str| {
         StoreError::invalid(format!(
             "NATS store URL: {why}; write nats://[USER:PASSWORD@|TOKEN@]HOST:PORT[,HOST:PORT…][/BUCKET]\
              [?ca=PATH[&cert=PATH&key=PATH]]"
         ))
     };
+    let (url, ours) = tenure::store::url::take_params(url, &["ca", "cert", "key"]).map_err(|why| bad(&why))?;
     let rest = url.strip_prefix("nats://").ok_or_else(|| bad("the scheme must be nats://"))?;
     if rest.contains('?') {
         return Err(bad("unknown parameter (known: ca, cert, key)"));

@@ -186,7 +186,8 @@ impl Sql {
 
 /// Splits our own `table` parameter off the URL and checks it.
 fn split_table(url: &str) -> Result<(String, String), StoreError> {
-    let (url, mut ours) = tenure::store::url::take_params(url, &["table"]);
+    let (url, mut ours) = tenure::store::url::take_params(url, &["table"])
+        .map_err(|why| StoreError::invalid(format!("PostgreSQL store URL: {why}")))?;
     let table = ours.remove(0).unwrap_or_else(|| DEFAULT_TABLE.to_string());
     // The trigger is named <table>_notify, and PostgreSQL names are at most 63 bytes.
     tenure::store::check_table_name(&table, 56)?;

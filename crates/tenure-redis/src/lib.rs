@@ -315,7 +315,8 @@ fn parse_ms(v: &str) -> Option<u64> {
 /// `protocol` is refused rather than ignored.
 fn split_params(url: &str) -> Result<Params, StoreError> {
     let (url, ours) =
-        tenure::store::url::take_params(url, &["prefix", "restart_guard", "min_replicas", "ca", "cert", "key"]);
+        tenure::store::url::take_params(url, &["prefix", "restart_guard", "min_replicas", "ca", "cert", "key"])
+            .map_err(|why| StoreError::invalid(format!("Redis URL: {why}")))?;
     let tls = target::TlsFiles { ca: ours[3].clone(), cert: ours[4].clone(), key: ours[5].clone() };
     if !target::is_sentinel_url(&url) {
         let query = url.split_once('?').map(|(_, q)| q).unwrap_or_default();

@@ -29,6 +29,9 @@ pub(crate) struct Sentinel {
     master: String,
     client: tokio::sync::Mutex<SentinelClient>,
     current: std::sync::Mutex<Option<(redis::Client, ConnectionManager)>>,
+    /// A client for each sentinel, asked which primary they name when finding one failed,
+    /// to tell a fault of the sentinels from one of the primary they named.
+    sentinels: Vec<redis::Client>,
 }
 
 /// What a `redis+sentinel://` (or `rediss+sentinel://`) URL names.
@@ -159,10 +162,31 @@ impl Target {
         let _ = rustls::crypto::ring::default_provider().install_default();
         if is_sentinel_url(url) {
             let u = parse_sentinel_url(url)?;
-            let addrs = u.sentinels.iter().map(|(h, p)| match u.tls {
-                true => redis::ConnectionAddr::TcpTls { host: h.clone(), port: *p, insecure: false, tls_params: None },
-                false => redis::ConnectionAddr::Tcp(h.clone(), *p),
-            });
+            let addrs: Vec<redis::ConnectionAddr> = u
+                .sentinels
+                .iter()
+                .map(|(h, p)| match u.tls {
+                    true => {
+                        redis::ConnectionAddr::TcpTls { host: h.clone(), port: *p, insecure: false, tls_params: None }
+                    }
+                    false => redis::ConnectionAddr::Tcp(h.clone(), *p),
+                })
+                .collect();
+            let files = if u.tls && tls.any() { Some(tls.read()?) } else { None };
+            let sentinels = addrs
+                .iter()
+                .filter_map(|a| {
+                    let mut info = redis::IntoConnectionInfo::into_connection_info(a.clone()).ok()?;
+                    if let Some(pw) = &u.sentinel_password {
+                        let settings = info.redis_settings().clone().set_password(pw);
+                        info = info.set_redis_settings(settings);
+                    }
+                    match &files {
+                        Some(f) => redis::Client::build_with_tls(info, f.clone()).ok(),
+                        None => redis::Client::open(info).ok(),
+                    }
+                })
+                .collect();
             let mut b = SentinelClientBuilder::new(addrs, &u.master, SentinelServerType::Master)
                 .map_err(|e| StoreError::invalid("the sentinel URL is not valid").with_source(e))?
                 .set_client_to_redis_db(u.db);
@@ -171,8 +195,7 @@ impl Target {
                 b = b
                     .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure)
                     .set_client_to_redis_tls_mode(redis::TlsMode::Secure);
-                if tls.any() {
-                    let files = tls.read()?;
+                if let Some(files) = files {
                     b = b.set_client_to_sentinel_certificates(files.clone()).set_client_to_redis_certificates(files);
                 }
             }
@@ -193,6 +216,7 @@ impl Target {
                 master: u.master.clone(),
                 client: tokio::sync::Mutex::new(client),
                 current: std::sync::Mutex::new(None),
+                sentinels,
             });
             return Ok((target, described));
         }
@@ -270,19 +294,27 @@ impl Sentinel {
             return Ok(c);
         }
         let found = async {
-            let client = self.client.lock().await.async_get_client().await.map_err(|e| {
-                if e.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel {
-                    // Also what unreachable sentinels give: retried, with both causes named.
-                    StoreError::unavailable(format!(
+            let asked = self.client.lock().await.async_get_client().await;
+            let client = match asked {
+                Ok(c) => c,
+                // Also what unreachable sentinels give: retried, with both causes named.
+                Err(e) if e.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel => {
+                    return Err(StoreError::unavailable(format!(
                         "no sentinel named a primary for {:?}: check the master name and that the sentinels \
                          run; retrying",
                         self.master
                     ))
-                    .with_source(e)
-                } else {
-                    redis_error("finding the primary through the sentinels", e)
+                    .with_source(e));
                 }
-            })?;
+                // The client asks the sentinels, then checks the primary they name with a
+                // connection of its own: which of the two failed is asked again here.
+                Err(e) => {
+                    return Err(match self.named_primary().await {
+                        Some(addr) => redis_error(&format!("connecting to the primary {addr} the sentinels named"), e),
+                        None => redis_error("finding the primary through the sentinels", e),
+                    });
+                }
+            };
             let conn = client
                 .get_connection_manager_with_config(connection_config())
                 .await
@@ -294,6 +326,30 @@ impl Sentinel {
         })??;
         *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(found.clone());
         Ok(found)
+    }
+}
+
+impl Sentinel {
+    /// The address of the primary the sentinels name, if every one of them answers within
+    /// [`CONNECT_TIMEOUT`] (asked at once) and they agree: then a failure to find the
+    /// primary was the primary's, not theirs. `None` otherwise.
+    async fn named_primary(&self) -> Option<String> {
+        let mut asked = tokio::task::JoinSet::new();
+        for sentinel in &self.sentinels {
+            let (sentinel, master) = (sentinel.clone(), self.master.clone());
+            asked.spawn(async move {
+                let mut conn = sentinel.get_multiplexed_async_connection().await.ok()?;
+                redis::cmd("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg(master)
+                    .query_async::<Option<(String, u16)>>(&mut conn)
+                    .await
+                    .ok()?
+            });
+        }
+        let named = tokio::time::timeout(CONNECT_TIMEOUT, asked.join_all()).await.ok()?;
+        let first = named.first()?.clone()?;
+        named.iter().all(|n| n.as_ref() == Some(&first)).then(|| format!("{}:{}", first.0, first.1))
     }
 }
 

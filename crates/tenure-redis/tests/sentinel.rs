@@ -11,7 +11,7 @@ use tenure::store::{Acquire, AcquireRequest, Renew};
 use tenure::{ElectionName, HolderId, LeaseStore};
 use tenure_redis::RedisStore;
 use tenure_testkit::scenario::{self, ScenarioHarness};
-use tenure_testkit::servers::{RedisSentinels, redis_command};
+use tenure_testkit::servers::{RedisSentinels, SentinelTls, redis_command};
 
 struct S(Mutex<RedisSentinels>, String);
 
@@ -174,6 +174,49 @@ async fn a_primary_cut_off_from_its_replicas_grants_nothing() {
     granted(&b, &req("sentinel/risky", "b", Duration::from_secs(1)), Duration::from_secs(20)).await;
 }
 
+/// The first attempt's error through `url`, written out whole with its causes.
+async fn refusal(url: &str) -> String {
+    let store = RedisStore::connect(url).await.unwrap();
+    let got =
+        tokio::time::timeout(Duration::from_secs(10), store.try_acquire(&req("tls/x", "z", Duration::from_secs(1))))
+            .await;
+    let Ok(Err(err)) = got else { panic!("granted through {url}, or no answer: {got:?}") };
+    let mut chain = Vec::new();
+    let mut cause: Option<&dyn std::error::Error> = Some(&err);
+    while let Some(c) = cause {
+        chain.push(c.to_string());
+        cause = c.source();
+    }
+    chain.join(": ")
+}
+
+/// Client certificates behind sentinels (`cert=`, `key=`), and an error that names which
+/// server refused: the sentinels, or the primary they named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_sentinel_presents_a_client_certificate_and_names_the_server_that_refused() {
+    // Every server and sentinel asks for a client certificate, and the primary's own
+    // certificate is signed by a CA the servers trust but `ca.pem` does not name.
+    let Some(certs) = tenure_testkit::certs::Certs::make() else { return };
+    let how = SentinelTls { require_client_certs: true, primary_by_other_ca: true };
+    let Some(g) = RedisSentinels::launch_tls_with(certs.dir(), how) else { return };
+    let url = g.url();
+    let with = |who: &str| {
+        format!("{url}&cert={}&key={}", certs.path(&format!("{who}.pem")), certs.path(&format!("{who}.key")))
+    };
+    // No certificate: the sentinels refuse, and are named.
+    let chain = refusal(&url).await;
+    assert!(chain.contains("finding the primary through the sentinels"), "{chain}");
+    // Our certificate: the sentinels answer, and the primary they name is refused by us.
+    let chain = refusal(&with("client")).await;
+    assert!(chain.contains("connecting to the primary 127.0.0.1:") && chain.contains("the sentinels named"), "{chain}");
+    assert!(chain.contains("TLS certificate was not accepted"), "{chain}");
+    assert!(!chain.contains("through the sentinels"), "{chain}");
+    // Both CAs named, and our certificate: granted.
+    let good = with("client").replace(&certs.path("ca.pem"), &certs.path("servers-ca.pem"));
+    let store = RedisStore::connect(&good).await.unwrap();
+    granted(&store, &req("tls/x", "a", Duration::from_secs(1)), Duration::from_secs(20)).await;
+}
+
 /// `rediss+sentinel://`: the sentinels and the primary they name are reached over TLS and
 /// verified against `ca=` (another CA, or the system's roots, are refused), and the store
 /// follows a failover to the other server, over TLS too.
@@ -183,22 +226,12 @@ async fn rediss_sentinel_verifies_the_sentinels_and_the_primary_and_follows_a_fa
     let Some(g) = RedisSentinels::launch_tls(certs.dir()) else { return };
     let url = g.url();
     assert!(url.starts_with("rediss+sentinel://"), "{url}");
-    let wait = Duration::from_secs(10);
     for (bad, why, says) in [
         (url.replace("ca.pem", "other-ca.pem"), "a CA that signed neither", "UnknownIssuer"),
         (url.split('?').next().unwrap().to_string(), "the system's roots only", "UnknownIssuer"),
         (url.replace("rediss+sentinel://", "redis+sentinel://").split('?').next().unwrap().to_string(), "no TLS", ""),
     ] {
-        let store = RedisStore::connect(&bad).await.unwrap();
-        let got = tokio::time::timeout(wait, store.try_acquire(&req("tls/x", "z", Duration::from_secs(1)))).await;
-        let Ok(Err(err)) = got else { panic!("granted through {why}, or no answer: {got:?}") };
-        let mut chain = Vec::new();
-        let mut cause: Option<&dyn std::error::Error> = Some(&err);
-        while let Some(c) = cause {
-            chain.push(c.to_string());
-            cause = c.source();
-        }
-        let chain = chain.join(": ");
+        let chain = refusal(&bad).await;
         assert!(chain.contains(says), "{why}: {chain}");
         if !says.is_empty() {
             assert!(chain.contains("TLS certificate was not accepted"), "{why}: {chain}");

@@ -653,12 +653,20 @@ struct Row {
 
 impl Row {
     fn read(r: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
+        // Counters are never negative as this crate writes them: one that is (written by
+        // hand, or corrupted) makes the row unreadable, not a token of 18446744073709551615.
+        // The errors carry the columns `sql_error` names: 0 for the token (as the grant's
+        // refusal of a token that cannot grow does), 3 and 4 for the others.
+        let counter = |i: usize, err_col: usize| -> rusqlite::Result<i64> {
+            let v: i64 = r.get(i)?;
+            if v < 0 { Err(rusqlite::Error::IntegralValueOutOfRange(err_col, v)) } else { Ok(v) }
+        };
         Ok(Self {
             election: r.get(0)?,
             holder: r.get(1)?,
-            token: r.get(2)?,
-            revision: r.get(3)?,
-            ttl_ms: r.get(4)?,
+            token: counter(2, 0)?,
+            revision: counter(3, 3)?,
+            ttl_ms: counter(4, 4)?,
             boot_id: r.get(5)?,
             expires_ns: r.get(6)?,
             acquired_ms: r.get(7)?,
@@ -1745,7 +1753,19 @@ fn retry_busy<T>(options: &SqliteOptions, mut op: impl FnMut() -> rusqlite::Resu
 }
 
 fn sql_error(path: &Path, what: &str, e: rusqlite::Error) -> StoreError {
-    // A row whose counters cannot go on (see the grant): no retry can help.
+    // A row whose counters cannot go on (see the grant), or that holds a negative one
+    // (see `Row::read`): no retry can help.
+    if let rusqlite::Error::IntegralValueOutOfRange(column @ (3 | 4), value) = e {
+        let name = if column == 3 { "revision" } else { "ttl_ms" };
+        return StoreError::new(
+            ErrorKind::Misconfigured,
+            format!(
+                "SQLite {}: {what} failed: the election's row holds {name} {value}, which no build writes (written \
+                 by hand, or corrupted); delete that row of tenure_leases to start the election again",
+                path.display()
+            ),
+        );
+    }
     if let rusqlite::Error::IntegralValueOutOfRange(0, token) = e {
         return StoreError::new(
             ErrorKind::Misconfigured,

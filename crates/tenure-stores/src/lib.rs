@@ -332,7 +332,9 @@ pub async fn connect_default() -> Result<Arc<dyn LeaseStore>, StoreError> {
                 .with_source(e)
         };
         // Only this user's, whatever the umask: the database decides who leads.
+        trusted_path(dir)?;
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| failed("create", e))?;
+        trusted_path(dir)?;
         // One made before, by someone else or open to others, could have its database
         // swapped under this user: refused.
         let meta = std::fs::metadata(dir).map_err(|e| failed("read", e))?;
@@ -356,6 +358,95 @@ pub async fn connect_default() -> Result<Arc<dyn LeaseStore>, StoreError> {
         path.display()
     );
     open_sqlite(&path).await
+}
+
+/// Refuses a path to the state directory that another user could turn elsewhere, and
+/// with it the database that decides who leads. The path is followed one name at a time,
+/// symbolic links included, as the kernel resolves it: every directory passed through
+/// must be this user's or root's and writable by no one else, unless it has the sticky
+/// bit (as `/tmp` has); and what is taken from a directory others may write must be this
+/// user's or root's (in a sticky directory its owner may still replace it: a link owned
+/// by another user in `/tmp` may be pointed elsewhere at any time, even if it leads into
+/// this user's own directory today). The state directory itself is checked by the caller;
+/// the parts that do not exist yet are made by this user.
+fn trusted_path(dir: &std::path::Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::MetadataExt;
+    use std::path::{Component, Path, PathBuf};
+    let me = rustix::process::geteuid().as_raw();
+    let ours = |uid: u32| uid == me || uid == 0;
+    let refuse = |p: &Path, why: String| {
+        Err(StoreError::new(
+            ErrorKind::Misconfigured,
+            format!(
+                "the state directory {} is reached through {}, {why}: another user could swap the database that \
+                 decides who leads; set XDG_STATE_HOME to a directory of yours, or name a store",
+                dir.display(),
+                p.display()
+            ),
+        ))
+    };
+    let absolute = match dir.is_absolute() {
+        true => dir.to_path_buf(),
+        false => std::env::current_dir()
+            .map_err(|e| StoreError::invalid("cannot read the working directory").with_source(e))?
+            .join(dir),
+    };
+    let mut pending: std::collections::VecDeque<PathBuf> = std::collections::VecDeque::new();
+    let parts = |p: &Path| -> Vec<PathBuf> {
+        p.components()
+            .filter_map(|c| match c {
+                Component::RootDir => Some(PathBuf::from("/")),
+                Component::ParentDir => Some(PathBuf::from("..")),
+                Component::Normal(n) => Some(PathBuf::from(n)),
+                Component::CurDir | Component::Prefix(_) => None,
+            })
+            .collect()
+    };
+    pending.extend(parts(&absolute));
+    let mut at = PathBuf::from("/");
+    let mut links = 0;
+    while let Some(part) = pending.pop_front() {
+        if part == Path::new("/") {
+            at = PathBuf::from("/");
+            continue;
+        }
+        if part == Path::new("..") {
+            at.pop();
+            continue;
+        }
+        // `at` holds no link: its metadata is its own.
+        let Ok(here) = std::fs::metadata(&at) else { return Ok(()) };
+        if !ours(here.uid()) {
+            return refuse(&at, format!("a directory owned by uid {}", here.uid()));
+        }
+        let open = here.mode() & 0o022 != 0;
+        if open && here.mode() & 0o1000 == 0 {
+            return refuse(
+                &at,
+                format!("a directory others may write (mode {:o}, no sticky bit)", here.mode() & 0o7777),
+            );
+        }
+        let next = at.join(&part);
+        let Ok(meta) = std::fs::symlink_metadata(&next) else { return Ok(()) };
+        if open && !ours(meta.uid()) {
+            let what = if meta.file_type().is_symlink() { "a symbolic link" } else { "an entry" };
+            return refuse(
+                &next,
+                format!("{what} owned by uid {} in {}, a directory others may write", meta.uid(), at.display()),
+            );
+        }
+        if meta.file_type().is_symlink() {
+            links += 1;
+            let target = std::fs::read_link(&next).ok().filter(|_| links <= 40);
+            let Some(target) = target else { return refuse(&next, "a chain of symbolic links too long".into()) };
+            for p in parts(&target).into_iter().rev() {
+                pending.push_front(p);
+            }
+            continue;
+        }
+        at = next;
+    }
+    Ok(())
 }
 
 /// Opens the store `TENURE_STORE` names, or [`connect_default`]'s when it is unset or

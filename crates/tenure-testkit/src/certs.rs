@@ -1,8 +1,9 @@
 //! A private certificate authority for TLS tests, made with the `openssl` command: the CA
 //! (`ca.pem`), a server certificate for 127.0.0.1 (`server.pem`, `server.key`), a client
 //! certificate (`client.pem`, `client.key`), and a second CA (`other-ca.pem`) with a
-//! client certificate of its own (`stranger.pem`, `stranger.key`), for what must be
-//! refused. Keys are P-256, certificates last two days.
+//! client certificate of its own (`stranger.pem`, `stranger.key`) and a server certificate
+//! for 127.0.0.1 (`other-server.pem`, `other-server.key`), for what must be refused. Keys
+//! are P-256, certificates last two days.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -31,6 +32,7 @@ impl Certs {
         issue(dir.path(), "server", "ca", "IP:127.0.0.1");
         issue(dir.path(), "client", "ca", "DNS:client");
         issue(dir.path(), "stranger", "other-ca", "DNS:client");
+        issue(dir.path(), "other-server", "other-ca", "IP:127.0.0.1");
         Some(Self { dir })
     }
 

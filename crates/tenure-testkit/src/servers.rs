@@ -1230,15 +1230,60 @@ impl Drop for SentinelProcess {
     }
 }
 
+/// Whether this host lets this user make a cgroup (version 2) inside its own, as `tenure
+/// run` does for its command, with `cgroup.kill` (tried here, apart from tenure): the
+/// directory of this process's own cgroup if so.
+pub fn cgroups_can_be_made() -> Option<PathBuf> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path = own.lines().find_map(|l| l.strip_prefix("0::"))?.to_string();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let dir = mounts.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        (right.split_whitespace().next() == Some("cgroup2")).then_some(())?;
+        let mut fields = left.split_whitespace().skip(3);
+        let (root, point) = (fields.next()?, fields.next()?);
+        let inside = if root == "/" { path.as_str() } else { path.strip_prefix(root)? };
+        Some(PathBuf::from(point).join(inside.trim_start_matches('/')))
+    })?;
+    // A process of its own is moved, not this one: other threads of this process start
+    // processes meanwhile, which must not land in the probe.
+    let probe = dir.join(format!("tenure-test-{}-{}", std::process::id(), free_port()));
+    std::fs::create_dir(&probe).ok()?;
+    let mut sleeper = Command::new("sleep").arg("30").stdin(Stdio::null()).spawn().ok();
+    let entered =
+        sleeper.as_ref().is_some_and(|c| std::fs::write(probe.join("cgroup.procs"), c.id().to_string()).is_ok());
+    let killable = probe.join("cgroup.kill").exists();
+    if let Some(c) = sleeper.as_mut() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let t0 = Instant::now();
+    while std::fs::remove_dir(&probe).is_err() && probe.exists() && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    (entered && killable).then_some(dir)
+}
+
 /// The master name the sentinels watch.
 pub const SENTINEL_MASTER: &str = "tenure";
+
+/// Choices for [`RedisSentinels::launch_tls_with`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SentinelTls {
+    /// Every server and sentinel asks clients for a certificate its CA signed
+    /// (`tls-auth-clients yes`).
+    pub require_client_certs: bool,
+    /// The first primary's certificate is signed by `other-ca.pem` (`other-server.pem`),
+    /// which the servers trust and a client given `ca.pem` does not.
+    pub primary_by_other_ca: bool,
+}
 
 impl RedisSentinels {
     /// Starts the primary, the replica (and waits until it has synchronised), and three
     /// sentinels (and waits until each knows the replica and the other two); `None` as
     /// [`launch`] does when `redis-server` is missing.
     pub fn launch() -> Option<Self> {
-        Self::start(None)
+        Self::start(None, SentinelTls::default())
     }
 
     /// Like [`RedisSentinels::launch`], with every server and sentinel also listening for
@@ -1247,27 +1292,54 @@ impl RedisSentinels {
     /// TLS ports, and [`RedisSentinels::url`] is a `rediss+sentinel://` URL with `ca=`.
     /// The plain ports stay, for the test kit's own commands.
     pub fn launch_tls(certs: &Path) -> Option<Self> {
-        Self::start(Some(certs))
+        Self::start(Some(certs), SentinelTls::default())
     }
 
-    fn start(certs: Option<&Path>) -> Option<Self> {
+    /// Like [`RedisSentinels::launch_tls`], with the choices of `how`.
+    pub fn launch_tls_with(certs: &Path, how: SentinelTls) -> Option<Self> {
+        Self::start(Some(certs), how)
+    }
+
+    fn start(certs: Option<&Path>, how: SentinelTls) -> Option<Self> {
         let program = server_program(Kind::Redis)?;
         let file = |n: &str| certs.map(|d| d.join(n).display().to_string()).unwrap_or_default();
         let (cert, key, ca) = (file("server.pem"), file("server.key"), file("ca.pem"));
-        // The settings of TLS port `port`, with replication and the sentinels' links over TLS.
-        let tls = |port: u16| -> Vec<(&str, String)> {
+        // The servers trust both CAs when the primary's certificate is the other CA's, so
+        // that they still reach each other; clients are given `ca.pem` alone.
+        let trusted = if how.primary_by_other_ca {
+            let both = file("servers-ca.pem");
+            let text = format!(
+                "{}{}",
+                std::fs::read_to_string(&ca).expect("ca.pem"),
+                std::fs::read_to_string(file("other-ca.pem")).expect("other-ca.pem")
+            );
+            std::fs::write(&both, text).expect("the servers' CA bundle");
+            both
+        } else {
+            ca.clone()
+        };
+        let auth_clients = if how.require_client_certs { "yes" } else { "no" };
+        // The settings of TLS port `port`, with replication and the sentinels' links over
+        // TLS, and the certificate `cert`/`key`.
+        let tls_of = |port: u16, cert: &str, key: &str| -> Vec<(&str, String)> {
             vec![
                 ("tls-port", port.to_string()),
-                ("tls-cert-file", cert.clone()),
-                ("tls-key-file", key.clone()),
-                ("tls-ca-cert-file", ca.clone()),
+                ("tls-cert-file", cert.to_string()),
+                ("tls-key-file", key.to_string()),
+                ("tls-ca-cert-file", trusted.clone()),
                 ("tls-replication", "yes".into()),
-                ("tls-auth-clients", "no".into()),
+                ("tls-auth-clients", auth_clients.into()),
             ]
         };
+        let tls = |port: u16| tls_of(port, &cert, &key);
         let tls_ports = certs.map(|_| [free_port(), free_port()]);
         let flags = |i: usize| -> Vec<String> {
-            let settings = tls_ports.map(|p| tls(p[i])).unwrap_or_default();
+            let settings = tls_ports
+                .map(|p| match (i, how.primary_by_other_ca) {
+                    (0, true) => tls_of(p[0], &file("other-server.pem"), &file("other-server.key")),
+                    _ => tls(p[i]),
+                })
+                .unwrap_or_default();
             settings.into_iter().flat_map(|(k, v)| [format!("--{k}"), v]).collect()
         };
         let launch_node = |flags: Vec<String>| {

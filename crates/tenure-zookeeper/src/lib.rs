@@ -132,7 +132,7 @@ fn parse_url(url: &str) -> Result<Parsed, StoreError> {
              zks://…[/PATH]?ca=PATH[&cert=PATH&key=PATH] for TLS (PATH defaults to {DEFAULT_PATH})"
         ))
     };
-    let (url, ours) = tenure::store::url::take_params(url, &["ca", "cert", "key"]);
+    let (url, ours) = tenure::store::url::take_params(url, &["ca", "cert", "key"]).map_err(|why| bad(&why))?;
     let (rest, secure) = match (url.strip_prefix("zk://"), url.strip_prefix("zks://")) {
         (Some(rest), _) => (rest, false),
         (_, Some(rest)) => (rest, true),

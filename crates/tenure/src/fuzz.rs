@@ -128,6 +128,11 @@ proptest! {
         if password.len() >= 3 && !redacted.contains(password.as_str()) {
             prop_assert!(!shown.contains(password.as_str()), "{} shown as {}", url, shown);
         }
-        let _ = crate::store::url::take_params(&url, &["ca", "cert", "key"]);
+        // What is taken off is gone from the rest: the client library never sees it.
+        if let Ok((rest, _)) = crate::store::url::take_params(&url, &["ca", "cert", "key"]) {
+            let query = rest.split_once('?').map_or("", |(_, q)| q);
+            let left = query.split('&').map(|p| p.split_once('=').map_or(p, |(k, _)| k));
+            prop_assert!(left.into_iter().all(|k| !matches!(k, "ca" | "cert" | "key")), "{} became {}", url, rest);
+        }
     }
 }

@@ -79,6 +79,10 @@ enum ProbeMode {
     /// A slot's run (`TENURE_SLOT`): writes for `TORTURE_SLOT_RUN_MS`, logs the slot as
     /// started and done, and exits 0; a SIGTERM ends it early, unfinished.
     Slot,
+    /// One link of a chain of forks: in a session of its own, it writes once, starts the
+    /// next link 5 ms later and exits, so that each process lives a few milliseconds and
+    /// no look over /proc keeps up with the chain (only a cgroup holds it).
+    Chain,
 }
 
 /// The probe a candidate runs while it leads: it writes every 10 ms to the fenced file
@@ -99,23 +103,24 @@ fn probe(dir: &Path, mode: ProbeMode) -> ExitCode {
     if mode == ProbeMode::Slot {
         append(&events, &format!("slot-start {holder} {token} {} {slot}", now_ns()));
     }
+    if mode == ProbeMode::Chain {
+        // The round is over: whatever is left of a chain ends here.
+        if dir.join("chain-stop").exists() {
+            return ExitCode::SUCCESS;
+        }
+        let _ = rustix::process::setsid();
+        fenced_write(dir, &holder, token);
+        std::thread::sleep(Duration::from_millis(5));
+        if let Ok(me) = std::env::current_exe() {
+            let _ = Command::new(me).args(["probe", "--dir"]).arg(dir).arg("--chain").stdin(Stdio::null()).spawn();
+        }
+        return ExitCode::SUCCESS;
+    }
     let until = (mode == ProbeMode::Slot).then(|| Instant::now() + run_for.unwrap_or(Duration::from_millis(500)));
-    let lock_path = dir.join("fence.lock");
-    let fence_path = dir.join("fence");
     while !stop.load(std::sync::atomic::Ordering::SeqCst) && until.is_none_or(|u| Instant::now() < u) {
-        let Ok(lock) = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path) else {
-            return ExitCode::from(1);
-        };
-        if rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).is_err() {
+        if !fenced_write(dir, &holder, token) {
             return ExitCode::from(1);
         }
-        let highest: u64 = std::fs::read_to_string(&fence_path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
-        let accepted = token >= highest;
-        if accepted {
-            let _ = std::fs::write(&fence_path, token.to_string());
-        }
-        append(&events, &format!("{} {holder} {token} {}", if accepted { "accept" } else { "reject" }, now_ns()));
-        drop(lock);
         std::thread::sleep(Duration::from_millis(10));
     }
     append(&events, &format!("stop {holder} {token} {}", now_ns()));
@@ -126,6 +131,27 @@ fn probe(dir: &Path, mode: ProbeMode) -> ExitCode {
         append(&events, &format!("slot-done {holder} {token} {} {slot}", now_ns()));
     }
     ExitCode::SUCCESS
+}
+
+/// One write to the fenced file with `token` (refused below the highest token seen),
+/// logged as accepted or rejected; `false` if the lock could not be taken.
+fn fenced_write(dir: &Path, holder: &str, token: u64) -> bool {
+    let fence_path = dir.join("fence");
+    let Ok(lock) = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join("fence.lock"))
+    else {
+        return false;
+    };
+    if rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).is_err() {
+        return false;
+    }
+    let highest: u64 = std::fs::read_to_string(&fence_path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
+    let accepted = token >= highest;
+    if accepted {
+        let _ = std::fs::write(&fence_path, token.to_string());
+    }
+    let kind = if accepted { "accept" } else { "reject" };
+    append(&dir.join("events"), &format!("{kind} {holder} {token} {}", now_ns()));
+    true
 }
 
 /// Sets `flag` on SIGTERM, polling a signal in a thread (no unsafe handler needed).
@@ -163,6 +189,9 @@ struct Args {
     /// The slot workload: candidates are `tenure schedule --every PERIOD`, and the round
     /// checks that no slot ran twice and none was lost, instead of leader takeover times.
     slots: Option<Duration>,
+    /// Whether each leader's command also runs a chain of forks (see `ProbeMode::Chain`):
+    /// where the host lets tenure make a cgroup for the command, which alone can stop one.
+    chain: bool,
 }
 
 /// How late a slot may run in the slot workload (`--catch-up`): longer than any
@@ -184,6 +213,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         grace: Duration::from_millis(300),
         seed: 1,
         slots: None,
+        chain: false,
     };
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
@@ -231,6 +261,9 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     if a.sentinel && a.server != Some(Kind::Redis) {
         return Err("--sentinel needs --server redis".into());
     }
+    // Without a cgroup, nothing stops such a chain once `tenure run` and its supervisor
+    // are both disabled (docs/safety.md): it runs only where one can be made.
+    a.chain = a.slots.is_none() && tenure_testkit::servers::cgroups_can_be_made().is_some();
     Ok(a)
 }
 
@@ -341,6 +374,7 @@ fn spawn(a: &Args, store: &str, dir: &Path, id: &str, name: &str, n: usize) -> s
 "$P" probe --dir "$D" --ignore-term &
 setsid "$P" probe --dir "$D" --ignore-term &
 setsid python3 -c "$ENDS_MAIN" "$P" probe --dir "$D" --ignore-term &
+[ -n "$CHAIN" ] && "$P" probe --dir "$D" --chain &
 timeout 600 "$P" probe --dir "$D"
 wait"#;
     // A slot's run: a probe that works for a while and ends (logging the slot), and one in
@@ -371,6 +405,7 @@ setsid "$P" probe --dir "$D" --ignore-term &
     cmd.arg(me)
         .arg(dir)
         .env("ENDS_MAIN", ends_main)
+        .env("CHAIN", if a.chain { "1" } else { "" })
         .env("TORTURE_CAND", id)
         .env("RUST_LOG", std::env::var("TORTURE_RUST_LOG").unwrap_or_else(|_| log.into()))
         .stdin(Stdio::null())
@@ -998,6 +1033,8 @@ fn torture(a: Args) -> Result<bool, String> {
     for c in cands.iter_mut() {
         let _ = c.child.wait();
     }
+    // A chain a term failed to stop would run on after the round: it ends itself now.
+    append(&dir.join("chain-stop"), "");
 
     // The probes' log becomes the history.
     let text = std::fs::read_to_string(&events).unwrap_or_default();
@@ -1088,6 +1125,14 @@ fn torture(a: Args) -> Result<bool, String> {
     let ttl = a.ttl.as_secs_f64();
     let ratio = |d: Duration| d.as_secs_f64() / ttl;
     println!("leadership terms    {}", s.terms);
+    println!(
+        "command             {}",
+        if a.chain {
+            "a tree, with a chain of forks in new sessions (the command's cgroup holds it)"
+        } else {
+            "a tree"
+        }
+    );
     println!("faults injected     {}", faults.iter().map(|(k, v)| format!("{v} {k}")).collect::<Vec<_>>().join(", "));
     println!(
         "crash takeover      p50 {:?} ({:.2} TTL)  p99 {:?} ({:.2} TTL)  max {:?} ({:.2} TTL)",
@@ -1242,13 +1287,14 @@ fn main() -> ExitCode {
         let dir = match (args.next().as_deref(), args.next()) {
             (Some("--dir"), Some(d)) => PathBuf::from(d),
             _ => {
-                eprintln!("usage: tenure-torture probe --dir DIR [--ignore-term | --slot]");
+                eprintln!("usage: tenure-torture probe --dir DIR [--ignore-term | --slot | --chain]");
                 return ExitCode::from(2);
             }
         };
         let mode = match args.next().as_deref() {
             Some("--ignore-term") => ProbeMode::IgnoreTerm,
             Some("--slot") => ProbeMode::Slot,
+            Some("--chain") => ProbeMode::Chain,
             _ => ProbeMode::Plain,
         };
         return probe(&dir, mode);

@@ -2,20 +2,57 @@
 
 /// Splits the query parameters named in `ours` off `url`: returns the URL without them
 /// (for the client library, which may refuse parameters it does not know) and the values
-/// found, in the order of `ours` (`None` if absent; the last occurrence wins).
-pub fn take_params(url: &str, ours: &[&str]) -> (String, Vec<Option<String>>) {
+/// found, in the order of `ours` (`None` if absent). A parameter named twice, ours or the
+/// client library's, is an error that names it (not its value, which may be a password):
+/// `sslmode=verify-full&sslmode=disable` must not quietly mean the last.
+pub fn take_params(url: &str, ours: &[&str]) -> Result<(String, Vec<Option<String>>), String> {
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
     let mut found = vec![None; ours.len()];
     let mut rest = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        // As client libraries read it (`%73slmode` is `sslmode`).
+        if !seen.insert(form_decoded(k)) {
+            // A `?` and `@` in the password, unencoded, put a piece of it here: named
+            // only when the query is clearly after the host.
+            return Err(match query.contains('@') {
+                false => format!("parameter {k:?} is given twice; give it once"),
+                true => "a parameter is given twice; give each once".to_string(),
+            });
+        }
         match ours.iter().position(|o| *o == k) {
             Some(i) => found[i] = Some(v.to_string()),
             None => rest.push(pair),
         }
     }
     let url = if rest.is_empty() { base.to_string() } else { format!("{base}?{}", rest.join("&")) };
-    (url, found)
+    Ok((url, found))
+}
+
+/// `text` as `application/x-www-form-urlencoded` decodes it: `%XX` escapes and `+` for a
+/// space. A malformed escape stays as it is.
+fn form_decoded(text: &str) -> Vec<u8> {
+    let b = text.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+        match b[i] {
+            b'%' if i + 2 < b.len() => match (hex(b[i + 1]), hex(b[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push(h * 16 + l);
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    out
 }
 
 /// What a PEM file named in a store URL (`ca=`, `cert=`, `key=`) must hold.
@@ -108,10 +145,25 @@ mod tests {
 
     #[test]
     fn our_parameters_come_off_the_rest_stays() {
-        let (url, v) = take_params("postgres://u:p@h/db?sslmode=require&table=t1&x=1&table=t2", &["table", "prefix"]);
+        let (url, v) = take_params("postgres://u:p@h/db?sslmode=require&table=t1&x=1", &["table", "prefix"]).unwrap();
         assert_eq!(url, "postgres://u:p@h/db?sslmode=require&x=1");
-        assert_eq!(v, vec![Some("t2".to_string()), None]);
-        assert_eq!(take_params("redis://h", &["prefix"]), ("redis://h".to_string(), vec![None]));
+        assert_eq!(v, vec![Some("t1".to_string()), None]);
+        assert_eq!(take_params("redis://h", &["prefix"]), Ok(("redis://h".to_string(), vec![None])));
+    }
+
+    #[test]
+    fn a_parameter_named_twice_is_refused_by_name_alone() {
+        for url in [
+            "postgres://u:p@h/db?table=t1&x=1&table=t2",
+            "postgres://u:p@h/db?sslmode=verify-full&sslmode=disable",
+            "redis+sentinel://h/m?sentinel_password=secret1&sentinel_password=secret2",
+            "s3://b?region&region=x",
+            "postgres://u:p@h/db?sslmode=verify-full&%73slmode=disable",
+        ] {
+            let e = take_params(url, &["table", "region"]).unwrap_err();
+            assert!(e.contains("given twice"), "{url}: {e}");
+            assert!(!e.contains("secret") && !e.contains("t2") && !e.contains("disable"), "{url}: {e}");
+        }
     }
 
     #[test]
