@@ -311,29 +311,50 @@ fn command_cgroup(deadline_file: &Path) -> Option<PathBuf> {
 /// The environment variable that turns the command's cgroup off (`TENURE_CGROUP=off`).
 pub const CGROUP_ENV: &str = "TENURE_CGROUP";
 
-/// Runs `spawn` (which starts the command) inside the command's cgroup, made for it, so
-/// that the command starts there; the supervisor then goes back to its own. Returns what
-/// `spawn` did, and the cgroup when the supervisor may kill it whole (it is back in its
-/// own). Where no cgroup can be made or entered, `spawn` runs where the supervisor is,
-/// and the command is followed through `/proc` alone.
-fn spawn_in_cgroup<R>(cg: Option<&Path>, spawn: impl FnOnce() -> R) -> (R, Option<PathBuf>) {
-    let (Some(home), Some(cg)) = (own_cgroup(), cg) else { return (spawn(), None) };
-    if std::fs::create_dir(cg).is_err() {
-        return (spawn(), None);
-    }
-    if std::fs::write(cg.join("cgroup.procs"), b"0").is_err() {
-        let _ = std::fs::remove_dir(cg);
-        return (spawn(), None);
-    }
-    let spawned = spawn();
-    match std::fs::write(home.join("cgroup.procs"), b"0") {
-        Ok(()) => (spawned, Some(cg.to_path_buf())),
-        Err(e) => {
-            // Left in it, the supervisor is killed with the command by the guard, which
-            // kills it anyway when it must act; the supervisor itself signals the tree.
-            eprintln!("tenure: cannot leave the command's cgroup {}: {e}", cg.display());
-            (spawned, None)
+/// The supervisor's place in the command's cgroup: made, and entered by the supervisor
+/// so that the command it starts begins there; left once the command is started, since
+/// the supervisor must not be killed with it. A move between cgroups waits on the kernel
+/// (several milliseconds on a busy host), so a standby supervisor makes and enters it
+/// while it waits, not when its term begins. Removed (when empty) on drop.
+struct CgroupSeat {
+    cg: PathBuf,
+    /// The supervisor's own cgroup, to go back to; `None` once back.
+    home: Option<PathBuf>,
+}
+
+impl CgroupSeat {
+    /// Makes cgroup `cg` and enters it; `None` (nothing left behind) where either fails.
+    fn take(cg: Option<PathBuf>) -> Option<Self> {
+        let (home, cg) = (own_cgroup()?, cg?);
+        std::fs::create_dir(&cg).ok()?;
+        if std::fs::write(cg.join("cgroup.procs"), b"0").is_err() {
+            let _ = std::fs::remove_dir(&cg);
+            return None;
         }
+        Some(Self { cg, home: Some(home) })
+    }
+
+    /// Goes back to the supervisor's own cgroup; the cgroup, which the supervisor may now
+    /// kill whole, or `None` if it could not leave it (the guard, which kills it anyway
+    /// when it must act, then kills the supervisor with the command).
+    fn leave(&mut self) -> Option<PathBuf> {
+        let home = self.home.take()?;
+        match std::fs::write(home.join("cgroup.procs"), b"0") {
+            Ok(()) => Some(self.cg.clone()),
+            Err(e) => {
+                eprintln!("tenure: cannot leave the command's cgroup {}: {e}", self.cg.display());
+                None
+            }
+        }
+    }
+}
+
+impl Drop for CgroupSeat {
+    fn drop(&mut self) {
+        if self.home.is_some() {
+            let _ = self.leave();
+        }
+        let _ = std::fs::remove_dir(&self.cg);
     }
 }
 
@@ -462,6 +483,8 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, stan
         eprintln!("tenure: cannot stop the command's processes from gaining privileges: {e}");
         return 125;
     }
+    // A standby takes its seat in the command's cgroup now, while it waits.
+    let mut seat = if standby { CgroupSeat::take(command_cgroup(deadline_file)) } else { None };
     let added_env = if standby {
         match wait_to_start(parent, deadline_file, &mut parent_died, &mut term, &mut int).await {
             Ok(env) => env,
@@ -493,15 +516,14 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, stan
         eprintln!("tenure: cannot start the command: {e}");
         return 125;
     }
-    // Named before the supervisor enters it: from inside, its own cgroup is that one.
-    let made = command_cgroup(deadline_file);
-    let (spawned, cgroup) = spawn_in_cgroup(made.as_deref(), || command.spawn());
+    if seat.is_none() && !standby {
+        seat = CgroupSeat::take(command_cgroup(deadline_file));
+    }
+    let spawned = command.spawn();
+    let cgroup = seat.as_mut().and_then(CgroupSeat::leave);
     let command = match spawned {
         Ok(c) => c.id() as i32,
         Err(e) => {
-            if let Some(cg) = &made {
-                let _ = std::fs::remove_dir(cg);
-            }
             eprintln!("tenure: cannot start {program:?}: {e}");
             return if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
         }
@@ -529,9 +551,7 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, stan
                 Ok(None) => break,
                 Err(rustix::io::Errno::CHILD) => {
                     // Nothing of the command is left: its cgroup, if it had one, is empty.
-                    if let Some(cg) = &made {
-                        let _ = std::fs::remove_dir(cg);
-                    }
+                    drop(seat.take());
                     if parent_gone {
                         // `tenure run` cannot clean up after itself: its directory goes too.
                         remove_deadline_dir(deadline_file);
@@ -1085,8 +1105,29 @@ impl Standby {
 
 impl Drop for Standby {
     fn drop(&mut self) {
-        if let Some(child) = &mut self.child {
-            let _ = child.start_kill();
+        if let Some(mut child) = self.child.take() {
+            // Told to go (SIGTERM), a standby leaves and removes the cgroup it waited in;
+            // one that has not gone within half a second is killed, and its cgroup
+            // removed here. If this process ends first, the standby's parent-death signal
+            // makes it go the same way.
+            let _ = rustix::process::kill_process(self.supervisor, Signal::TERM);
+            let cg = command_cgroup(&self.deadline_file);
+            std::thread::spawn(move || {
+                let gone = |cg: &Option<PathBuf>| cg.as_ref().is_none_or(|cg| !cg.exists());
+                for _ in 0..50 {
+                    if gone(&cg) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                let _ = child.start_kill();
+                for _ in 0..50 {
+                    if gone(&cg) || cg.as_ref().is_some_and(|cg| std::fs::remove_dir(cg).is_ok()) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            });
         }
         if let Some(guard) = &mut self.guard {
             let _ = guard.start_kill();
