@@ -33,11 +33,6 @@ const HISTORY: usize = 50;
 /// How often the candidates of each election are counted (one store read each).
 const CANDIDATES_EVERY: u32 = 8;
 
-/// Most bytes of an election's metadata the page is sent; the rest is cut off, and the
-/// whole length given (`metadata_bytes`). A record of many megabytes would otherwise be
-/// sent to every open page four times a second.
-const MAX_METADATA_SHOWN: usize = 4096;
-
 /// What the dashboard has seen of the store: the latest snapshot the pages get, and per
 /// election the changes of leader since this server started.
 #[derive(Default)]
@@ -156,15 +151,12 @@ fn record(
             .iter()
             .map(|(name, t)| {
                 let rec = by_name.get(name.as_str()).copied();
-                let mut v = crate::inspect::status_json(name, rec);
+                // Metadata cut to a few KiB: a record of many megabytes would otherwise be
+                // sent to every open page four times a second.
+                let mut v = crate::inspect::status_json_for_http(name, rec);
                 if let (Some(r), Some(leader)) = (rec, v["leader"].as_object_mut()) {
                     leader.insert("ttl_ms".into(), json!(r.ttl.as_millis() as u64));
                     leader.insert("late".into(), json!(late(r)));
-                    if r.metadata.len() > MAX_METADATA_SHOWN {
-                        let cut = String::from_utf8_lossy(&r.metadata[..MAX_METADATA_SHOWN]).into_owned();
-                        leader.insert("metadata".into(), json!(cut + "…"));
-                        leader.insert("metadata_bytes".into(), json!(r.metadata.len()));
-                    }
                 }
                 v["candidates"] = json!(t.candidates);
                 v["history"] = Value::Array(t.history.iter().cloned().collect());

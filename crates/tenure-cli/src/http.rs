@@ -51,7 +51,7 @@ pub async fn serve(
     let bound = listener.local_addr()?;
     tracing::info!(%bound, "serving /metrics, /healthz, /leader and /is-leader");
     let long_polls = Arc::new(tokio::sync::Semaphore::new(MAX_LONG_POLLS));
-    let state = Arc::new(State { metrics, elector, store, long_polls });
+    let state = Arc::new(State { metrics, elector, store, long_polls, last_leader: Default::default() });
     tokio::spawn(accept_loop(listener, move |conn, get| {
         let state = state.clone();
         async move {
@@ -175,7 +175,12 @@ struct State {
     elector: Elector,
     store: Arc<dyn LeaseStore>,
     long_polls: Arc<tokio::sync::Semaphore>,
+    /// The last answer of `/leader`: when the store was read, its status and body.
+    last_leader: tokio::sync::Mutex<Option<(tokio::time::Instant, u16, Arc<str>)>>,
 }
+
+/// How long an answer of `/leader` serves every request that comes.
+const LEADER_FRESH: Duration = Duration::from_millis(100);
 
 /// A GET request: its path and its `Host` header, if it had one.
 pub struct Get {
@@ -233,16 +238,32 @@ async fn answer(mut conn: TcpStream, Get { path, query, .. }: Get, state: &State
         }
         "/leader" => {
             let election = state.elector.election();
-            match state.store.get(election).await {
-                Ok(rec) => {
-                    let body = crate::inspect::status_json(election.as_str(), rec.as_ref()).to_string();
-                    respond(&mut conn, 200, "application/json", &(body + "\n")).await
+            // One store read at a time, and one shared by every request within
+            // LEADER_FRESH of it: however many clients ask, the store (whose connection
+            // the leader's renewals use too) is read at most ten times a second, and a
+            // record of many megabytes (written by hand into the store) is held once.
+            let (status, body) = {
+                let mut last = state.last_leader.lock().await;
+                match &*last {
+                    Some((at, status, body)) if at.elapsed() < LEADER_FRESH => (*status, body.clone()),
+                    _ => {
+                        let (status, body) = match state.store.get(election).await {
+                            Ok(rec) => {
+                                let v = crate::inspect::status_json_for_http(election.as_str(), rec.as_ref());
+                                (200, v.to_string() + "\n")
+                            }
+                            Err(e) => (
+                                503,
+                                json!({ "election": election.as_str(), "error": format!("{e:#}") }).to_string() + "\n",
+                            ),
+                        };
+                        let body: Arc<str> = Arc::from(body);
+                        *last = Some((tokio::time::Instant::now(), status, body.clone()));
+                        (status, body)
+                    }
                 }
-                Err(e) => {
-                    let body = json!({ "election": election.as_str(), "error": format!("{e:#}") }).to_string();
-                    respond(&mut conn, 503, "application/json", &(body + "\n")).await
-                }
-            }
+            };
+            respond(&mut conn, status, "application/json", &body).await
         }
         "/is-leader" => {
             let poll = match LongPoll::parse(&query) {

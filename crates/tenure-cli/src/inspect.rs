@@ -74,8 +74,39 @@ pub(crate) fn json_line(v: &Value) -> String {
     out
 }
 
+/// Most bytes of an election's metadata the HTTP endpoints and the dashboard's pages are
+/// sent; the rest is cut off, and the whole length given (`metadata_bytes`). A record of
+/// many megabytes (written by hand into the store) would otherwise be copied for every
+/// request and page.
+pub(crate) const MAX_METADATA_SHOWN: usize = 4096;
+
+/// `status_json` of `r` with its metadata cut to [`MAX_METADATA_SHOWN`] bytes (then with
+/// `metadata_bytes`, the whole length), for the HTTP endpoints and the dashboard.
+pub(crate) fn status_json_for_http(election: &str, r: Option<&LeaseRecord>) -> Value {
+    let mut v = status_json(election, None);
+    if let Some(r) = r {
+        let shown = &r.metadata[..r.metadata.len().min(MAX_METADATA_SHOWN)];
+        let mut shown = String::from_utf8_lossy(shown).into_owned();
+        let leader = if r.metadata.len() > MAX_METADATA_SHOWN {
+            shown.push('…');
+            let mut l = leader_json_showing(r, shown);
+            l["metadata_bytes"] = json!(r.metadata.len());
+            l
+        } else {
+            leader_json_showing(r, shown)
+        };
+        v["leader"] = leader;
+    }
+    v
+}
+
 /// The JSON object for one leader (the `leader` field of `status --json`).
 fn leader_json(r: &LeaseRecord) -> Value {
+    leader_json_showing(r, text(&r.metadata))
+}
+
+/// [`leader_json`] with `metadata` for the record's metadata.
+fn leader_json_showing(r: &LeaseRecord, metadata: String) -> Value {
     json!({
         "holder": r.holder.as_str(),
         "token": r.token.0,
@@ -83,7 +114,7 @@ fn leader_json(r: &LeaseRecord) -> Value {
         "renewed_at": time(r.renewed_at),
         "expires_in_ms": r.remaining.map(|d| d.as_millis() as u64),
         "evicted": r.evicted,
-        "metadata": text(&r.metadata),
+        "metadata": metadata,
     })
 }
 

@@ -12,8 +12,8 @@ pub fn take_params(url: &str, ours: &[&str]) -> Result<(String, Vec<Option<Strin
     let mut seen = std::collections::HashSet::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        // As client libraries read it (`%73slmode` is `sslmode`).
-        if !seen.insert(form_decoded(k)) {
+        // As client libraries read it (`%73slmode` is `sslmode`, and so is `ssl-mode`).
+        if !seen.insert(canonical_key(k)) {
             // A `?` and `@` in the password, unencoded, put a piece of it here: named
             // only when the query is clearly after the host.
             return Err(match query.contains('@') {
@@ -28,6 +28,19 @@ pub fn take_params(url: &str, ours: &[&str]) -> Result<(String, Vec<Option<Strin
     }
     let url = if rest.is_empty() { base.to_string() } else { format!("{base}?{}", rest.join("&")) };
     Ok((url, found))
+}
+
+/// The setting a query parameter's name stands for, as far as client libraries tell
+/// names apart: decoded, in lower case, without `-` and `_` (sqlx reads `ssl-mode` as
+/// `sslmode`, `ssl-root-cert` as `sslrootcert`), and PostgreSQL's `ssl-ca` as
+/// `sslrootcert`.
+fn canonical_key(key: &str) -> Vec<u8> {
+    let mut k: Vec<u8> =
+        form_decoded(key).into_iter().filter(|b| !matches!(b, b'-' | b'_')).map(|b| b.to_ascii_lowercase()).collect();
+    if k == b"sslca" {
+        k = b"sslrootcert".to_vec();
+    }
+    k
 }
 
 /// `text` as `application/x-www-form-urlencoded` decodes it: `%XX` escapes and `+` for a
@@ -159,6 +172,9 @@ mod tests {
             "redis+sentinel://h/m?sentinel_password=secret1&sentinel_password=secret2",
             "s3://b?region&region=x",
             "postgres://u:p@h/db?sslmode=verify-full&%73slmode=disable",
+            "postgres://u:p@h/db?sslmode=verify-full&ssl-mode=disable",
+            "postgres://u:p@h/db?sslrootcert=/ca.pem&ssl-ca=/evil.pem",
+            "mysql://u:p@h/db?ssl_mode=VERIFY_IDENTITY&ssl-mode=DISABLED",
         ] {
             let e = take_params(url, &["table", "region"]).unwrap_err();
             assert!(e.contains("given twice"), "{url}: {e}");
