@@ -153,7 +153,7 @@ fn prometheus_sees_one_leader_and_is_leader_follows_a_crash() {
 
 #[test]
 fn a_flood_of_idle_connections_neither_restarts_the_command_nor_keeps_a_core_busy() {
-    // 900 idle connections against 256 descriptors: the connections must not take what
+    // A lasting flood of idle connections against 256 descriptors: it must not take what
     // renewing the lease, keeping the command's deadline and starting its health checks
     // need (a health check that cannot start fails, and the leader steps down).
     let dir = tempfile::tempdir().unwrap();
