@@ -282,13 +282,15 @@ fn own_cgroup() -> Option<PathBuf> {
 /// starts in it whatever it does (a new session, a double fork, a chain of forks faster
 /// than any look over `/proc`), and `cgroup.kill` kills them all at once.
 ///
-/// Not with `TENURE_CGROUP=off`, and not inside a systemd unit that was not given its
-/// cgroup's subtree (`Delegate=yes`): systemd alone manages such a unit's cgroup, and
-/// stopping the unit stops every process in it anyway.
+/// Only with `TENURE_CGROUP=on` (off by default for now: a `tenure run` was once seen
+/// taking 30 s to exit after its command under heavy load with it on, not explained yet),
+/// and not inside a systemd unit that was not given its cgroup's subtree (`Delegate=yes`):
+/// systemd alone manages such a unit's cgroup, and stopping the unit stops every process
+/// in it anyway.
 fn command_cgroup(deadline_file: &Path) -> Option<PathBuf> {
     let name = deadline_file.parent()?.file_name()?.to_str()?;
     name.starts_with("tenure-run-").then_some(())?;
-    if std::env::var_os(CGROUP_ENV).is_some_and(|v| v == "off") {
+    if std::env::var_os(CGROUP_ENV).is_none_or(|v| v != "on") {
         return None;
     }
     let own = own_cgroup()?;
@@ -308,7 +310,7 @@ fn command_cgroup(deadline_file: &Path) -> Option<PathBuf> {
     Some(own.join(name))
 }
 
-/// The environment variable that turns the command's cgroup off (`TENURE_CGROUP=off`).
+/// The environment variable that turns the command's cgroup on (`TENURE_CGROUP=on`).
 pub const CGROUP_ENV: &str = "TENURE_CGROUP";
 
 /// The supervisor's place in the command's cgroup: made, and entered by the supervisor
@@ -1096,6 +1098,10 @@ impl Standby {
     pub async fn discard(mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill().await;
+            // The cgroup it waited in, empty now.
+            if let Some(cg) = command_cgroup(&self.deadline_file) {
+                let _ = std::fs::remove_dir(cg);
+            }
         }
         if let Some(mut guard) = self.guard.take() {
             let _ = guard.kill().await;

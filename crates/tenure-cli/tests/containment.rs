@@ -193,7 +193,7 @@ fn a_killed_supervisor_leaves_no_process_and_no_cgroup_behind() {
     let _reap = Reap(pids.clone());
     let w = sh_quote(&worker(&pids, &log, true));
     let script = format!("echo $PPID > {}; setsid sh -c {w} & sh -c {w} & wait", sup.display());
-    let mut leader = env.run(&env.sqlite(), "a", &script);
+    let mut leader = env.run_env(&env.sqlite(), "a", &script, &[("TENURE_CGROUP", "on")]);
     let started = wait_pids(&pids, 2);
     let cg = cgroup_of(started[0], &cgroups);
     assert!(cg.is_dir());
@@ -1037,7 +1037,8 @@ fn a_chain_of_forks_in_new_sessions_stops_when_tenure_run_and_its_supervisor_are
         }
     }
     let _stop = Stop(stop.clone());
-    let mut leader = env.run(&env.sqlite(), "a", &format!("sh {}; sleep 600", script.display()));
+    let mut leader =
+        env.run_env(&env.sqlite(), "a", &format!("sh {}; sleep 600", script.display()), &[("TENURE_CGROUP", "on")]);
     let t0 = Instant::now();
     while last_work(&log) == 0 {
         assert!(t0.elapsed() < Duration::from_secs(20), "the chain did not start");

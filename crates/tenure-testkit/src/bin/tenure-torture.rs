@@ -263,7 +263,9 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     }
     // Without a cgroup, nothing stops such a chain once `tenure run` and its supervisor
     // are both disabled (docs/safety.md): it runs only where one can be made.
-    a.chain = a.slots.is_none() && tenure_testkit::servers::cgroups_can_be_made().is_some();
+    // Nor under skewed clocks: each link of the chain is a new process, whose faked clock
+    // starts afresh, and its times would not compare with the long-lived probes'.
+    a.chain = a.slots.is_none() && a.skew.is_none() && tenure_testkit::servers::cgroups_can_be_made().is_some();
     Ok(a)
 }
 
@@ -406,6 +408,7 @@ setsid "$P" probe --dir "$D" --ignore-term &
         .arg(dir)
         .env("ENDS_MAIN", ends_main)
         .env("CHAIN", if a.chain { "1" } else { "" })
+        .env("TENURE_CGROUP", if a.chain { "on" } else { "off" })
         .env("TORTURE_CAND", id)
         .env("RUST_LOG", std::env::var("TORTURE_RUST_LOG").unwrap_or_else(|_| log.into()))
         .stdin(Stdio::null())
