@@ -360,6 +360,11 @@ impl Drop for CgroupSeat {
     }
 }
 
+/// Kills every process in cgroup `cg` at once (`cgroup.kill`; nothing if it is gone).
+fn kill_cgroup(cg: &Path) {
+    let _ = std::fs::write(cg.join("cgroup.kill"), b"1");
+}
+
 /// The processes in cgroup `cg` (none if it is gone).
 fn cgroup_members(cg: &Path) -> Vec<Pid> {
     let procs = std::fs::read_to_string(cg.join("cgroup.procs")).unwrap_or_default();
@@ -596,7 +601,7 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, stan
         if phase == Phase::Killing {
             // The cgroup too: a chain of forks can keep ahead of a look over /proc.
             if let Some(cg) = &cgroup {
-                let _ = std::fs::write(cg.join("cgroup.kill"), b"1");
+                kill_cgroup(cg);
             }
             signal_tree(me, Signal::KILL);
         }
@@ -758,7 +763,7 @@ pub fn guard(parent: i32, supervisor: i32, deadline_file: &Path, grace: Duration
             // The cgroup first: the kernel kills every process in it at once, a chain of
             // forks included, which one signal a process cannot outrun.
             if let Some(cg) = &cgroup {
-                let _ = std::fs::write(cg.join("cgroup.kill"), b"1");
+                kill_cgroup(cg);
             }
             for p in tree {
                 let _ = rustix::process::kill_process(p, Signal::KILL);
@@ -1235,7 +1240,7 @@ impl Supervised {
         // The command's cgroup, which a killed supervisor left: whatever is still in it
         // (outside this tree: it moved itself out) goes, then the cgroup.
         if let Some(cg) = command_cgroup(&self.deadline_file).filter(|cg| cg.is_dir()) {
-            let _ = std::fs::write(cg.join("cgroup.kill"), b"1");
+            kill_cgroup(&cg);
             let t0 = std::time::Instant::now();
             while std::fs::remove_dir(&cg).is_err() && cg.is_dir() && t0.elapsed() < STOP_SLACK {
                 tokio::time::sleep(Duration::from_millis(5)).await;

@@ -348,12 +348,7 @@ fn a_huge_record_is_cut_short_for_the_page_and_costs_open_pages_no_copy_each() {
         })
         .collect();
     std::thread::sleep(Duration::from_secs(3));
-    let status = std::fs::read_to_string(format!("/proc/{}/status", dash.id())).unwrap();
-    let rss_kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap();
+    let rss_kb = common::rss_kb(dash.id());
     drop(views);
     // Each read of the store holds the record once or twice (20-40 MB); a copy per view
     // would be 800 MB and more.

@@ -492,13 +492,7 @@ fn a_huge_record_costs_the_http_endpoints_a_few_kilobytes_per_request() {
         .collect();
     let mut peak_kb = 0u64;
     for _ in 0..8 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", leader.id())).unwrap();
-        let rss: u64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .unwrap();
-        peak_kb = peak_kb.max(rss);
+        peak_kb = peak_kb.max(common::rss_kb(leader.id()));
         assert!(
             get(port, "/healthz", Duration::from_secs(1)).is_some_and(|(s, _)| s == 200),
             "/healthz unanswered within 1 s with 100 readers of /leader that do not read"

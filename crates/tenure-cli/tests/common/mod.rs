@@ -46,3 +46,13 @@ pub fn name_of(holder: &str) -> &str {
         _ => holder,
     }
 }
+
+/// The resident memory of process `pid`, in kB (`VmRSS`).
+pub fn rss_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
