@@ -1224,12 +1224,17 @@ impl Supervised {
         self.supervisor.as_raw_pid()
     }
 
-    /// Waits until the command and every process it started have ended (the supervisor
-    /// returns only then).
-    pub async fn wait(&mut self) -> i32 {
-        let code = self.child.wait().await.map(exit_code).unwrap_or(1);
+    /// Waits until the supervisor has returned: the command and every process of its tree
+    /// that stayed below the supervisor have ended. Cancel-safe; [`Supervised::clean_up`]
+    /// must follow.
+    pub async fn exited(&mut self) -> i32 {
+        self.child.wait().await.map(exit_code).unwrap_or(1)
+    }
+
+    /// After [`Supervised::exited`]: kills what a killed supervisor left behind (its
+    /// orphans, its cgroup) and stops the guard.
+    pub async fn clean_up(&mut self) {
         self.sweep_then_end_guard().await;
-        code
     }
 
     /// Kills what is left of the command's tree, then stops the guard: if this process

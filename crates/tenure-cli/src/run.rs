@@ -562,7 +562,12 @@ async fn supervise(l: &Leadership, job: &Job<'_>, standby: Option<Standby>, stop
     loop {
         tokio::select! {
             biased;
-            code = child.wait() => {
+            code = child.exited() => {
+                // Whether the term still held when the command's end was seen. What follows
+                // (a sweep for orphans, the cgroup's removal) only cleans up: a term that
+                // runs out meanwhile, on a loaded host, must not make finished work run again.
+                let in_term = l.is_valid();
+                child.clean_up().await;
                 if prestarted
                     && !child.command_started()
                     && !child.stopped_by_supervisor()
@@ -571,7 +576,7 @@ async fn supervise(l: &Leadership, job: &Job<'_>, standby: Option<Standby>, stop
                     tracing::warn!(token = %l.token(), code, "the standby supervisor ended before it started the command");
                     return Ok(End::NotStarted);
                 }
-                if l.is_valid() && !child.stopped_by_supervisor() {
+                if in_term && !child.stopped_by_supervisor() {
                     return Ok(End::Exited(code));
                 }
                 // The term is over (this process was frozen or stuck past it): the end of
