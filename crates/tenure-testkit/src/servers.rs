@@ -736,7 +736,7 @@ impl Server {
                 // every other `extra` line is appended to zoo.cfg.
                 let mut cfg = format!(
                     "tickTime=100\ninitLimit=100\nsyncLimit=20\ndataDir={}\nclientPort={}\n\
-                     clientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=srvr\n\
+                     clientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=srvr,cons\n\
                      minSessionTimeout=200\nmaxSessionTimeout=600000\n",
                     data.display(),
                     self.port
