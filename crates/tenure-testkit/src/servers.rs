@@ -731,13 +731,15 @@ impl Server {
                 self.run_setup(&install, &args);
             }
             Kind::ZooKeeper => {
-                // Its own configuration: loopback only, short ticks, no admin server. A line
+                // Its own configuration: loopback only, short ticks, no admin server, no cap
+                // on connections from one address (the conformance cases open dozens of
+                // stores at once, past the default 60). A line
                 // `myid=N` in `extra` becomes the data directory's myid (ensemble members);
                 // every other `extra` line is appended to zoo.cfg.
                 let mut cfg = format!(
                     "tickTime=100\ninitLimit=100\nsyncLimit=20\ndataDir={}\nclientPort={}\n\
                      clientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=srvr,cons\n\
-                     minSessionTimeout=200\nmaxSessionTimeout=600000\n",
+                     minSessionTimeout=200\nmaxSessionTimeout=600000\nmaxClientCnxns=0\n",
                     data.display(),
                     self.port
                 );

@@ -8,7 +8,9 @@
 //!
 //! **One session per TTL.** A store keeps one session per TTL it is asked for, shared by
 //! every election it holds with that TTL; the client keeps it alive with pings, so a
-//! process pays one session however many elections it leads. The server grants a
+//! process pays one session however many elections it leads. It is opened only to take
+//! a grant (a follower looks through the session that reads and watches) and closed
+//! once it holds none. The server grants a
 //! session timeout between its `minSessionTimeout` and `maxSessionTimeout` (by default 2
 //! and 20 times its `tickTime`); a TTL it would not grant exactly is refused with an
 //! error that names both. Because the session outlives a lease that its holder stops
@@ -75,8 +77,9 @@ struct Inner {
     /// settings for rustls, to say why a handshake failed.
     tls: Option<(zk::TlsOptions, Arc<rustls::ClientConfig>)>,
     described: String,
-    /// One session per TTL in milliseconds.
-    sessions: tokio::sync::Mutex<HashMap<u64, zk::Client>>,
+    /// One session per TTL in milliseconds, opened to take a grant and closed once it
+    /// holds none (an `Arc`, so that one a request in flight uses is never closed).
+    sessions: tokio::sync::Mutex<HashMap<u64, Arc<zk::Client>>>,
     /// The session that reads, deletes and watches.
     reader: tokio::sync::Mutex<Option<zk::Client>>,
     /// Whether `path` is known to exist.
@@ -446,8 +449,13 @@ impl ZkStore {
         Ok(c)
     }
 
+    /// Whether a session whose timeout is `ttl` is open.
+    async fn has_session(&self, ttl: Duration) -> bool {
+        self.inner.sessions.lock().await.get(&millis(ttl)).is_some_and(|c| !c.state().is_terminated())
+    }
+
     /// The session whose timeout is `ttl`, opened (and checked) on first use.
-    async fn session(&self, ttl: Duration) -> Result<zk::Client, StoreError> {
+    async fn session(&self, ttl: Duration) -> Result<Arc<zk::Client>, StoreError> {
         let ms = millis(ttl);
         let mut sessions = self.inner.sessions.lock().await;
         if let Some(c) = sessions.get(&ms)
@@ -473,8 +481,25 @@ impl ZkStore {
             )));
         }
         self.ensure_path(&c).await?;
+        let c = Arc::new(c);
         sessions.insert(ms, c.clone());
         Ok(c)
+    }
+
+    /// Closes the session `id` if it holds no grant and no request is using it: an idle
+    /// session's pings would be most of what the server hears from this process. It is
+    /// detached, so the server expires it a session timeout later, with nothing in it.
+    fn close_if_idle(&self, id: i64) {
+        let held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+        if mutant("zk-idle-session-kept") || held.values().any(|h| h.session == id) {
+            return;
+        }
+        // A request in flight holds a second reference; `session` hands references out only
+        // under this lock, so none can be taken meanwhile. Contended: left open until the
+        // next grant this store gives up.
+        if let Ok(mut sessions) = self.inner.sessions.try_lock() {
+            sessions.retain(|_, c| c.session_id().0 != id || Arc::strong_count(c) > 1);
+        }
     }
 
     /// Creates the store's path (and its parents) if it is missing.
@@ -531,9 +556,11 @@ impl ZkStore {
 
     fn forget(&self, path: &str, token: i64) {
         let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
-        if held.get(path).is_some_and(|h| h.token == token) {
-            held.remove(path);
-        }
+        let Some(h) = held.get(path).filter(|h| h.token == token) else { return };
+        let session = h.session;
+        held.remove(path);
+        drop(held);
+        self.close_if_idle(session);
     }
 
     /// Deletes the nodes of ours whose TTL has passed since the last acquire or renewal
@@ -742,6 +769,44 @@ impl ZkStore {
         }
     }
 
+    /// `try_acquire` in session `c`.
+    async fn acquire_in(&self, req: &AcquireRequest, c: Arc<zk::Client>) -> Result<Acquire, StoreError> {
+        let parent = self.node(req.election.as_str());
+        let data = encode(&req.holder, req.ttl, false, &req.metadata);
+        for _ in 0..10 {
+            let sent = Instant::now();
+            let (version, grant) = self.lookup(&c, &req.election).await?;
+            if let Some((_, cur, stat)) = grant {
+                if cur.holder != req.holder || cur.evicted || stat.ephemeral_owner != c.session_id().0 {
+                    return Ok(Acquire::Held(cur));
+                }
+                // Our own live grant: a renewal that keeps the token.
+                match self.rewrite(&c, &req.election, &req.holder, cur.token, req.ttl, &req.metadata, sent).await? {
+                    Ok(rec) => return Ok(Acquire::Acquired(rec)),
+                    Err(Some(cur)) => return Ok(Acquire::Held(cur)),
+                    Err(None) => continue,
+                }
+            }
+            let Some(version) = version else {
+                let opts = zk::CreateMode::Persistent.with_acls(self.acls());
+                match timed("creating an election node", true, c.create(&parent, b"", &opts)).await? {
+                    Ok(_) | Err(zk::Error::NodeExists) => continue,
+                    Err(zk::Error::NoNode) => {
+                        self.inner.path_ready.store(false, Ordering::Release);
+                        self.ensure_path(&c).await?;
+                        continue;
+                    }
+                    Err(e) => return Err(error("creating an election node", e, true)),
+                }
+            };
+            if let Some((path, stat)) = self.create_grant(&c, &parent, version, &data).await? {
+                self.hold(&parent, &path, &stat, sent + req.ttl);
+                return Ok(Acquire::Acquired(decode(&req.election, &data, &stat)?));
+            }
+        }
+        Err(StoreError::unavailable(format!("ZooKeeper: the lease of {} kept changing under us", req.election)))
+    }
+
     /// Creates a grant node if the election has none, in one transaction that bumps the
     /// election node's version from `version`. `None` if someone else wrote first.
     async fn create_grant(
@@ -867,41 +932,23 @@ impl LeaseStore for ZkStore {
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
         req.validate()?;
-        let c = self.session(req.ttl).await?;
-        let parent = self.node(req.election.as_str());
-        let data = encode(&req.holder, req.ttl, false, &req.metadata);
-        for _ in 0..10 {
-            let sent = Instant::now();
-            let (version, grant) = self.lookup(&c, &req.election).await?;
-            if let Some((_, cur, stat)) = grant {
-                if cur.holder != req.holder || cur.evicted || stat.ephemeral_owner != c.session_id().0 {
-                    return Ok(Acquire::Held(cur));
-                }
-                // Our own live grant: a renewal that keeps the token.
-                match self.rewrite(&c, &req.election, &req.holder, cur.token, req.ttl, &req.metadata, sent).await? {
-                    Ok(rec) => return Ok(Acquire::Acquired(rec)),
-                    Err(Some(cur)) => return Ok(Acquire::Held(cur)),
-                    Err(None) => continue,
-                }
-            }
-            let Some(version) = version else {
-                let opts = zk::CreateMode::Persistent.with_acls(self.acls());
-                match timed("creating an election node", true, c.create(&parent, b"", &opts)).await? {
-                    Ok(_) | Err(zk::Error::NodeExists) => continue,
-                    Err(zk::Error::NoNode) => {
-                        self.inner.path_ready.store(false, Ordering::Release);
-                        self.ensure_path(&c).await?;
-                        continue;
-                    }
-                    Err(e) => return Err(error("creating an election node", e, true)),
-                }
-            };
-            if let Some((path, stat)) = self.create_grant(&c, &parent, version, &data).await? {
-                self.hold(&parent, &path, &stat, sent + req.ttl);
-                return Ok(Acquire::Acquired(decode(&req.election, &data, &stat)?));
-            }
+        // A follower holds no session of its own: it looks through the reading session,
+        // and the session that would hold a grant is opened only when there is one to take.
+        // (A grant of this holder's in a session this store does not have is not its own.)
+        if !self.has_session(req.ttl).await
+            && !mutant("zk-idle-session-kept")
+            && let (_, Some((_, cur, _))) = self.lookup(&self.reader().await?, &req.election).await?
+        {
+            return Ok(Acquire::Held(cur));
         }
-        Err(StoreError::unavailable(format!("ZooKeeper: the lease of {} kept changing under us", req.election)))
+        let c = self.session(req.ttl).await?;
+        let id = c.session_id().0;
+        let answer = self.acquire_in(req, c).await;
+        // Lost to another candidate: the session holds nothing, unless another grant.
+        if matches!(answer, Ok(Acquire::Held(_))) {
+            self.close_if_idle(id);
+        }
+        answer
     }
 
     async fn renew(&self, held: &LeaseRecord, ttl: Duration) -> Result<Renew, StoreError> {

@@ -218,6 +218,36 @@ async fn one_process_holds_many_elections_in_one_session() {
     assert!(connections <= 3, "{connections} connections for 50 elections");
 }
 
+/// A follower holds no session but the one it reads and watches through, and a leader
+/// that released closes the session its grant was in: an idle session's pings are most of
+/// what a ZooKeeper server hears from a candidate that waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_open_no_lease_session_and_a_released_leader_closes_its_own() {
+    let Some(zk) = Zk::launch() else { return };
+    let port = zk.server.lock().unwrap().port();
+    let ttl = Duration::from_secs(3);
+    let mut stores = Vec::new();
+    for _ in 0..3 {
+        stores.push(ZkStore::connect(&zk.url()).await.unwrap());
+    }
+    let Acquire::Acquired(lease) = stores[0].try_acquire(&req("idle/1", "a", ttl)).await.unwrap() else { panic!() };
+    for (s, who) in stores[1..].iter().zip(["b", "c"]) {
+        let Acquire::Held(r) = s.try_acquire(&req("idle/1", who, ttl)).await.unwrap() else { panic!() };
+        assert_eq!(r.holder.as_str(), "a");
+    }
+    // The leader's reading and lease sessions, and one reading session for each follower.
+    assert_eq!(connections(port), 4, "each follower opened a session of its own");
+    stores[0].release(&lease).await.unwrap();
+    let closed = async {
+        while connections(port) != 3 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), closed).await.expect("the released lease's session stays open");
+    let Acquire::Acquired(_) = stores[1].try_acquire(&req("idle/1", "b", ttl)).await.unwrap() else { panic!() };
+    assert_eq!(connections(port), 4);
+}
+
 /// The number of client connections the server reports (its `srvr` command).
 fn connections(port: u16) -> usize {
     use std::io::{Read, Write};
