@@ -745,9 +745,16 @@ pub fn guard(parent: i32, supervisor: i32, deadline_file: &Path, grace: Duration
             // Killed already, and left unreaped by whoever they were re-parented to.
             tree.retain(|p| !finished(*p));
             if tree.is_empty() {
+                // Nobody else is left to clean up: `tenure run` is gone, and the supervisor
+                // too (or it was killed here before it could). The cgroup may still hold a
+                // process on its way out for a moment.
                 if let Some(cg) = &cgroup {
-                    let _ = std::fs::remove_dir(cg);
+                    let t0 = std::time::Instant::now();
+                    while std::fs::remove_dir(cg).is_err() && cg.is_dir() && t0.elapsed() < Duration::from_secs(2) {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
                 }
+                remove_deadline_dir(deadline_file);
                 return 0;
             }
             if now < gone_at.saturating_add(STOP_SLACK.as_nanos() as u64) { Vec::new() } else { tree }

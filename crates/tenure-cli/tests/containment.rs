@@ -1128,11 +1128,17 @@ fn the_guard_stops_the_command_of_a_killed_tenure_run_whose_supervisor_is_frozen
     // when `tenure run` dies, so the kernel never continues it: only the guard is left.
     use std::io::{BufRead, BufReader};
     let env = Env::new();
-    let (pids, log) = (env.path("pids"), env.path("log"));
+    let (pids, log, tmp) = (env.path("pids"), env.path("log"), env.path("tmp"));
+    std::fs::create_dir(&tmp).unwrap();
     let _reap = Reap(pids.clone());
     let w = sh_quote(&worker(&pids, &log, true));
+    // With the command's cgroup where the host gives one: the guard, the last process of
+    // the term, removes it, and the term's directory, which nobody else is left to remove.
+    let cgroups = tenure_testkit::servers::cgroups_can_be_made();
     let mut helper = Command::new(std::env::current_exe().unwrap())
         .args(["--ignored", "--exact", "subreaper_with_tenure_run", "--nocapture"])
+        .env("TENURE_CGROUP", if cgroups.is_some() { "on" } else { "off" })
+        .env("TMPDIR", &tmp)
         .env("HELPER_STORE", env.sqlite())
         .env("HELPER_SCRIPT", format!("setsid sh -c {w} & sh -c {w} & wait"))
         .stdin(Stdio::piped())
@@ -1145,13 +1151,16 @@ fn the_guard_stops_the_command_of_a_killed_tenure_run_whose_supervisor_is_frozen
         .map_while(Result::ok)
         .find_map(|l| l.strip_prefix("leader ").map(|p| p.parse().unwrap()))
         .expect("the helper started tenure run");
-    wait_pids(&pids, 2);
+    let started = wait_pids(&pids, 2);
+    let cg = cgroups.map(|c| cgroup_of(started[0], &c));
     let supervisor = running_supervisor_of(leader);
     let disabled_at = wall_ns();
     signal(supervisor as u32, rustix::process::Signal::STOP);
     signal(leader, rustix::process::Signal::KILL);
     std::thread::sleep(TTL * 2);
     let last = last_work(&log);
+    let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().flatten().map(|e| e.file_name()).collect();
+    let cgroup_left = cg.as_ref().is_some_and(|cg| cg.exists());
     signal(supervisor as u32, rustix::process::Signal::KILL);
     drop(helper.stdin.take());
     lines.for_each(drop);
@@ -1161,4 +1170,6 @@ fn the_guard_stops_the_command_of_a_killed_tenure_run_whose_supervisor_is_frozen
         "the command's tree was still working {} ms after tenure run was killed and its supervisor frozen",
         (last - disabled_at) / 1_000_000
     );
+    assert!(left.is_empty(), "the term's files were left behind: {left:?}");
+    assert!(!cgroup_left, "the command's cgroup {:?} was left behind", cg);
 }
