@@ -283,7 +283,7 @@ fn own_cgroup() -> Option<PathBuf> {
 /// than any look over `/proc`), and `cgroup.kill` kills them all at once.
 ///
 /// Only with `TENURE_CGROUP=on` (off by default for now: a `tenure run` was once seen
-/// taking 30 s to exit after its command under heavy load with it on, not explained yet),
+/// taking 30 s to exit after its command under heavy load with it on; see docs/cli.md),
 /// and not inside a systemd unit that was not given its cgroup's subtree (`Delegate=yes`):
 /// systemd alone manages such a unit's cgroup, and stopping the unit stops every process
 /// in it anyway.
