@@ -227,8 +227,10 @@ fn a_flood_of_idle_connections_neither_restarts_the_command_nor_keeps_a_core_bus
     let made = flood.join().unwrap();
     eprintln!("{made} connections made in the flood; the slowest probe of /healthz took {slowest:?}");
     assert!(made >= 600, "only {made} connections were made");
-    assert_eq!(starts, 1, "the command was started again during the flood");
+    // The probes first: a server that keeps every idle connection starves the renewals
+    // too, on a loaded host, but what it breaks first is the probes.
     assert_eq!(unanswered, 0, "probes of /healthz unanswered within 1 s during the flood, of 12");
+    assert_eq!(starts, 1, "the command was started again during the flood");
     assert!(busy < 100, "tenure run used {busy} ticks of CPU in 6 s of idle connections");
     wait_for("/healthz to answer after the flood", Duration::from_secs(10), || {
         get(port, "/healthz", Duration::from_secs(2)).is_some_and(|(s, _)| s == 200)
