@@ -108,6 +108,12 @@ fn five_workers_two_hundred_elections(kind: Kind) {
     assert_eq!(members.len(), 5, "{members:?}");
 
     let mut winners = elect_all(&broker, dir.path(), 0..100);
+    // An initiator returns once the winner has started; a worker that lost may decide a
+    // moment later. Every live worker decides every election: wait for worker 2 to have
+    // decided the first hundred before it is killed.
+    wait_for("worker 2 to decide the first hundred", Duration::from_secs(30), || {
+        decided(&read(&dir.path().join("w2.out"))).len() >= 100
+    });
     // Kill one worker without a word (an action it started runs on: it is its own process).
     let killed = workers[2].take().unwrap();
     drop(killed);
