@@ -282,15 +282,13 @@ fn own_cgroup() -> Option<PathBuf> {
 /// starts in it whatever it does (a new session, a double fork, a chain of forks faster
 /// than any look over `/proc`), and `cgroup.kill` kills them all at once.
 ///
-/// Only with `TENURE_CGROUP=on` (off by default for now: a `tenure run` was once seen
-/// taking 30 s to exit after its command under heavy load with it on; see docs/cli.md),
-/// and not inside a systemd unit that was not given its cgroup's subtree (`Delegate=yes`):
-/// systemd alone manages such a unit's cgroup, and stopping the unit stops every process
-/// in it anyway.
+/// Not with `TENURE_CGROUP=off`, and not inside a systemd unit that was not given its
+/// cgroup's subtree (`Delegate=yes`): systemd alone manages such a unit's cgroup, and
+/// stopping the unit stops every process in it anyway.
 fn command_cgroup(deadline_file: &Path) -> Option<PathBuf> {
     let name = deadline_file.parent()?.file_name()?.to_str()?;
     name.starts_with("tenure-run-").then_some(())?;
-    if std::env::var_os(CGROUP_ENV).is_none_or(|v| v != "on") {
+    if std::env::var_os(CGROUP_ENV).is_some_and(|v| v == "off") {
         return None;
     }
     let own = own_cgroup()?;
@@ -310,7 +308,8 @@ fn command_cgroup(deadline_file: &Path) -> Option<PathBuf> {
     Some(own.join(name))
 }
 
-/// The environment variable that turns the command's cgroup on (`TENURE_CGROUP=on`).
+/// The environment variable that turns the command's cgroup off (`TENURE_CGROUP=off`; any
+/// other value, or none, leaves it on where the host allows one).
 pub const CGROUP_ENV: &str = "TENURE_CGROUP";
 
 /// The supervisor's place in the command's cgroup: made, and entered by the supervisor
