@@ -2146,6 +2146,15 @@ mod tests {
             last = l.token;
         }
         drop(store);
+        // A restore is done with every process that uses the database stopped. The store's
+        // connection closes on its own thread once the store is dropped, and the last
+        // connection to close deletes the log and the shared memory by name: wait for
+        // that, or it could delete the restored database's.
+        let t0 = std::time::Instant::now();
+        while ["-wal", "-shm"].iter().any(|s| std::path::Path::new(&format!("{}{s}", path.display())).exists()) {
+            assert!(t0.elapsed() < std::time::Duration::from_secs(10), "the dropped store's connection did not close");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         // A restore puts the backup in place of the database and its log.
         for suffix in ["-wal", "-shm"] {
             let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
