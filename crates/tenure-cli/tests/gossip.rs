@@ -210,7 +210,8 @@ fn elect_from_file_asks_every_id_at_once_and_runs_each_once() {
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success());
     let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect();
-    lines.sort();
+    // By election id: each line starts with its winner, which may sort either way.
+    lines.sort_by_key(|l| l.split_once(' ').map(|(_, rest)| rest.to_string()));
     assert!(
         lines.len() == 2 && lines[0].ends_with(" started piped-1") && lines[1].ends_with(" started piped-2"),
         "{lines:?}"
