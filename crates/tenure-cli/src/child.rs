@@ -660,6 +660,11 @@ pub fn guard(parent: i32, supervisor: i32, deadline_file: &Path, grace: Duration
     let mut armed_at: Option<u32> = None;
     let mut unreadable_since: Option<u64> = None;
     if mutant("guard-off") {
+        // The planted bug: a guard that does nothing, but stays (one that ended would be
+        // replaced, see [`Supervised::exited`]).
+        while rustix::process::getppid().map(Pid::as_raw_pid) == Some(parent) {
+            std::thread::sleep(GUARD_EVERY);
+        }
         return 0;
     }
     let mut round: u32 = 0;
@@ -808,6 +813,9 @@ fn finished(pid: Pid) -> bool {
 fn alive(pid: Pid) -> bool {
     stat_fields(pid).is_some_and(|f| !matches!(f.first().map(String::as_str), None | Some("Z") | Some("X")))
 }
+
+/// How many guards one term starts at most: one that ends is replaced, but not forever.
+const MAX_GUARDS: u32 = 16;
 
 /// Starts the guard of the supervisor `supervisor`, whose deadline file is `deadline_file`.
 fn spawn_guard(supervisor: Pid, deadline_file: &Path, grace: Duration) -> Result<Child> {
@@ -1013,6 +1021,7 @@ pub struct Standby {
     guard: Option<Child>,
     deadline_file: PathBuf,
     dir: Option<tempfile::TempDir>,
+    grace: Duration,
 }
 
 impl Standby {
@@ -1022,7 +1031,7 @@ impl Standby {
         let deadline_file = dir.path().join("deadline");
         let (child, supervisor) = spawn_supervisor(cmd, &deadline_file, grace, true, &[])?;
         let guard = spawn_guard(supervisor, &deadline_file, grace)?;
-        Ok(Self { child: Some(child), supervisor, guard: Some(guard), deadline_file, dir: Some(dir) })
+        Ok(Self { child: Some(child), supervisor, guard: Some(guard), deadline_file, dir: Some(dir), grace })
     }
 
     /// Whether it runs and is ready to start the command, waiting up to `within` for it
@@ -1030,7 +1039,11 @@ impl Standby {
     pub async fn ready(&mut self, within: Duration) -> bool {
         let until = tokio::time::Instant::now() + within;
         loop {
-            if !matches!(self.child.as_mut().map(Child::try_wait), Some(Ok(None))) {
+            // A standby whose guard is gone is not ready: its term would have two of its
+            // three processes, and a pair of them disabled would leave nobody to stop it.
+            if !matches!(self.child.as_mut().map(Child::try_wait), Some(Ok(None)))
+                || !matches!(self.guard.as_mut().map(Child::try_wait), Some(Ok(None)))
+            {
                 return false;
             }
             if ready_marker(&self.deadline_file).exists() {
@@ -1079,6 +1092,8 @@ impl Standby {
         match (told, self.child.take(), self.dir.take()) {
             (Ok((metadata_file, deadline)), Some(child), Some(dir)) => Ok(Supervised {
                 guard: self.guard.take(),
+                guards_started: 1,
+                grace: self.grace,
                 child,
                 supervisor: self.supervisor,
                 deadline_file: self.deadline_file.clone(),
@@ -1094,14 +1109,26 @@ impl Standby {
         }
     }
 
-    /// Waits until the standby in `standby`, if any, has ended (killed, or stopped by
-    /// someone else); never returns while there is none.
+    /// Waits until the standby in `standby`, if any, or its guard has ended (killed, or
+    /// stopped by someone else); never returns while there is none. Either way the
+    /// standby is of no use: a term must begin with all three of its processes.
     pub async fn ended(standby: &mut Option<Standby>) {
-        match standby.as_mut().and_then(|s| s.child.as_mut()) {
-            Some(child) => {
-                let _ = child.wait().await;
+        let Some(s) = standby.as_mut() else { return std::future::pending().await };
+        let supervisor = async {
+            match s.child.as_mut() {
+                Some(child) => drop(child.wait().await),
+                None => std::future::pending().await,
             }
-            None => std::future::pending().await,
+        };
+        let guard = async {
+            match s.guard.as_mut() {
+                Some(guard) if !mutant("guard-end-unseen") => drop(guard.wait().await),
+                _ => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = supervisor => {}
+            () = guard => tracing::warn!("the standby supervisor's guard ended; starting another standby"),
         }
     }
 
@@ -1156,6 +1183,11 @@ impl Drop for Standby {
 pub struct Supervised {
     /// The guard, killed (on drop) before the directory of the deadline file it reads goes.
     guard: Option<Child>,
+    /// How many guards this term has started (one that ends is replaced, up to
+    /// [`MAX_GUARDS`]).
+    guards_started: u32,
+    /// The grace period, which the guard is given.
+    grace: Duration,
     child: Child,
     supervisor: Pid,
     deadline_file: PathBuf,
@@ -1197,7 +1229,17 @@ impl Supervised {
         let guard = spawn_guard(supervisor, &deadline_file, grace)
             .map_err(|e| tracing::warn!(error = format!("{e:#}"), "the command runs without its guard"))
             .ok();
-        Ok(Self { guard, child, supervisor, deadline_file, deadline, metadata_file, _dir: dir })
+        Ok(Self {
+            guard,
+            guards_started: 1,
+            grace,
+            child,
+            supervisor,
+            deadline_file,
+            deadline,
+            metadata_file,
+            _dir: dir,
+        })
     }
 
     /// `TENURE_METADATA_FILE`, if the command was given one.
@@ -1233,8 +1275,47 @@ impl Supervised {
     /// Waits until the supervisor has returned: the command and every process of its tree
     /// that stayed below the supervisor have ended. Cancel-safe; [`Supervised::clean_up`]
     /// must follow.
+    ///
+    /// Meanwhile, a guard that ends (killed: it ends on its own only once this process is
+    /// gone) is replaced at once, so that the term keeps its three processes and any two
+    /// of them disabled still leave one to stop the command by the deadline.
     pub async fn exited(&mut self) -> i32 {
-        self.child.wait().await.map(exit_code).unwrap_or(1)
+        loop {
+            let slot = &mut self.guard;
+            let guard = async {
+                match slot.as_mut() {
+                    Some(guard) if !mutant("guard-end-unseen") => drop(guard.wait().await),
+                    _ => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                status = self.child.wait() => return status.map(exit_code).unwrap_or(1),
+                () = guard => self.replace_guard(),
+            }
+        }
+    }
+
+    /// Starts a guard in place of one that ended, up to [`MAX_GUARDS`] in a term.
+    fn replace_guard(&mut self) {
+        self.guard = None;
+        if self.guards_started >= MAX_GUARDS {
+            tracing::error!(
+                pid = self.pid(),
+                "the command's guard ended {MAX_GUARDS} times in this term; the command runs on without one"
+            );
+            return;
+        }
+        self.guards_started += 1;
+        match spawn_guard(self.supervisor, &self.deadline_file, self.grace) {
+            Ok(g) => {
+                tracing::warn!(pid = self.pid(), "the command's guard ended while the command ran; started another");
+                self.guard = Some(g);
+            }
+            Err(e) => {
+                tracing::error!(error = format!("{e:#}"), "the command's guard ended and cannot be started again")
+            }
+        }
     }
 
     /// After [`Supervised::exited`]: kills what a killed supervisor left behind (its

@@ -1008,6 +1008,84 @@ fn the_guard_stops_the_command_when_tenure_run_and_its_supervisor_are_both_kille
     });
 }
 
+/// The guards `tenure run` (process `parent`) has started: its live children `tenure __guard …`.
+fn guards_of(parent: u32) -> Vec<u32> {
+    children_of(parent)
+        .into_iter()
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            cmdline.split(|b| *b == 0).any(|a| a == b"__guard") && alive(*pid as i32)
+        })
+        .collect()
+}
+
+/// Kills the one guard of `tenure run` (process `parent`) and waits for another to run.
+fn kill_the_guard_and_see_it_replaced(parent: u32) {
+    let t0 = Instant::now();
+    let old = loop {
+        if let [g] = guards_of(parent)[..] {
+            break g;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "tenure run has no guard");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    signal(old, rustix::process::Signal::KILL);
+    while !guards_of(parent).iter().any(|g| *g != old) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the killed guard {old} was not replaced");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_guard_killed_during_the_term_is_replaced_and_a_pair_frozen_later_still_stops_the_work() {
+    // One process disabled long before two others are: the term must not be left with
+    // two of its three processes, or the later pair leaves nobody to stop the command.
+    both_disabled_and_the_work_stops(&[], |leader, supervisor| {
+        kill_the_guard_and_see_it_replaced(leader);
+        // The new guard looks over the tree at every check in its first second.
+        std::thread::sleep(Duration::from_millis(300));
+        signal(supervisor as u32, rustix::process::Signal::STOP);
+        signal(leader, rustix::process::Signal::STOP);
+    });
+}
+
+#[test]
+fn a_guard_killed_while_following_is_replaced_before_the_term_and_a_pair_frozen_in_it_still_stops_the_work() {
+    let env = Env::new();
+    let (pids, log, go) = (env.path("pids"), env.path("log"), env.path("go"));
+    let _reap = Reap(pids.clone());
+    let mut a = env.run(&env.sqlite(), "a", &format!("while [ ! -e {} ]; do sleep 0.01; done", go.display()));
+    std::thread::sleep(Duration::from_millis(500));
+    let w = sh_quote(&worker(&pids, &log, true));
+    let mut b = env.run(&env.sqlite(), "b", &format!("setsid sh -c {w} & sh -c {w} & wait"));
+    // b follows, with a standby supervisor and its guard; the guard is killed.
+    let t0 = Instant::now();
+    while !supervisors_of(b.id()).iter().any(|(_, standby)| *standby) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "b keeps no standby supervisor");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!std::fs::exists(&pids).unwrap(), "b started its command while a led");
+    kill_the_guard_and_see_it_replaced(b.id());
+    // a hands over; b leads.
+    std::fs::write(&go, b"").unwrap();
+    assert_eq!(a.wait().unwrap().code(), Some(0));
+    wait_pids(&pids, 2);
+    let supervisor = running_supervisor_of(b.id());
+    assert_eq!(guards_of(b.id()).len(), 1, "b's term runs without its guard");
+    std::thread::sleep(Duration::from_millis(300));
+    let b_pid = b.id();
+    disable_and_check_work_stops(
+        &mut b,
+        &log,
+        "tenure run and its supervisor were frozen",
+        &[supervisor as u32],
+        || {
+            signal(supervisor as u32, rustix::process::Signal::STOP);
+            signal(b_pid, rustix::process::Signal::STOP);
+        },
+    );
+}
+
 #[test]
 fn a_chain_of_forks_in_new_sessions_stops_when_tenure_run_and_its_supervisor_are_both_killed() {
     // Each process of the command starts the next in a session of its own every few

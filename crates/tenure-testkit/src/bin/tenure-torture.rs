@@ -306,6 +306,22 @@ fn supervisor_of(parent: u32, standby: bool) -> Option<Pid> {
     None
 }
 
+/// The guard (`tenure __guard`) that `tenure run` (process `parent`) runs beside its
+/// supervisor, if one runs.
+fn guard_of(parent: u32) -> Option<Pid> {
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let mut rest = stat.rsplit_once(')').map(|(_, r)| r.split_whitespace()).into_iter().flatten();
+        let (state, ppid) = (rest.next(), rest.next().and_then(|p| p.parse::<u32>().ok()));
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if ppid == Some(parent) && state != Some("Z") && cmdline.split(|b| *b == 0).any(|a| a == b"__guard") {
+            return Pid::from_raw(pid);
+        }
+    }
+    None
+}
+
 /// Whether process `pid` still runs and is still a supervisor (`tenure __child`): a
 /// zombie has ended, and a pid taken again by another process is not it.
 fn running_supervisor(pid: Pid) -> bool {
@@ -926,6 +942,14 @@ fn torture(a: Args) -> Result<bool, String> {
                 // `tenure run` frozen and the supervisor killed. Neither can stop the
                 // command: the guard beside them must, by the deadline.
                 let Some(supervisor) = supervisor_of(cands[i].child.id(), false) else { continue };
+                // A third of the time its guard was killed a moment before: `tenure run`
+                // must have started another, or the pair leaves nobody to stop the command.
+                let guard_killed = rng.usize(0..3) == 0
+                    && guard_of(cands[i].child.id()).is_some_and(|g| {
+                        let _ = rustix::process::kill_process(g, Signal::KILL);
+                        std::thread::sleep(Duration::from_millis(200));
+                        true
+                    });
                 let c = &mut cands[i];
                 signal(&c.child, Signal::STOP);
                 c.frozen_until = Some(Instant::now() + a.ttl.mul_f64(1.2 + 1.3 * rng.f64()));
@@ -936,6 +960,9 @@ fn torture(a: Args) -> Result<bool, String> {
                 } else {
                     let _ = rustix::process::kill_process(supervisor, Signal::KILL);
                     note(&mut faults, &dir, "SIGSTOP to tenure run, SIGKILL to its supervisor");
+                }
+                if guard_killed {
+                    note(&mut faults, &dir, "SIGKILL to the guard 200 ms before the pair");
                 }
                 records.push(Record::Stop { election: ELECTION.into(), holder: c.id.clone(), at, graceful: false });
             }
