@@ -814,6 +814,33 @@ fn alive(pid: Pid) -> bool {
     stat_fields(pid).is_some_and(|f| !matches!(f.first().map(String::as_str), None | Some("Z") | Some("X")))
 }
 
+/// `tenure __in-term PARENT [--cgroup CG] -- CMD…`: becomes `cmd` (exec) after asking to
+/// be killed when `tenure` (`parent`) dies and entering the command's cgroup `cg` (where
+/// the term has one, and the kernel lets it), so that a shell command of the term (a
+/// health check, with the term's token) ends with `tenure run`, and whatever it leaves in
+/// new sessions is killed with the command's processes. Returns only on failure.
+pub fn in_term(parent: i32, cg: Option<&Path>, cmd: &[String]) -> i32 {
+    use std::os::unix::process::CommandExt;
+    if !mutant("health-leftovers-kept") {
+        if let Err(e) = rustix::process::set_parent_process_death_signal(Some(Signal::KILL)) {
+            eprintln!("tenure: cannot ask to end with tenure: {e}");
+            return 125;
+        }
+        // `tenure` died before the signal was asked for: nothing of the term may start.
+        if rustix::process::getppid().map(Pid::as_raw_pid) != Some(parent) {
+            return 137;
+        }
+        if let Some(cg) = cg {
+            // Outside it if refused (the cgroup went with a term that ended meanwhile).
+            let _ = std::fs::write(cg.join("cgroup.procs"), b"0");
+        }
+    }
+    let Some((program, args)) = cmd.split_first() else { return 2 };
+    let e = std::process::Command::new(program).args(args).exec();
+    eprintln!("tenure: cannot start {program}: {e}");
+    127
+}
+
 /// How many guards one term starts at most: one that ends is replaced, but not forever.
 const MAX_GUARDS: u32 = 16;
 
@@ -1240,6 +1267,12 @@ impl Supervised {
             metadata_file,
             _dir: dir,
         })
+    }
+
+    /// The command's cgroup, if it has one (see `command_cgroup`): a health check of the
+    /// term runs there too, so that what kills the term's processes kills it.
+    pub fn cgroup(&self) -> Option<PathBuf> {
+        command_cgroup(&self.deadline_file).filter(|cg| cg.is_dir())
     }
 
     /// `TENURE_METADATA_FILE`, if the command was given one.

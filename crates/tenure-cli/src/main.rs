@@ -306,6 +306,15 @@ enum InternalCommand {
     /// The guard beside a supervisor (see child.rs).
     #[command(name = "__guard")]
     Guard { parent: i32, supervisor: i32, deadline_file: PathBuf, grace_ms: u64 },
+    /// A shell command run within a term (a health check): see `child::in_term`.
+    #[command(name = "__in-term")]
+    InTerm {
+        parent: i32,
+        #[arg(long)]
+        cgroup: Option<PathBuf>,
+        #[arg(last = true, required = true)]
+        cmd: Vec<String>,
+    },
     /// The job `tenure demo` runs.
     #[command(name = "__demo-job")]
     DemoJob { dir: PathBuf },
@@ -627,6 +636,7 @@ async fn dispatch_internal(i: Internal) -> Result<i32> {
         InternalCommand::Guard { parent, supervisor, deadline_file, grace_ms } => {
             Ok(child::guard(parent, supervisor, &deadline_file, Duration::from_millis(grace_ms)))
         }
+        InternalCommand::InTerm { parent, cgroup, cmd } => Ok(child::in_term(parent, cgroup.as_deref(), &cmd)),
         InternalCommand::DemoJob { dir } => demo::job(&dir).await,
     }
 }

@@ -1,5 +1,6 @@
 //! `tenure run` and `tenure schedule`: a command that runs only while this process leads.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -179,13 +180,13 @@ impl Health {
     /// Runs the check every interval until it fails `retries` times in a row; returns
     /// what the last failure was. Each result is published with the candidate's presence
     /// (with `--announce`), for `tenure status`.
-    async fn watch(self, env: Vec<(&'static str, String)>, l: &Leadership) -> String {
+    async fn watch(self, env: Vec<(&'static str, String)>, l: &Leadership, cgroup: Option<PathBuf>) -> String {
         let mut failures = 0;
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + self.interval, self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let checked = self.check(&env).await;
+            let checked = self.check(&env, cgroup.as_deref()).await;
             let health = if checked.is_ok() { tenure::Health::Passing } else { tenure::Health::Failing };
             if let Err(e) = l.set_health(health).await {
                 tracing::debug!(error = %e, "could not publish the health check's result");
@@ -206,8 +207,10 @@ impl Health {
     }
 
     /// One check: `sh -c CMD` in a process group of its own, killed whole on timeout.
-    async fn check(&self, env: &[(&'static str, String)]) -> Result<(), String> {
-        run_sh(&self.cmd, env, self.timeout, "health command").await
+    /// It runs within the term, with its token, so nothing of it outlives the check or
+    /// `tenure run`: see [`InTerm`].
+    async fn check(&self, env: &[(&'static str, String)], cgroup: Option<&Path>) -> Result<(), String> {
+        run_sh(&self.cmd, env, self.timeout, "health command", Some(InTerm { cgroup })).await
     }
 }
 
@@ -431,9 +434,9 @@ const MIN_RUN: Duration = Duration::from_millis(100);
 
 /// Returns, with why, once `health` (if any) has failed too often during `l`; never
 /// without a health check.
-async fn unhealthy(health: Option<&Health>, l: &Leadership) -> String {
+async fn unhealthy(health: Option<&Health>, l: &Leadership, cgroup: Option<PathBuf>) -> String {
     match health {
-        Some(h) => h.clone().watch(child_env(l), l).await,
+        Some(h) => h.clone().watch(child_env(l), l, cgroup).await,
         None => std::future::pending().await,
     }
 }
@@ -551,7 +554,7 @@ async fn supervise(l: &Leadership, job: &Job<'_>, standby: Option<Standby>, stop
     // A proclamation in flight runs beside the loop, which must go on extending the
     // supervisor's deadline and reacting to the term's end meanwhile.
     let mut publishing: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>> = None;
-    let unhealthy = unhealthy(job.health, l);
+    let unhealthy = unhealthy(job.health, l, child.cgroup());
     tokio::pin!(unhealthy);
     tracing::info!(token = %l.token(), pid = child.pid(), prestarted, "leading; started the command");
     // Tell the supervisor of every renewal, so that it stops the command on its own
@@ -930,7 +933,7 @@ pub async fn campaign(
             end = Some(tokio::select! {
                 _ = l.cancelled() => End::Lost,
                 _ = stop.cancelled() => End::Stopped,
-                why = unhealthy(c.health.as_ref(), &l) => {
+                why = unhealthy(c.health.as_ref(), &l, None) => {
                     tracing::warn!(token = %l.token(), "{why}; standing aside for one TTL");
                     End::Unhealthy
                 }
@@ -956,29 +959,74 @@ pub async fn campaign(
 /// Runs a hook (`sh -c`) with `env`, in a process group of its own that is killed whole
 /// if it takes longer than `limit`.
 async fn run_hook(hook: &str, env: &[(&'static str, String)], limit: Duration) {
-    if let Err(why) = run_sh(hook, env, limit, "on-stepped-down hook").await {
+    if let Err(why) = run_sh(hook, env, limit, "on-stepped-down hook", None).await {
         tracing::warn!("{why}");
     }
 }
 
+/// How a shell command that runs within a term (a health check, with the term's token) is
+/// held, so that nothing of it outlives the term: it dies with `tenure run` (a
+/// parent-death signal), its process group is killed once it returns or is given up on,
+/// and it runs in the command's cgroup (where there is one), which the guard and the
+/// supervisor kill whole when the term's processes must go.
+struct InTerm<'a> {
+    cgroup: Option<&'a Path>,
+}
+
+/// Kills a process group when dropped (a check given up on, or returned).
+struct KillGroup(Option<rustix::process::Pid>);
+
+impl Drop for KillGroup {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0
+            && !crate::child::mutant("health-leftovers-kept")
+        {
+            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        }
+    }
+}
+
 /// `sh -c CMD` with `env`, in a process group of its own that is killed whole if it takes
-/// longer than `limit`; `what` names it in errors.
-async fn run_sh(cmd: &str, env: &[(&'static str, String)], limit: Duration, what: &str) -> Result<(), String> {
+/// longer than `limit`; `what` names it in errors. `in_term`: held as [`InTerm`] says.
+async fn run_sh(
+    cmd: &str,
+    env: &[(&'static str, String)],
+    limit: Duration,
+    what: &str,
+    in_term: Option<InTerm<'_>>,
+) -> Result<(), String> {
     // With the descriptor limit tenure started with (it raises its own).
     let script = match crate::child::starting_descriptor_limit() {
         Some(soft) => format!("ulimit -S -n {soft} 2>/dev/null\n{cmd}"),
         None => cmd.to_string(),
     };
-    let mut child = tokio::process::Command::new("sh")
+    // Within a term, `sh` is started through `tenure __in-term`, which asks for the
+    // parent-death signal and enters the command's cgroup before it becomes `sh`.
+    let mut command = match &in_term {
+        None => tokio::process::Command::new("sh"),
+        Some(t) => {
+            let exe = crate::child::own_program().map_err(|e| format!("cannot start the {what}: {e}"))?;
+            let mut c = tokio::process::Command::new(exe);
+            c.arg("__in-term").arg(std::process::id().to_string());
+            if let Some(cg) = t.cgroup {
+                c.arg("--cgroup").arg(cg);
+            }
+            c.args(["--", "sh"]);
+            c
+        }
+    };
+    command
         .arg("-c")
         .arg(script)
         .env_remove(crate::child::STORE_ENV)
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .stdin(std::process::Stdio::null())
         .process_group(0)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("cannot start the {what}: {e}"))?;
+        .kill_on_drop(true);
+    let mut child = command.spawn().map_err(|e| format!("cannot start the {what}: {e}"))?;
+    let _group = KillGroup(
+        in_term.is_some().then(|| child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32))).flatten(),
+    );
     match tokio::time::timeout(limit, child.wait()).await {
         Ok(Ok(status)) if status.success() => Ok(()),
         Ok(Ok(status)) => Err(format!("the {what} {status}")),

@@ -517,6 +517,37 @@ fn a_leader_whose_health_check_fails_stands_aside_and_another_leads() {
 }
 
 #[test]
+fn a_health_check_and_what_it_started_end_with_a_killed_tenure_run() {
+    // A health check runs within the term, with its token: it and whatever it started (in
+    // its group, or in a session of its own) must not work on past the term.
+    let Some(_) = tenure_testkit::servers::cgroups_can_be_made() else {
+        tenure_testkit::servers::skip("this host lets this user make no cgroup (version 2) inside its own");
+        return;
+    };
+    let env = Env::new();
+    let (pids, log, mark) = (env.path("pids"), env.path("log"), env.path("mark"));
+    let _reap = Reap(pids.clone());
+    let w = sh_quote(&worker(&pids, &log, true));
+    let health = format!("[ -e {m} ] || {{ touch {m}; sh -c {w} & setsid sh -c {w} & }}; sleep 5", m = mark.display());
+    let mut leader = Command::new(tenure())
+        .env("TENURE_STORE", env.sqlite())
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .args(["run", "jobs/health", "--id", "a", "--ttl", "2s", "--grace", "300ms"])
+        .args(["--health-cmd", &health, "--health-interval", "200ms", "--health-timeout", "10s"])
+        .args(["--", "sleep", "600"])
+        .spawn()
+        .map(Proc)
+        .unwrap();
+    wait_pids(&pids, 2);
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = leader.id();
+    disable_and_check_work_stops(&mut leader, &log, "tenure run was killed", &[], || {
+        signal(pid, rustix::process::Signal::KILL)
+    });
+}
+
+#[test]
 fn status_shows_the_health_an_announcing_leader_last_found() {
     let env = Env::new();
     let sick = env.path("sick");
