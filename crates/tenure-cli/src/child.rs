@@ -727,6 +727,11 @@ pub fn guard(parent: i32, supervisor: i32, deadline_file: &Path, grace: Duration
             };
             match stop_at {
                 Some(stop_at) if now >= stop_at.saturating_add(late) => {
+                    // The cgroup first, before the look over /proc below, which on a host
+                    // of thousands of processes takes longer than the margin left.
+                    if let Some(cg) = &cgroup {
+                        kill_cgroup(cg);
+                    }
                     let mut tree: Vec<Pid> = descendants(parent_pid).into_iter().filter(|p| *p != me).collect();
                     tree.extend(remembered());
                     tree.extend(in_cgroup());

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use tenure::ElectionName;
 
@@ -555,7 +555,12 @@ async fn dispatch(cli: Cli) -> Result<i32> {
     let store = from_file.as_deref().or(cli.store.as_deref());
     match cli.command {
         Command::Completions { shell } => {
-            clap_complete::generate(shell, &mut Cli::command(), "tenure", &mut std::io::stdout());
+            // Into memory first: the generator panics where a write fails (a full disk).
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "tenure", &mut script);
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            out.write_all(&script).and_then(|()| out.flush()).context("cannot write the completion script")?;
             Ok(0)
         }
         Command::Man { dir } => docs::man(Cli::command(), dir.as_deref()).map(|()| 0),

@@ -517,6 +517,11 @@ async fn next_term(elector: &Elector, stop: &CancellationToken) -> Result<Option
 /// its start takes, which starting a supervisor afresh would take too.
 const STANDBY_READY_WITHIN: Duration = Duration::from_millis(200);
 
+/// How long a standby supervisor, told to start the command, may take to mark that it
+/// has: far more than it takes (about a millisecond), so that only a frozen or stuck one
+/// is replaced.
+const STANDBY_START_WITHIN: Duration = Duration::from_secs(2);
+
 /// A standby supervisor for `cmd`, or none if it cannot be started (the command is
 /// then started the usual way, whose error, if any, is the one to report).
 fn prepare_standby(cmd: &[String], grace: Duration) -> Option<Standby> {
@@ -562,9 +567,27 @@ async fn supervise(l: &Leadership, job: &Job<'_>, standby: Option<Standby>, stop
     // SWITCH_SLACK before the supervisor's instant, so its last renewal reaches it in time.
     let mut deadline = l.deadline();
     let mut tick = tokio::time::interval(EXTEND_EVERY);
+    // A standby told to start must have done so by then (it marks the start), or it is
+    // frozen or stuck: the term would hold the election with nothing running.
+    let start_due = tokio::time::sleep(STANDBY_START_WITHIN);
+    tokio::pin!(start_due);
+    let mut start_checked = !prestarted || crate::child::mutant("standby-start-unchecked");
     loop {
         tokio::select! {
             biased;
+            () = &mut start_due, if !start_checked => {
+                start_checked = true;
+                if !child.command_started() {
+                    tracing::warn!(
+                        token = %l.token(), pid = child.pid(),
+                        "the standby supervisor has not started the command {} after it was told to (frozen or \
+                         stuck); stopping it and starting the command through a new one",
+                        humantime::format_duration(STANDBY_START_WITHIN)
+                    );
+                    child.stop(grace).await;
+                    return Ok(End::NotStarted);
+                }
+            }
             code = child.exited() => {
                 // Whether the term still held when the command's end was seen. What follows
                 // (a sweep for orphans, the cgroup's removal) only cleans up: a term that
@@ -959,7 +982,9 @@ pub async fn campaign(
 /// Runs a hook (`sh -c`) with `env`, in a process group of its own that is killed whole
 /// if it takes longer than `limit`.
 async fn run_hook(hook: &str, env: &[(&'static str, String)], limit: Duration) {
-    if let Err(why) = run_sh(hook, env, limit, "on-stepped-down hook", None).await {
+    // Held as a check of a term is: it must be over before anyone else can lead, so it
+    // ends with `tenure` and its group is killed after it.
+    if let Err(why) = run_sh(hook, env, limit, "on-stepped-down hook", Some(InTerm { cgroup: None })).await {
         tracing::warn!("{why}");
     }
 }

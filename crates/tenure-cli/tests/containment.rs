@@ -908,24 +908,33 @@ fn a_new_leader_starts_its_command_through_its_standby_supervisor_with_the_terms
     assert_eq!(f[4].parse::<u32>().unwrap(), standby, "the command was not started by the standby supervisor");
 }
 
+/// A handover to candidate `b` whose standby supervisor is frozen (SIGSTOP) before it is
+/// told to start the command; returns once `a` has handed over. `b`'s command records
+/// `$TENURE_TOKEN $PPID` in `seen_b`.
+fn frozen_standby_told() -> (Handover, Proc, u32) {
+    let mut h = Handover::new();
+    let script_b = format!(
+        r#"echo $$ >> {p}; echo "$TENURE_TOKEN $PPID" > {s}.new; mv {s}.new {s}; exec sleep 600"#,
+        p = h.pids.display(),
+        s = h.seen_b.display()
+    );
+    let b = run_standby_test(&h.env, &h.tmp_b, "b", &script_b);
+    let standby = ready_standby(b.id(), &h.tmp_b);
+    signal(standby, rustix::process::Signal::STOP);
+    std::fs::write(&h.go, b"").unwrap();
+    assert_eq!(h.a.wait().unwrap().code(), Some(0), "a's command exited 0, and so did tenure run");
+    (h, b, standby)
+}
+
 #[test]
 fn a_standby_supervisor_killed_as_its_term_begins_is_replaced_and_the_command_runs_in_that_term() {
     // The standby is told to start the command, and killed before it does: nothing ran,
     // so its end is not the command's exit. `tenure run` must go on leading, start the
     // command through a new supervisor in the same term, and not exit with the killed
     // supervisor's status.
-    let Handover { env, pids, go, token_a, seen_b, tmp_b, _reap, mut a } = Handover::new();
-    let script_b = format!(
-        r#"echo $$ >> {p}; echo "$TENURE_TOKEN $PPID" > {s}.new; mv {s}.new {s}; exec sleep 600"#,
-        p = pids.display(),
-        s = seen_b.display()
-    );
-    let mut b = run_standby_test(&env, &tmp_b, "b", &script_b);
-    let standby = ready_standby(b.id(), &tmp_b);
-    // Held stopped, it cannot act on being told; it is killed once it has been told.
-    signal(standby, rustix::process::Signal::STOP);
-    std::fs::write(&go, b"").unwrap();
-    assert_eq!(a.wait().unwrap().code(), Some(0), "a's command exited 0, and so did tenure run");
+    let (h, mut b, standby) = frozen_standby_told();
+    let (token_a, seen_b, tmp_b) = (h.token_a.clone(), h.seen_b.clone(), h.tmp_b.clone());
+    // Held stopped, it could not act on being told; it is killed once it has been told.
     let t0 = Instant::now();
     let env_file = loop {
         let found =
@@ -958,6 +967,33 @@ fn a_standby_supervisor_killed_as_its_term_begins_is_replaced_and_the_command_ru
     assert_eq!(Some(token_b), told_token.as_deref(), "the command did not run in the term its standby was told of");
     assert_ne!(parent.parse::<u32>().unwrap(), standby, "the killed standby supervisor started the command");
     assert!(b.0.try_wait().unwrap().is_none(), "b's tenure run exited");
+}
+
+#[test]
+fn a_standby_supervisor_frozen_as_its_term_begins_is_replaced_and_the_command_runs_in_that_term() {
+    // Told to start the command, the standby stays frozen: the term must not hold the
+    // election with nothing running. Within a few seconds the command runs, through a new
+    // supervisor, in the same term.
+    let (h, mut b, standby) = frozen_standby_told();
+    let (token_a, seen_b) = (h.token_a.clone(), h.seen_b.clone());
+    let t0 = Instant::now();
+    let seen = loop {
+        if let Ok(s) = std::fs::read_to_string(&seen_b) {
+            break s;
+        }
+        assert!(b.0.try_wait().unwrap().is_none(), "b's tenure run exited");
+        assert!(
+            t0.elapsed() < Duration::from_secs(8),
+            "b held the election with its standby frozen and nothing running"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let token_a: u64 = std::fs::read_to_string(&token_a).unwrap().trim().parse().unwrap();
+    let (token_b, parent) = seen.trim().split_once(' ').unwrap();
+    assert!(token_b.parse::<u64>().unwrap() > token_a, "b's token {token_b} is not above a's {token_a}");
+    assert_ne!(parent.parse::<u32>().unwrap(), standby, "the frozen standby supervisor started the command");
+    assert!(!alive(standby as i32), "the frozen standby supervisor was left behind");
+    signal(standby, rustix::process::Signal::KILL);
 }
 
 /// The supervisor `tenure run` (process `parent`) runs its started command under.

@@ -330,6 +330,7 @@ impl SqliteStore {
     fn open_blocking(path: PathBuf, options: SqliteOptions) -> Result<Self, StoreError> {
         check_file_system(&path)?;
         let conn = connect(&path, &options)?;
+        check_one_name(&path)?;
         let version: i64 = retry_busy(&options, || conn.query_row("PRAGMA user_version", [], |r| r.get(0)))
             .map_err(|e| sql_error(&path, "reading the schema version", e))?;
         // Read once: the log and shared-memory files exist now.
@@ -817,6 +818,26 @@ fn log_lost_error(path: &Path) -> StoreError {
 }
 
 /// The database file at `path` as the file system names it (device, inode), if it exists.
+/// Refuses a database file that has more than one name (hard links): SQLite keeps the log
+/// and shared memory beside the name it was given, so processes that open the file by two
+/// names each write a log the others never read, and two of them could lead at once.
+fn check_one_name(path: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::MetadataExt;
+    let links = std::fs::metadata(path).map(|m| m.nlink()).unwrap_or(1);
+    if links > 1 && !crate_mutant("sqlite-hard-link-allowed") {
+        return Err(StoreError::new(
+            ErrorKind::Misconfigured,
+            format!(
+                "{} has {links} names (hard links): SQLite keeps a log beside each name, so candidates that open \
+                 it by different names would not see each other's leases; give every candidate one name, and \
+                 remove the other links",
+                path.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn file_id(path: &Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
@@ -2126,6 +2147,21 @@ mod tests {
         let e = store.try_acquire(&req("a", "y")).await.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Misconfigured, "{e}");
         assert!(e.to_string().contains("cannot grow") && e.to_string().contains("delete that row"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_database_with_two_names_is_refused_by_either() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, other) = (dir.path().join("t.db"), dir.path().join("u.db"));
+        drop(SqliteStore::open(&path).await.unwrap());
+        std::fs::hard_link(&path, &other).unwrap();
+        for p in [&path, &other] {
+            let e = SqliteStore::open(p).await.err().expect("a database with two names was opened");
+            assert_eq!(e.kind(), ErrorKind::Misconfigured, "{e}");
+            assert!(e.to_string().contains("2 names (hard links)"), "{e}");
+        }
+        std::fs::remove_file(&other).unwrap();
+        SqliteStore::open(&path).await.unwrap();
     }
 
     #[tokio::test]

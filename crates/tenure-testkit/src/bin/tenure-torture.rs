@@ -566,6 +566,9 @@ fn torture(a: Args) -> Result<bool, String> {
     let sqlite_file =
         store.strip_prefix("sqlite:").filter(|_| a.store.is_none() && a.slots.is_none()).map(PathBuf::from);
     let mut rng = fastrand::Rng::with_seed(a.seed);
+    // Faults added later draw from streams of their own, so that a seed still gives the
+    // sequence it gave before they were added.
+    let mut guard_rng = fastrand::Rng::with_seed(a.seed ^ 0x0067_7561_7264);
     let mut next = 0;
     let mut cands: Vec<Candidate> = Vec::new();
     let server_port = server.as_ref().map(|s| s.port());
@@ -944,7 +947,7 @@ fn torture(a: Args) -> Result<bool, String> {
                 let Some(supervisor) = supervisor_of(cands[i].child.id(), false) else { continue };
                 // A third of the time its guard was killed a moment before: `tenure run`
                 // must have started another, or the pair leaves nobody to stop the command.
-                let guard_killed = rng.usize(0..3) == 0
+                let guard_killed = guard_rng.usize(0..3) == 0
                     && guard_of(cands[i].child.id()).is_some_and(|g| {
                         let _ = rustix::process::kill_process(g, Signal::KILL);
                         std::thread::sleep(Duration::from_millis(200));
