@@ -329,8 +329,9 @@ impl SqliteStore {
 
     fn open_blocking(path: PathBuf, options: SqliteOptions) -> Result<Self, StoreError> {
         check_file_system(&path)?;
-        let conn = connect(&path, &options)?;
+        // Before SQLite opens it: a second name would get a log of its own.
         check_one_name(&path)?;
+        let conn = connect(&path, &options)?;
         let version: i64 = retry_busy(&options, || conn.query_row("PRAGMA user_version", [], |r| r.get(0)))
             .map_err(|e| sql_error(&path, "reading the schema version", e))?;
         // Read once: the log and shared-memory files exist now.
@@ -2154,6 +2155,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (path, other) = (dir.path().join("t.db"), dir.path().join("u.db"));
         drop(SqliteStore::open(&path).await.unwrap());
+        // The dropped store's connection closes on its own thread: let it finish.
+        let t0 = std::time::Instant::now();
+        while ["-wal", "-shm"].iter().any(|s| std::path::Path::new(&format!("{}{s}", path.display())).exists()) {
+            assert!(t0.elapsed() < std::time::Duration::from_secs(10), "the dropped store's connection did not close");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         std::fs::hard_link(&path, &other).unwrap();
         for p in [&path, &other] {
             let e = SqliteStore::open(p).await.err().expect("a database with two names was opened");
