@@ -1274,10 +1274,11 @@ impl Supervised {
         })
     }
 
-    /// The command's cgroup, if it has one (see `command_cgroup`): a health check of the
-    /// term runs there too, so that what kills the term's processes kills it.
+    /// Where the command's cgroup is, or will be once the supervisor has made it (see
+    /// `command_cgroup`): a health check of the term enters it when it exists by then, so
+    /// that what kills the term's processes kills it.
     pub fn cgroup(&self) -> Option<PathBuf> {
-        command_cgroup(&self.deadline_file).filter(|cg| cg.is_dir())
+        command_cgroup(&self.deadline_file)
     }
 
     /// `TENURE_METADATA_FILE`, if the command was given one.
