@@ -1392,8 +1392,10 @@ impl Supervised {
     pub async fn stop(&mut self, grace: Duration) -> i32 {
         let _ = rustix::process::kill_process(self.supervisor, Signal::TERM);
         // The supervisor sends SIGKILL itself at `grace`; STOP_SLACK is for the kill.
-        let code = match tokio::time::timeout(grace + STOP_SLACK, self.child.wait()).await {
-            Ok(status) => status.map(exit_code).unwrap_or(1),
+        // Through `exited`, so that a guard killed while the command is being stopped is
+        // replaced as during the term.
+        let code = match tokio::time::timeout(grace + STOP_SLACK, self.exited()).await {
+            Ok(code) => code,
             Err(_) => {
                 // The supervisor is stopped or stuck: kill the whole tree from here, the
                 // supervisor with it (everything below this process, a subreaper).

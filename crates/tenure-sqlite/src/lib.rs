@@ -1345,6 +1345,9 @@ fn reopen(
     replaced: Option<(Carried, Opened)>,
 ) -> Result<(Connection, Opened), StoreError> {
     create_fresh(path)?;
+    // A file put in place that is a second name of another database (a hard link moved
+    // over this one) is refused as at open.
+    check_one_name(path)?;
     // The shared memory at the path is still the one this process has mapped for the file
     // that went (a copy moved over the database, its -wal and -shm left): a connection of
     // this process would take it for new and truncate it under the old one (SIGBUS), and
