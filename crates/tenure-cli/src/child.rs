@@ -1394,7 +1394,14 @@ impl Supervised {
         // The supervisor sends SIGKILL itself at `grace`; STOP_SLACK is for the kill.
         // Through `exited`, so that a guard killed while the command is being stopped is
         // replaced as during the term.
-        let code = match tokio::time::timeout(grace + STOP_SLACK, self.exited()).await {
+        let waited = if mutant("stop-guard-unseen") {
+            // The planted bug: a guard that ends during the stop is not replaced.
+            tokio::time::timeout(grace + STOP_SLACK, async { self.child.wait().await.map(exit_code).unwrap_or(1) })
+                .await
+        } else {
+            tokio::time::timeout(grace + STOP_SLACK, self.exited()).await
+        };
+        let code = match waited {
             Ok(code) => code,
             Err(_) => {
                 // The supervisor is stopped or stuck: kill the whole tree from here, the

@@ -463,8 +463,14 @@ enum Next {
     GaveUp(String),
 }
 
+/// How often a follower starts a standby supervisor in place of one that ended, at most:
+/// each one that ends (killed, or its guard killed) is replaced, but one that cannot live
+/// must not keep the host busy.
+const STANDBY_REPLACED_EVERY: Duration = Duration::from_secs(1);
+
 /// [`next_term`] for `tenure run`, which keeps `standby` ready meanwhile: a standby
-/// that ends (killed) is replaced once; it is discarded before the campaign shuts down.
+/// that ends (killed, or its guard killed) is replaced, at most once every
+/// [`STANDBY_REPLACED_EVERY`]; it is discarded before the campaign shuts down.
 /// Waiting ends early when `give_up` answers.
 async fn next_term_with_standby(
     elector: &Elector,
@@ -474,8 +480,18 @@ async fn next_term_with_standby(
     give_up: impl Future<Output = String>,
 ) -> Result<Next> {
     let mut replaced = false;
+    // When the next standby may start: one that ended is replaced then.
+    let mut replace_at: Option<tokio::time::Instant> = None;
+    let mut last_start: Option<tokio::time::Instant> = None;
     tokio::pin!(give_up);
     let gave_up = loop {
+        let at = replace_at;
+        let replace = async move {
+            match at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             biased;
             _ = stop.cancelled() => break None,
@@ -484,10 +500,17 @@ async fn next_term_with_standby(
             _ = Standby::ended(standby) => {
                 tracing::debug!("the standby supervisor ended");
                 *standby = None;
-                if !replaced {
-                    replaced = true;
-                    *standby = prepare_standby(job.argv, job.grace);
+                if replaced && crate::child::mutant("standby-replaced-once") {
+                    continue;
                 }
+                replaced = true;
+                let now = tokio::time::Instant::now();
+                replace_at = Some(last_start.map_or(now, |t| (t + STANDBY_REPLACED_EVERY).max(now)));
+            }
+            () = replace => {
+                replace_at = None;
+                last_start = Some(tokio::time::Instant::now());
+                *standby = prepare_standby(job.argv, job.grace);
             }
         }
     };
@@ -979,13 +1002,37 @@ pub async fn campaign(
     }
 }
 
-/// Runs a hook (`sh -c`) with `env`, in a process group of its own that is killed whole
-/// if it takes longer than `limit`.
+/// How long a hook stopped for taking too long (SIGTERM) has before SIGKILL.
+const HOOK_KILL_AFTER: Duration = Duration::from_millis(100);
+
+/// Runs the on-stepped-down hook (`sh -c`) with `env` as `tenure run` runs a command:
+/// under a supervisor, with its guard and cgroup, so that every process the hook starts
+/// ends with it, and with `tenure` if `tenure` is killed meanwhile (it must be over
+/// before anyone else can lead). Stopped if it takes longer than `limit`.
 async fn run_hook(hook: &str, env: &[(&'static str, String)], limit: Duration) {
-    // Held as a check of a term is: it must be over before anyone else can lead, so it
-    // ends with `tenure` and its group is killed after it.
-    if let Err(why) = run_sh(hook, env, limit, "on-stepped-down hook", Some(InTerm { cgroup: None })).await {
-        tracing::warn!("{why}");
+    if crate::child::mutant("hook-unsupervised") {
+        // The planted bug: only the hook's shell ends with `tenure`.
+        if let Err(why) = run_sh(hook, env, limit, "on-stepped-down hook", Some(InTerm { cgroup: None })).await {
+            tracing::warn!("{why}");
+        }
+        return;
+    }
+    let argv = ["sh".to_string(), "-c".to_string(), hook.to_string()];
+    let kill_after = HOOK_KILL_AFTER.min(limit / 2);
+    let stop_at = crate::child::boottime_ns().saturating_add((limit - kill_after).as_nanos() as u64);
+    let mut hook = match Supervised::spawn(&argv, env, stop_at, kill_after, None) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("cannot start the on-stepped-down hook: {e:#}");
+            return;
+        }
+    };
+    let code = hook.exited().await;
+    hook.clean_up().await;
+    if hook.stopped_by_supervisor() {
+        tracing::warn!("the on-stepped-down hook took longer than {}; stopped", humantime::format_duration(limit));
+    } else if code != 0 {
+        tracing::warn!(code, "the on-stepped-down hook failed");
     }
 }
 

@@ -101,6 +101,18 @@ impl Env {
             .map(Proc)
             .unwrap()
     }
+    /// `tenure ARGS…` on this test's SQLite store, quiet but for warnings.
+    fn spawn(&self, args: &[&str]) -> Proc {
+        Command::new(tenure())
+            .env("TENURE_STORE", self.sqlite())
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .args(args)
+            .spawn()
+            .map(Proc)
+            .unwrap()
+    }
     /// `tenure run` on SQLite with TTL `ttl` and its temporary files in `tmp`; what it and
     /// its supervisor say goes to the file `stderr`.
     fn run_in(&self, tmp: &Path, ttl: &str, script: &str) -> Proc {
@@ -545,6 +557,52 @@ fn a_health_check_and_what_it_started_end_with_a_killed_tenure_run() {
     disable_and_check_work_stops(&mut leader, &log, "tenure run was killed", &[], || {
         signal(pid, rustix::process::Signal::KILL)
     });
+}
+
+#[test]
+fn an_on_stepped_down_hook_and_what_it_started_end_with_a_killed_campaign() {
+    // The hook belongs to the term that is ending: it and whatever it started (in its
+    // group, or in a session of its own) must not work on once `tenure campaign` is gone,
+    // for the next leader's on-elected hook may then already run.
+    let env = Env::new();
+    let (pids, log) = (env.path("pids"), env.path("log"));
+    let _reap = Reap(pids.clone());
+    let w = sh_quote(&worker(&pids, &log, true));
+    let hook = format!("sh -c {w} & setsid sh -c {w} & wait");
+    let mut leader = env.spawn(&[
+        "campaign",
+        "api/writer",
+        "--id",
+        "a",
+        "--ttl",
+        "10s",
+        "--grace",
+        "4s",
+        "--on-stepped-down",
+        &hook,
+    ]);
+    // Elected (it leads at once, alone), then told to stop: the hook starts its workers.
+    let t0 = Instant::now();
+    while !leads(&env, "api/writer") {
+        assert!(leader.try_wait().unwrap().is_none(), "tenure campaign exited");
+        assert!(t0.elapsed() < Duration::from_secs(20), "the campaign was not elected");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    signal(leader.id(), rustix::process::Signal::TERM);
+    wait_pids(&pids, 2);
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = leader.id();
+    disable_and_check_work_stops(&mut leader, &log, "tenure campaign was killed", &[], || {
+        signal(pid, rustix::process::Signal::KILL)
+    });
+}
+
+/// Whether `election` has a holder, as `tenure status` shows it.
+fn leads(env: &Env, election: &str) -> bool {
+    let out =
+        Command::new(tenure()).env("TENURE_STORE", env.sqlite()).args(["status", election, "--json"]).output().unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    status["leader"]["holder"].is_string()
 }
 
 #[test]
@@ -1024,7 +1082,9 @@ fn running_supervisor_of(parent: u32) -> i32 {
 /// says, and asserts that no worker works past the lease deadline.
 /// `extra`: more environment for `tenure run` (`TENURE_CGROUP=off`, so that the guard
 /// must find the command's processes without a cgroup, as on hosts that give it none).
-fn both_disabled_and_the_work_stops(extra: &[(&str, &str)], disable: impl FnOnce(u32, i32)) {
+/// `before` runs first (given `tenure run`'s pid), outside the time measured: the lease
+/// deadline counts from the last renewal before `disable`, not from `before`.
+fn both_disabled_and_the_work_stops(extra: &[(&str, &str)], before: impl FnOnce(u32), disable: impl FnOnce(u32, i32)) {
     let env = Env::new();
     let (pids, log) = (env.path("pids"), env.path("log"));
     let _reap = Reap(pids.clone());
@@ -1032,6 +1092,7 @@ fn both_disabled_and_the_work_stops(extra: &[(&str, &str)], disable: impl FnOnce
     let mut leader = env.run_env(&env.sqlite(), "a", &format!("setsid sh -c {w} & sh -c {w} & wait"), extra);
     wait_pids(&pids, 2);
     let supervisor = running_supervisor_of(leader.id());
+    before(leader.id());
     // The guard looks over the tree at every check (50 ms) in the command's first second:
     // a tree disabled before its first look is outside what it can find once re-parented.
     std::thread::sleep(Duration::from_millis(300));
@@ -1047,18 +1108,26 @@ fn both_disabled_and_the_work_stops(extra: &[(&str, &str)], disable: impl FnOnce
 
 #[test]
 fn the_guard_stops_the_command_when_tenure_run_and_its_supervisor_are_both_frozen() {
-    both_disabled_and_the_work_stops(&[], |leader, supervisor| {
-        signal(supervisor as u32, rustix::process::Signal::STOP);
-        signal(leader, rustix::process::Signal::STOP);
-    });
+    both_disabled_and_the_work_stops(
+        &[],
+        |_| {},
+        |leader, supervisor| {
+            signal(supervisor as u32, rustix::process::Signal::STOP);
+            signal(leader, rustix::process::Signal::STOP);
+        },
+    );
 }
 
 #[test]
 fn the_guard_stops_the_command_when_tenure_run_is_frozen_and_its_supervisor_killed() {
-    both_disabled_and_the_work_stops(&[], |leader, supervisor| {
-        signal(leader, rustix::process::Signal::STOP);
-        signal(supervisor as u32, rustix::process::Signal::KILL);
-    });
+    both_disabled_and_the_work_stops(
+        &[],
+        |_| {},
+        |leader, supervisor| {
+            signal(leader, rustix::process::Signal::STOP);
+            signal(supervisor as u32, rustix::process::Signal::KILL);
+        },
+    );
 }
 
 #[test]
@@ -1067,12 +1136,16 @@ fn the_guard_stops_the_command_when_tenure_run_and_its_supervisor_are_both_kille
     // (without a cgroup, which would hold them all). Both are frozen first, so that they
     // die together: killed one after the other, a `tenure run` that outlives its
     // supervisor by a moment stops the tree itself, and the guard is not what is tested.
-    both_disabled_and_the_work_stops(&[("TENURE_CGROUP", "off")], |leader, supervisor| {
-        signal(leader, rustix::process::Signal::STOP);
-        signal(supervisor as u32, rustix::process::Signal::STOP);
-        signal(supervisor as u32, rustix::process::Signal::KILL);
-        signal(leader, rustix::process::Signal::KILL);
-    });
+    both_disabled_and_the_work_stops(
+        &[("TENURE_CGROUP", "off")],
+        |_| {},
+        |leader, supervisor| {
+            signal(leader, rustix::process::Signal::STOP);
+            signal(supervisor as u32, rustix::process::Signal::STOP);
+            signal(supervisor as u32, rustix::process::Signal::KILL);
+            signal(leader, rustix::process::Signal::KILL);
+        },
+    );
 }
 
 /// The guards `tenure run` (process `parent`) has started: its live children `tenure __guard …`.
@@ -1107,17 +1180,38 @@ fn kill_the_guard_and_see_it_replaced(parent: u32) {
 fn a_guard_killed_during_the_term_is_replaced_and_a_pair_frozen_later_still_stops_the_work() {
     // One process disabled long before two others are: the term must not be left with
     // two of its three processes, or the later pair leaves nobody to stop the command.
-    both_disabled_and_the_work_stops(&[], |leader, supervisor| {
-        kill_the_guard_and_see_it_replaced(leader);
-        // The new guard looks over the tree at every check in its first second.
-        std::thread::sleep(Duration::from_millis(300));
+    // The guard is killed (and replaced) before the time measured begins: measured from
+    // before it, the pair's lease deadline (a renewal later) could lie past the bound.
+    both_disabled_and_the_work_stops(&[], kill_the_guard_and_see_it_replaced, |leader, supervisor| {
         signal(supervisor as u32, rustix::process::Signal::STOP);
         signal(leader, rustix::process::Signal::STOP);
     });
 }
 
 #[test]
-fn a_guard_killed_while_following_is_replaced_before_the_term_and_a_pair_frozen_in_it_still_stops_the_work() {
+fn a_guard_killed_while_the_command_is_being_stopped_is_replaced() {
+    // Stopping takes up to the grace period, with the command's processes still running:
+    // until they are gone the term keeps its three processes, or a pair disabled then
+    // would leave nobody to stop them.
+    let env = Env::new();
+    let (pids, log) = (env.path("pids"), env.path("log"));
+    let _reap = Reap(pids.clone());
+    let w = sh_quote(&worker(&pids, &log, true));
+    let script = format!("sh -c {w} & wait");
+    let mut leader =
+        env.spawn(&["run", "jobs/tree", "--id", "a", "--ttl", "10s", "--grace", "3s", "--", "sh", "-c", &script]);
+    wait_pids(&pids, 1);
+    running_supervisor_of(leader.id());
+    // Told to stop: the worker ignores SIGTERM, so the stop lasts the grace period.
+    signal(leader.id(), rustix::process::Signal::TERM);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(leader.try_wait().unwrap().is_none(), "tenure run did not wait for the command to stop");
+    kill_the_guard_and_see_it_replaced(leader.id());
+    leader.wait().unwrap();
+}
+
+#[test]
+fn guards_killed_while_following_are_replaced_before_the_term_and_a_pair_frozen_in_it_still_stops_the_work() {
     let env = Env::new();
     let (pids, log, go) = (env.path("pids"), env.path("log"), env.path("go"));
     let _reap = Reap(pids.clone());
@@ -1132,7 +1226,11 @@ fn a_guard_killed_while_following_is_replaced_before_the_term_and_a_pair_frozen_
         std::thread::sleep(Duration::from_millis(10));
     }
     assert!(!std::fs::exists(&pids).unwrap(), "b started its command while a led");
-    kill_the_guard_and_see_it_replaced(b.id());
+    // Each time: a follower waits for as long as the leader leads, and a guard killed
+    // again (by whatever killed it once) is no rarer than the first.
+    for _ in 0..3 {
+        kill_the_guard_and_see_it_replaced(b.id());
+    }
     // a hands over; b leads.
     std::fs::write(&go, b"").unwrap();
     assert_eq!(a.wait().unwrap().code(), Some(0));

@@ -2153,17 +2153,23 @@ mod tests {
         assert!(e.to_string().contains("cannot grow") && e.to_string().contains("delete that row"), "{e}");
     }
 
+    /// Waits until the last connection to the database at `path` has closed: a dropped
+    /// store's connection closes on its own thread, and the last one to close deletes the
+    /// log and the shared memory by name.
+    fn wait_until_closed(path: &Path) {
+        let t0 = std::time::Instant::now();
+        while ["-wal", "-shm"].iter().any(|s| beside(path, s).exists()) {
+            assert!(t0.elapsed() < std::time::Duration::from_secs(10), "the dropped store's connection did not close");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
     #[tokio::test]
     async fn a_database_with_two_names_is_refused_by_either() {
         let dir = tempfile::tempdir().unwrap();
         let (path, other) = (dir.path().join("t.db"), dir.path().join("u.db"));
         drop(SqliteStore::open(&path).await.unwrap());
-        // The dropped store's connection closes on its own thread: let it finish.
-        let t0 = std::time::Instant::now();
-        while ["-wal", "-shm"].iter().any(|s| std::path::Path::new(&format!("{}{s}", path.display())).exists()) {
-            assert!(t0.elapsed() < std::time::Duration::from_secs(10), "the dropped store's connection did not close");
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
+        wait_until_closed(&path);
         std::fs::hard_link(&path, &other).unwrap();
         for p in [&path, &other] {
             let e = SqliteStore::open(p).await.err().expect("a database with two names was opened");
@@ -2192,15 +2198,10 @@ mod tests {
             last = l.token;
         }
         drop(store);
-        // A restore is done with every process that uses the database stopped. The store's
-        // connection closes on its own thread once the store is dropped, and the last
-        // connection to close deletes the log and the shared memory by name: wait for
-        // that, or it could delete the restored database's.
-        let t0 = std::time::Instant::now();
-        while ["-wal", "-shm"].iter().any(|s| std::path::Path::new(&format!("{}{s}", path.display())).exists()) {
-            assert!(t0.elapsed() < std::time::Duration::from_secs(10), "the dropped store's connection did not close");
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
+        // A restore is done with every process that uses the database stopped: wait for
+        // the dropped store's connection to close, or it could delete the restored
+        // database's log and shared memory.
+        wait_until_closed(&path);
         // A restore puts the backup in place of the database and its log.
         for suffix in ["-wal", "-shm"] {
             let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));

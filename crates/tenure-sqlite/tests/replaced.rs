@@ -439,3 +439,41 @@ async fn a_restore_is_noticed_once_and_the_next_leader_renews_on() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_name_of_another_database_moved_over_the_file_is_refused_by_its_leader() {
+    // a leads in t.db and b in other.db. A hard link to other.db moved over t.db makes the
+    // two one file under two names, each with a log of its own beside it: a must not
+    // reopen it and take b's lease, which it cannot see in b's log, for a term of its own.
+    // Two guards hold it: the store refuses a file with two names when it reopens, and
+    // SQLite itself refuses the second name's log while b's connection is open (with the
+    // first guard planted away, the second still held here).
+    let dir = tempfile::tempdir().unwrap();
+    let (path, other, link) = (dir.path().join("t.db"), dir.path().join("other.db"), dir.path().join("link.db"));
+    // other.db made whole first (its last connection closed, its log written back), as a
+    // database in use for a while is.
+    drop(SqliteStore::open(&other).await.unwrap());
+    let t0 = Instant::now();
+    while std::fs::exists(dir.path().join("other.db-wal")).unwrap() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the dropped store's connection did not close");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let a = elector(Arc::new(SqliteStore::open(&path).await.unwrap()), "a");
+    let b = elector(Arc::new(SqliteStore::open(&other).await.unwrap()), "b");
+    let (la, lb) = (a.leadership().await.unwrap(), b.leadership().await.unwrap());
+    std::fs::hard_link(&other, &link).unwrap();
+    remove_database(&path);
+    std::fs::rename(&link, &path).unwrap();
+    tokio::time::timeout(TTL * 2, la.cancelled()).await.expect("a led on in a file with two names");
+    drop(la);
+    let again = tokio::time::timeout(TTL * 2, a.leadership()).await;
+
+    assert!(
+        !matches!(again, Ok(Ok(_))),
+        "a was elected again in the file that other.db also names, while b led there: {again:?}"
+    );
+    assert!(lb.is_valid(), "b's term in other.db ended");
+    drop(lb);
+    a.shutdown().await;
+    b.shutdown().await;
+}

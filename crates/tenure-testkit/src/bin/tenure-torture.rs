@@ -404,8 +404,19 @@ setsid "$P" probe --dir "$D" --ignore-term &
     let (ttl, grace) = (format!("{}ms", a.ttl.as_millis()), format!("{}ms", a.grace.as_millis()));
     match a.slots {
         None => {
-            cmd.args(["run", ELECTION, "--store", store, "--id", name, "--ttl", &ttl, "--grace", &grace])
-                .args(["--", "sh", "-c", tree]);
+            cmd.args(["run", ELECTION, "--store", store, "--id", name, "--ttl", &ttl, "--grace", &grace]);
+            if a.chain {
+                // A health check that, once a term, leaves a probe behind in a session of
+                // its own: it counts as the command's, and must stop with it (the
+                // command's cgroup holds it, as it holds the chain).
+                let check = format!(
+                    r#"M="{d}/check-$TORTURE_CAND-$TENURE_TOKEN"; [ -e "$M" ] || {{ : > "$M"; setsid "{me}" probe --dir "{d}" --ignore-term & }}"#,
+                    d = dir.display(),
+                    me = me.display()
+                );
+                cmd.args(["--health-cmd", &check, "--health-interval", "300ms", "--health-retries", "1000"]);
+            }
+            cmd.args(["--", "sh", "-c", tree]);
         }
         Some(period) => {
             let catch_up = format!("{}ms", SLOT_CATCH_UP.as_millis());
@@ -1161,7 +1172,8 @@ fn torture(a: Args) -> Result<bool, String> {
     println!(
         "command             {}",
         if a.chain {
-            "a tree, with a chain of forks in new sessions (the command's cgroup holds it)"
+            "a tree, with a chain of forks in new sessions and a probe a health check leaves in a session of its \
+             own (the command's cgroup holds both)"
         } else {
             "a tree"
         }
