@@ -197,7 +197,8 @@ Prints `elected TOKEN` and `stepped-down TOKEN` as terms begin and end. --on-ele
 (sh -c) when a term begins, --on-stepped-down when it ends, each with TENURE_ELECTION,
 TENURE_TOKEN and TENURE_HOLDER set; a hook still running at the end of its term is
 stopped (SIGTERM, --grace, SIGKILL), and the stepped-down hook gets --grace to finish,
-before the lease deadline when the term ends for lack of renewals. A program that
+before the lease deadline when the term ends for lack of renewals (late, with a warning,
+if tenure campaign itself was frozen through the deadline). A program that
 asks and then acts can act after losing: it must pass TENURE_TOKEN (or the token from
 /is-leader) to what it writes. See docs/operations.md.")]
     Campaign(CampaignCmdArgs),

@@ -988,6 +988,18 @@ pub async fn campaign(
         // The term is over (or ending): tell the program before the lease goes.
         say(&format!("stepped-down {}", l.token()));
         if let Some(hook) = on_stepped_down {
+            // Past the deadline (this process frozen or stuck through it), the next leader
+            // may already run its on-elected hook: the hook still runs, for it undoes what
+            // this term did here, but the program must be told it comes late.
+            let late = tenure::Clock::now(&tenure::TokioClock).saturating_duration_since(l.deadline());
+            if !late.is_zero() {
+                tracing::warn!(
+                    token = %l.token(),
+                    "the term ended {} ago, while this process could not act (frozen or stuck): the on-stepped-down \
+                     hook runs now, late, and another candidate may already lead (fence with TENURE_TOKEN)",
+                    humantime::format_duration(Duration::from_millis(late.as_millis() as u64))
+                );
+            }
             run_hook(hook, &child_env(&l), c.grace).await;
         }
         match end {

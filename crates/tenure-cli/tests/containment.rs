@@ -582,12 +582,7 @@ fn an_on_stepped_down_hook_and_what_it_started_end_with_a_killed_campaign() {
         &hook,
     ]);
     // Elected (it leads at once, alone), then told to stop: the hook starts its workers.
-    let t0 = Instant::now();
-    while !leads(&env, "api/writer") {
-        assert!(leader.try_wait().unwrap().is_none(), "tenure campaign exited");
-        assert!(t0.elapsed() < Duration::from_secs(20), "the campaign was not elected");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until_elected(&env, &mut leader);
     signal(leader.id(), rustix::process::Signal::TERM);
     wait_pids(&pids, 2);
     std::thread::sleep(Duration::from_millis(300));
@@ -595,6 +590,48 @@ fn an_on_stepped_down_hook_and_what_it_started_end_with_a_killed_campaign() {
     disable_and_check_work_stops(&mut leader, &log, "tenure campaign was killed", &[], || {
         signal(pid, rustix::process::Signal::KILL)
     });
+}
+
+#[test]
+fn a_campaign_frozen_through_its_deadline_runs_its_stepped_down_hook_late_and_says_so() {
+    // Frozen, `tenure campaign` could not step down before the deadline: when it wakes the
+    // hook still runs (it undoes what the term did here), and the log says it comes late.
+    let env = Env::new();
+    let (ran, stderr) = (env.path("ran"), env.path("stderr"));
+    let mut leader = Command::new(tenure())
+        .env("TENURE_STORE", env.sqlite())
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .args(["campaign", "api/writer", "--id", "a", "--ttl", "2s", "--grace", "300ms"])
+        .args(["--on-stepped-down", &format!("echo $TENURE_TOKEN >> {}", ran.display())])
+        .spawn()
+        .map(Proc)
+        .unwrap();
+    wait_until_elected(&env, &mut leader);
+    signal(leader.id(), rustix::process::Signal::STOP);
+    std::thread::sleep(TTL + Duration::from_secs(1));
+    signal(leader.id(), rustix::process::Signal::CONT);
+    let t0 = Instant::now();
+    while !std::fs::exists(&ran).unwrap() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the stepped-down hook did not run once the campaign woke");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    signal(leader.id(), rustix::process::Signal::KILL);
+    leader.wait().unwrap();
+    let log = std::fs::read_to_string(&stderr).unwrap();
+    assert!(log.contains("hook runs now, late"), "no warning that the hook ran late: {log}");
+}
+
+/// Waits until the `tenure campaign` `leader` (of `api/writer`) leads.
+fn wait_until_elected(env: &Env, leader: &mut Proc) {
+    let t0 = Instant::now();
+    while !leads(env, "api/writer") {
+        assert!(leader.try_wait().unwrap().is_none(), "tenure campaign exited");
+        assert!(t0.elapsed() < Duration::from_secs(20), "the campaign was not elected");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Whether `election` has a holder, as `tenure status` shows it.
