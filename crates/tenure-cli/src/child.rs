@@ -814,6 +814,11 @@ fn finished(pid: Pid) -> bool {
     }
 }
 
+/// Whether `pid` is held stopped (SIGSTOP, or traced).
+fn held_stopped(pid: Pid) -> bool {
+    stat_fields(pid).is_some_and(|f| matches!(f.first().map(String::as_str), Some("T" | "t")))
+}
+
 /// Whether `pid` is a process that runs (not gone, not a zombie).
 fn alive(pid: Pid) -> bool {
     stat_fields(pid).is_some_and(|f| !matches!(f.first().map(String::as_str), None | Some("Z") | Some("X")))
@@ -1385,6 +1390,21 @@ impl Supervised {
         if let Some(mut guard) = self.guard.take() {
             let _ = guard.kill().await;
         }
+    }
+
+    /// Ends a supervisor that has not started the command and is held stopped (SIGSTOP):
+    /// it cannot act on SIGTERM, and has nothing to stop gracefully, so waiting a grace
+    /// period for it would only keep the term from its command. Does nothing, and returns
+    /// `false`, unless both hold.
+    pub async fn end_if_frozen_before_start(&mut self) -> bool {
+        if self.command_started() || !held_stopped(self.supervisor) {
+            return false;
+        }
+        let _ = rustix::process::kill_process(self.supervisor, Signal::KILL);
+        let _ = self.child.wait().await;
+        // Woken and started a moment before the kill after all: its orphans go here.
+        self.sweep_then_end_guard().await;
+        true
     }
 
     /// Stops the command: SIGTERM to its whole tree (through the supervisor), SIGKILL

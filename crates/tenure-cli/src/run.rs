@@ -186,6 +186,11 @@ impl Health {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
+            // Woken past the deadline (frozen, stuck) before the term's end was seen: a check
+            // now would act with the token of a term that is over. The end comes next.
+            if !l.is_valid() {
+                std::future::pending::<()>().await;
+            }
             let checked = self.check(&env, cgroup.as_deref()).await;
             let health = if checked.is_ok() { tenure::Health::Passing } else { tenure::Health::Failing };
             if let Err(e) = l.set_health(health).await {
@@ -607,7 +612,9 @@ async fn supervise(l: &Leadership, job: &Job<'_>, standby: Option<Standby>, stop
                          stuck); stopping it and starting the command through a new one",
                         humantime::format_duration(STANDBY_START_WITHIN)
                     );
-                    child.stop(grace).await;
+                    if !child.end_if_frozen_before_start().await {
+                        child.stop(grace).await;
+                    }
                     return Ok(End::NotStarted);
                 }
             }
