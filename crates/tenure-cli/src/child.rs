@@ -735,6 +735,11 @@ pub fn guard(parent: i32, supervisor: i32, deadline_file: &Path, grace: Duration
                     let mut tree: Vec<Pid> = descendants(parent_pid).into_iter().filter(|p| *p != me).collect();
                     tree.extend(remembered());
                     tree.extend(in_cgroup());
+                    // What ended already and waits for the frozen `tenure` to reap it (the
+                    // supervisor, a finished health check) neither works nor needs killing.
+                    tree.sort_by_key(|p| p.as_raw_pid());
+                    tree.dedup();
+                    tree.retain(|p| !finished(*p));
                     tree
                 }
                 _ => Vec::new(),

@@ -1296,7 +1296,11 @@ fn guards_killed_while_following_are_replaced_before_the_term_and_a_pair_frozen_
     let env = Env::new();
     let (pids, log, go) = (env.path("pids"), env.path("log"), env.path("go"));
     let _reap = Reap(pids.clone());
-    let mut a = env.run(&env.sqlite(), "a", &format!("while [ ! -e {} ]; do sleep 0.01; done", go.display()));
+    // a leads with a long TTL, so that on a loaded host it keeps its lease while b's
+    // guards are killed (a term of b's own would bring a guard that is no standby's).
+    let wait_go = format!("while [ ! -e {} ]; do sleep 0.01; done", go.display());
+    let mut a =
+        env.spawn(&["run", "jobs/tree", "--id", "a", "--ttl", "10s", "--grace", "300ms", "--", "sh", "-c", &wait_go]);
     std::thread::sleep(Duration::from_millis(500));
     let w = sh_quote(&worker(&pids, &log, true));
     let mut b = env.run(&env.sqlite(), "b", &format!("setsid sh -c {w} & sh -c {w} & wait"));
@@ -1312,6 +1316,7 @@ fn guards_killed_while_following_are_replaced_before_the_term_and_a_pair_frozen_
     for _ in 0..3 {
         kill_the_guard_and_see_it_replaced(b.id());
     }
+    assert!(!std::fs::exists(&pids).unwrap(), "b started its command while a led");
     // a hands over; b leads.
     std::fs::write(&go, b"").unwrap();
     assert_eq!(a.wait().unwrap().code(), Some(0));
