@@ -1094,6 +1094,8 @@ fn priorities_hand_over_gracefully_and_evict_to_hands_over_to_the_named_candidat
     assert!(out.status.success(), "{stdout} {}", String::from_utf8_lossy(&out.stderr));
     let led = stdout.lines().find(|l| l.contains(" leads jobs/report now")).and_then(|l| l.split(' ').next());
     assert_eq!(led.map(name_of), Some("c"), "{stdout}");
+    // `evict` returns once c holds the lease; c's command starts a moment later.
+    wait_starts(&env.log(), 2, Duration::from_secs(10));
     assert_eq!(holders(), ["a", "c"]);
     let out = env.tenure(&["evict", "jobs/report", "--yes", "--to", "nobody"]);
     assert_eq!(out.status.code(), Some(1));
