@@ -737,10 +737,7 @@ pub fn guard(parent: i32, supervisor: i32, deadline_file: &Path, grace: Duration
                     tree.extend(in_cgroup());
                     // What ended already and waits for the frozen `tenure` to reap it (the
                     // supervisor, a finished health check) neither works nor needs killing.
-                    tree.sort_by_key(|p| p.as_raw_pid());
-                    tree.dedup();
-                    tree.retain(|p| !finished(*p));
-                    tree
+                    unfinished(tree)
                 }
                 _ => Vec::new(),
             }
@@ -754,10 +751,8 @@ pub fn guard(parent: i32, supervisor: i32, deadline_file: &Path, grace: Duration
                 tree.extend(remembered());
             }
             tree.extend(in_cgroup());
-            tree.sort_by_key(|p| p.as_raw_pid());
-            tree.dedup();
             // Killed already, and left unreaped by whoever they were re-parented to.
-            tree.retain(|p| !finished(*p));
+            let tree = unfinished(tree);
             if tree.is_empty() {
                 // Nobody else is left to clean up: `tenure run` is gone, and the supervisor
                 // too (or it was killed here before it could). The cgroup may still hold a
@@ -817,6 +812,14 @@ fn finished(pid: Pid) -> bool {
         Some("Z") => threads.is_none_or(|t| t <= 1),
         _ => false,
     }
+}
+
+/// `tree` once over, without what has [`finished`].
+fn unfinished(mut tree: Vec<Pid>) -> Vec<Pid> {
+    tree.sort_by_key(|p| p.as_raw_pid());
+    tree.dedup();
+    tree.retain(|p| !finished(*p));
+    tree
 }
 
 /// Whether `pid` is held stopped (SIGSTOP, or traced).

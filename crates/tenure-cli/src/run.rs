@@ -215,7 +215,7 @@ impl Health {
     /// It runs within the term, with its token, so nothing of it outlives the check or
     /// `tenure run`: see [`InTerm`].
     async fn check(&self, env: &[(&'static str, String)], cgroup: Option<&Path>) -> Result<(), String> {
-        run_sh(&self.cmd, env, self.timeout, "health command", Some(InTerm { cgroup })).await
+        run_sh(&self.cmd, env, self.timeout, "health command", InTerm { cgroup }).await
     }
 }
 
@@ -484,7 +484,6 @@ async fn next_term_with_standby(
     job: &Job<'_>,
     give_up: impl Future<Output = String>,
 ) -> Result<Next> {
-    let mut replaced = false;
     // When the next standby may start: one that ended is replaced then.
     let mut replace_at: Option<tokio::time::Instant> = None;
     let mut last_start: Option<tokio::time::Instant> = None;
@@ -505,10 +504,9 @@ async fn next_term_with_standby(
             _ = Standby::ended(standby) => {
                 tracing::debug!("the standby supervisor ended");
                 *standby = None;
-                if replaced && crate::child::mutant("standby-replaced-once") {
+                if last_start.is_some() && crate::child::mutant("standby-replaced-once") {
                     continue;
                 }
-                replaced = true;
                 let now = tokio::time::Instant::now();
                 replace_at = Some(last_start.map_or(now, |t| (t + STANDBY_REPLACED_EVERY).max(now)));
             }
@@ -1031,7 +1029,7 @@ const HOOK_KILL_AFTER: Duration = Duration::from_millis(100);
 async fn run_hook(hook: &str, env: &[(&'static str, String)], limit: Duration) {
     if crate::child::mutant("hook-unsupervised") {
         // The planted bug: only the hook's shell ends with `tenure`.
-        if let Err(why) = run_sh(hook, env, limit, "on-stepped-down hook", Some(InTerm { cgroup: None })).await {
+        if let Err(why) = run_sh(hook, env, limit, "on-stepped-down hook", InTerm { cgroup: None }).await {
             tracing::warn!("{why}");
         }
         return;
@@ -1078,36 +1076,29 @@ impl Drop for KillGroup {
 }
 
 /// `sh -c CMD` with `env`, in a process group of its own that is killed whole if it takes
-/// longer than `limit`; `what` names it in errors. `in_term`: held as [`InTerm`] says.
+/// longer than `limit`; `what` names it in errors. It is held as `in_term` says.
 async fn run_sh(
     cmd: &str,
     env: &[(&'static str, String)],
     limit: Duration,
     what: &str,
-    in_term: Option<InTerm<'_>>,
+    in_term: InTerm<'_>,
 ) -> Result<(), String> {
     // With the descriptor limit tenure started with (it raises its own).
     let script = match crate::child::starting_descriptor_limit() {
         Some(soft) => format!("ulimit -S -n {soft} 2>/dev/null\n{cmd}"),
         None => cmd.to_string(),
     };
-    // Within a term, `sh` is started through `tenure __in-term`, which asks for the
-    // parent-death signal and enters the command's cgroup before it becomes `sh`.
-    let mut command = match &in_term {
-        None => tokio::process::Command::new("sh"),
-        Some(t) => {
-            let exe = crate::child::own_program().map_err(|e| format!("cannot start the {what}: {e}"))?;
-            let mut c = tokio::process::Command::new(exe);
-            c.arg("__in-term").arg(std::process::id().to_string());
-            if let Some(cg) = t.cgroup {
-                c.arg("--cgroup").arg(cg);
-            }
-            c.args(["--", "sh"]);
-            c
-        }
-    };
+    // `sh` is started through `tenure __in-term`, which asks for the parent-death signal
+    // and enters the command's cgroup before it becomes `sh`.
+    let exe = crate::child::own_program().map_err(|e| format!("cannot start the {what}: {e}"))?;
+    let mut command = tokio::process::Command::new(exe);
+    command.arg("__in-term").arg(std::process::id().to_string());
+    if let Some(cg) = in_term.cgroup {
+        command.arg("--cgroup").arg(cg);
+    }
     command
-        .arg("-c")
+        .args(["--", "sh", "-c"])
         .arg(script)
         .env_remove(crate::child::STORE_ENV)
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
@@ -1115,9 +1106,7 @@ async fn run_sh(
         .process_group(0)
         .kill_on_drop(true);
     let mut child = command.spawn().map_err(|e| format!("cannot start the {what}: {e}"))?;
-    let _group = KillGroup(
-        in_term.is_some().then(|| child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32))).flatten(),
-    );
+    let _group = KillGroup(child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32)));
     match tokio::time::timeout(limit, child.wait()).await {
         Ok(Ok(status)) if status.success() => Ok(()),
         Ok(Ok(status)) => Err(format!("the {what} {status}")),

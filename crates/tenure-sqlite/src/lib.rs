@@ -818,7 +818,6 @@ fn log_lost_error(path: &Path) -> StoreError {
     )
 }
 
-/// The database file at `path` as the file system names it (device, inode), if it exists.
 /// Refuses a database file that has more than one name (hard links): SQLite keeps the log
 /// and shared memory beside the name it was given, so processes that open the file by two
 /// names each write a log the others never read, and two of them could lead at once.
@@ -839,6 +838,7 @@ fn check_one_name(path: &Path) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// The database file at `path` as the file system names it (device, inode), if it exists.
 fn file_id(path: &Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
