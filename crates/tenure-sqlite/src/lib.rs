@@ -818,12 +818,25 @@ fn log_lost_error(path: &Path) -> StoreError {
     )
 }
 
+/// How long a second name of the database may last before it counts as a hard link.
+const ONE_NAME_WITHIN: Duration = Duration::from_secs(2);
+
 /// Refuses a database file that has more than one name (hard links): SQLite keeps the log
 /// and shared memory beside the name it was given, so processes that open the file by two
 /// names each write a log the others never read, and two of them could lead at once.
+/// A maker of the database (`create_fresh`) links its new file into place and then
+/// removes the temporary name: a second name seen for less than [`ONE_NAME_WITHIN`] is
+/// that moment, not a hard link.
 fn check_one_name(path: &Path) -> Result<(), StoreError> {
     use std::os::unix::fs::MetadataExt;
-    let links = std::fs::metadata(path).map(|m| m.nlink()).unwrap_or(1);
+    let links = || std::fs::metadata(path).map(|m| m.nlink()).unwrap_or(1);
+    let t0 = std::time::Instant::now();
+    let mut links_now = links();
+    while links_now > 1 && t0.elapsed() < ONE_NAME_WITHIN {
+        std::thread::sleep(Duration::from_millis(5));
+        links_now = links();
+    }
+    let links = links_now;
     if links > 1 && !crate_mutant("sqlite-hard-link-allowed") {
         return Err(StoreError::new(
             ErrorKind::Misconfigured,
@@ -2162,6 +2175,24 @@ mod tests {
             assert!(t0.elapsed() < std::time::Duration::from_secs(10), "the dropped store's connection did not close");
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
+    }
+
+    #[tokio::test]
+    async fn a_second_name_that_goes_within_moments_is_a_database_being_made_not_a_hard_link() {
+        // A maker links its new file into place, then removes the temporary name: a
+        // candidate that opens the database between the two must not stop campaigning.
+        let dir = tempfile::tempdir().unwrap();
+        let (path, tmp) = (dir.path().join("t.db"), dir.path().join("t.db-new.1"));
+        drop(SqliteStore::open(&path).await.unwrap());
+        wait_until_closed(&path);
+        std::fs::hard_link(&path, &tmp).unwrap();
+        let gone = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            std::fs::remove_file(&tmp).unwrap();
+        });
+        let opened = SqliteStore::open(&path).await;
+        gone.join().unwrap();
+        assert!(opened.is_ok(), "a database being made was taken for one with two names: {:?}", opened.err());
     }
 
     #[tokio::test]
