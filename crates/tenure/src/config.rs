@@ -68,6 +68,11 @@ pub struct Config {
     /// work stops, the election is reserved for the successor for one TTL, and the lease
     /// is released. Equal priorities never preempt each other. Default 0.
     pub priority: i32,
+    /// How many candidates hold the election at once, each with its own fencing token and
+    /// holder index (see [`crate::holders`]). Default 1. With more than one, priorities
+    /// and reservations do not apply (a `priority` other than 0 is refused) and
+    /// [`Event::LeaderChanged`](crate::Event::LeaderChanged) is not sent: several lead.
+    pub holders: u32,
     /// A planted bug, only in builds with the `mutants` feature (the test kit's): date
     /// each term from when the store's answer *arrived* instead of when the request was
     /// sent, so that the simulation can show that it catches this mistake.
@@ -99,6 +104,7 @@ impl Config {
             metadata: Vec::new(),
             announce: false,
             priority: 0,
+            holders: 1,
             #[cfg(feature = "mutants")]
             mutation_date_from_response: false,
             #[cfg(feature = "mutants")]
@@ -179,6 +185,12 @@ impl Config {
         }
         if self.metadata.len() > MAX_METADATA {
             return err("metadata", format!("{} bytes; at most {MAX_METADATA} are allowed", self.metadata.len()));
+        }
+        if !(1..=crate::holders::MAX_HOLDERS).contains(&self.holders) {
+            return err("holders", format!("{} must lie between 1 and {}", self.holders, crate::holders::MAX_HOLDERS));
+        }
+        if self.holders > 1 && self.priority != 0 {
+            return err("priority", format!("{} is not supported with {} holders", self.priority, self.holders));
         }
         Ok(())
     }

@@ -209,6 +209,8 @@ impl ElectorBuilder {
         announce: bool);
     setter!(/// See [`Config::priority`].
         priority: i32);
+    setter!(/// See [`Config::holders`].
+        holders: u32);
 
     /// Validates the settings and builds the elector. It does not campaign until
     /// [`Elector::start`] (or a method that waits for leadership) is called.
@@ -220,6 +222,7 @@ impl ElectorBuilder {
             edit(&mut cfg);
         }
         cfg.validate()?;
+        let slots = slot_requests(&election, &holder, &cfg)?;
         // The presence lease: a candidate of its own, in an election nobody else enters.
         let presence = match cfg.announce {
             true => Some(
@@ -238,6 +241,7 @@ impl ElectorBuilder {
             metrics,
             store: self.store,
             req: AcquireRequest { election, holder, ttl: cfg.ttl, metadata: cfg.metadata.clone() },
+            slots,
             cfg,
             clock: self.clock,
             events: OnceLock::new(),
@@ -250,6 +254,31 @@ impl ElectorBuilder {
         });
         Ok(Elector { shared, _guard: Arc::new(shutdown.drop_guard()) })
     }
+}
+
+/// The acquire request of each slot of an election with several holders; none with one.
+fn slot_requests(election: &ElectionName, holder: &HolderId, cfg: &Config) -> Result<Vec<AcquireRequest>, BuildError> {
+    if cfg.holders <= 1 {
+        return Ok(Vec::new());
+    }
+    if election.as_str().len() > crate::holders::MAX_HOLDERS_NAME {
+        return Err(BuildError::Config(ConfigError {
+            setting: "holders",
+            reason: format!(
+                "an election with several holders has a name of at most {} characters; {election} has {}",
+                crate::holders::MAX_HOLDERS_NAME,
+                election.as_str().len()
+            ),
+        }));
+    }
+    // The planted bug: one slot more than asked for, so that N + 1 hold at once.
+    let n = if crate::mutant("holders-one-extra") { cfg.holders + 1 } else { cfg.holders };
+    (0..n)
+        .map(|i| {
+            Ok(AcquireRequest::new(crate::holders::slot_name(election, i)?, holder.clone(), cfg.ttl)
+                .with_metadata(cfg.metadata.clone()))
+        })
+        .collect()
 }
 
 /// A candidate in one election.
@@ -267,6 +296,8 @@ pub struct Elector {
 struct Shared {
     store: Arc<dyn LeaseStore>,
     req: AcquireRequest,
+    /// With several holders ([`Config::holders`]), the request for each slot, by index.
+    slots: Vec<AcquireRequest>,
     cfg: Config,
     clock: Arc<dyn Clock>,
     /// Made by the first subscriber: with thousands of electors in a process, those that
@@ -540,7 +571,11 @@ pub struct Leadership {
 struct Term {
     election: ElectionName,
     holder: HolderId,
+    /// The holder's token: the lease's, or with several holders the slot's as
+    /// [`crate::holders::holder_token`] makes it.
     token: crate::FencingToken,
+    /// The slot held, with several holders; 0 with one.
+    index: u32,
     /// What the leader publishes, as last proclaimed.
     metadata: Mutex<Vec<u8>>,
     deadline: Arc<Mutex<Instant>>,
@@ -653,6 +688,12 @@ impl Leadership {
     /// The election.
     pub fn election(&self) -> &ElectionName {
         &self.term.election
+    }
+
+    /// Which of the election's holders this is: 0 to [`Config::holders`] − 1, so that
+    /// holders can split the work; always 0 with one holder.
+    pub fn holder_index(&self) -> u32 {
+        self.term.index
     }
 
     /// This leader's holder id.
@@ -977,6 +1018,10 @@ impl View<'_> {
     }
 
     fn saw(&mut self, leader: Option<Leader>) {
+        if self.shared.cfg.holders > 1 {
+            // Several lead: there is no one leader to tell of.
+            return;
+        }
         let key = leader.as_ref().map(|l| (l.holder.clone(), l.token));
         if self.leader.as_ref() != Some(&key) {
             self.leader = Some(key);
@@ -1003,10 +1048,18 @@ async fn campaign_loop(shared: &Shared) {
     // After a handover: the election is reserved for the successor until then.
     let mut defer = None;
     loop {
-        let Some((mut lease, sent)) = follow(shared, &mut view, defer.take()).await else {
-            return;
+        let (index, mut lease, sent) = if shared.slots.is_empty() {
+            let Some((lease, sent)) = follow(shared, &mut view, defer.take()).await else {
+                return;
+            };
+            (None, lease, sent)
+        } else {
+            let Some((index, lease, sent)) = follow_slots(shared).await else {
+                return;
+            };
+            (Some(index), lease, sent)
         };
-        let (reason, stand_aside) = lead(shared, &mut view, &mut lease, sent, &mut unhealthy).await;
+        let (reason, stand_aside) = lead(shared, &mut view, index, &mut lease, sent, &mut unhealthy).await;
         match reason {
             StepDownReason::ShuttingDown => return,
             // Stand aside so that another candidate takes over.
@@ -1274,6 +1327,154 @@ async fn stop_following(shared: &Shared, unresolved: bool) -> Option<(LeaseRecor
     None
 }
 
+/// The follower phase with several holders ([`Config::holders`]): campaigns until this
+/// candidate holds one of the slots, and answers its index. `None` on shutdown.
+///
+/// It holds at most one slot: it tries the slots that are not known to be held one at a
+/// time, from a random one on (so that candidates started together spread over them),
+/// and after an acquire whose answer never came it tries no other slot before a read has
+/// told whether that one was granted. Between rounds it waits for a slot's watch to
+/// report a change, or for the earliest moment a slot it saw held would expire.
+async fn follow_slots(shared: &Shared) -> Option<(u32, LeaseRecord, Instant)> {
+    let cfg = &shared.cfg;
+    let me = &shared.req.holder;
+    let n = shared.slots.len();
+    let mut watches = tokio_stream::StreamMap::new();
+    for (i, slot) in shared.slots.iter().enumerate() {
+        if let Some(w) = shared.store.watch(&slot.election) {
+            watches.insert(i, w);
+        }
+    }
+    let watching = |w: &tokio_stream::StreamMap<usize, WatchStream>, i: usize| w.contains_key(&i);
+    // When each slot, last seen held by another, would expire; `None`: try it.
+    let mut held_until: Vec<Option<Instant>> = vec![None; n];
+    // A slot whose acquire may have been granted without an answer: read it first.
+    let mut unresolved: Option<usize> = None;
+    let mut failures = Failures::new(&shared.req.election);
+    let mut attempt = true;
+    let mut wake_at = shared.clock.now();
+    loop {
+        if shared.shutdown.is_cancelled() {
+            return Box::pin(stop_following_slot(shared, unresolved)).await;
+        }
+        if attempt {
+            attempt = false;
+            let now = shared.clock.now();
+            let retry_at = now + cfg.jittered(cfg.retry_period);
+            wake_at = retry_at;
+            if let Some(i) = unresolved {
+                let until = now + cfg.request_timeout;
+                match call(shared, "get", until, shared.store.get(&shared.slots[i].election)).await {
+                    Ok(Some(rec)) if rec.holder == *me && !rec.evicted => {
+                        // Confirm it with a compare-and-set renewal, and date the term from it.
+                        let sent = shared.clock.now();
+                        let until = sent + cfg.request_timeout;
+                        match call(shared, "renew", until, shared.store.renew(&rec, cfg.ttl)).await {
+                            Ok(Renew::Renewed(lease)) => return Some((i as u32, lease, sent)),
+                            Ok(Renew::Lost(_)) => unresolved = None,
+                            Err(e) => failures.note(&e, "confirming a maybe-held slot failed", shared.clock.now()),
+                        }
+                    }
+                    Ok(_) => unresolved = None,
+                    Err(e) => failures.note(&e, "reading a slot failed", shared.clock.now()),
+                }
+                if unresolved.is_some() {
+                    // Still unknown: try again after a retry period, and nothing else meanwhile.
+                    wake_at = retry_at;
+                } else {
+                    attempt = true;
+                }
+            } else {
+                let first = fastrand::usize(..n);
+                for k in 0..n {
+                    let i = (first + k) % n;
+                    if held_until[i].is_some_and(|t| t > shared.clock.now()) {
+                        continue;
+                    }
+                    let sent = shared.clock.now();
+                    let until = sent + cfg.request_timeout;
+                    match call(shared, "acquire", until, shared.store.try_acquire(&shared.slots[i])).await {
+                        Ok(Acquire::Acquired(lease)) => return Some((i as u32, lease, sent)),
+                        Ok(Acquire::Held(cur)) => {
+                            failures.reset();
+                            let ends = shared.clock.now() + cur.remaining.unwrap_or(cur.ttl);
+                            held_until[i] = Some(ends);
+                        }
+                        Err(e) if !e.is_retryable() => {
+                            tracing::error!(election = %shared.req.election, error = %e, "the store refused; no retry can help, so campaigning stops");
+                            let mut f = shared.failure.lock().unwrap_or_else(|p| p.into_inner());
+                            *f = Some(ElectError::Store(Arc::new(e)));
+                            return None;
+                        }
+                        Err(e) => {
+                            failures.note(&e, "acquire failed", shared.clock.now());
+                            if e.kind() == ErrorKind::Ambiguous {
+                                unresolved = Some(i);
+                                break;
+                            }
+                        }
+                    }
+                }
+                // Wake when the first slot seen held would expire; without a watch on
+                // it, no later than a poll period.
+                for (i, until) in held_until.iter().enumerate() {
+                    if let Some(t) = until {
+                        let t = if watching(&watches, i) { *t } else { (*t).min(retry_at) };
+                        wake_at = wake_at.min(t.max(shared.clock.now() + cfg.retry_period / 10));
+                    }
+                }
+                if held_until.iter().all(|t| t.is_some()) && watches.len() == n {
+                    // Every slot held and watched: the watches or the expiries wake us.
+                    wake_at = held_until.iter().flatten().copied().min().unwrap_or(retry_at);
+                }
+            }
+            if attempt {
+                continue;
+            }
+        }
+        tokio::select! {
+            biased;
+            _ = shared.shutdown.cancelled() => return Box::pin(stop_following_slot(shared, unresolved)).await,
+            _ = shared.clock.sleep_until(wake_at) => attempt = true,
+            Some((i, ev)) = tokio_stream::StreamExt::next(&mut watches) => match ev {
+                Ok(Some(rec)) if rec.holder == *me && !rec.evicted => {
+                    // Ours (a late echo, or a maybe-applied acquire): resolve it.
+                    unresolved.get_or_insert(i);
+                    attempt = true;
+                }
+                Ok(Some(rec)) => {
+                    if !rec.evicted || held_until[i].is_none() {
+                        held_until[i] = Some(shared.clock.now() + rec.remaining.unwrap_or(rec.ttl));
+                    }
+                }
+                Ok(None) => {
+                    held_until[i] = None;
+                    attempt = true;
+                }
+                Err(e) => {
+                    tracing::debug!(election = %shared.req.election, slot = i, error = %e, "watch failed; polling");
+                    watches.remove(&i);
+                    wake_at = wake_at.min(shared.clock.now() + cfg.retry_period);
+                }
+            },
+        }
+    }
+}
+
+/// A follower of several slots stops, as [`stop_following`] does for one.
+async fn stop_following_slot(shared: &Shared, unresolved: Option<usize>) -> Option<(u32, LeaseRecord, Instant)> {
+    if let Some(i) = unresolved {
+        let until = shared.clock.now() + shared.cfg.request_timeout;
+        match call(shared, "get", until, shared.store.get(&shared.slots[i].election)).await {
+            Ok(Some(rec)) if rec.holder == shared.req.holder => give_back(shared, &rec).await,
+            Ok(_) => {}
+            Err(e) => tracing::debug!(election = %shared.req.election, error = %e,
+                "stopping: could not read what an unanswered acquire did; a grant it made will expire on its own"),
+        }
+    }
+    None
+}
+
 /// Logs store failures: a warning for the first of a run, then at debug level, so that a
 /// long outage does not flood the log, with a reminder at warning level after 10 s, 1 min
 /// and 5 min of failing, and every 5 min after that, so that a replica waiting on a store
@@ -1446,12 +1647,19 @@ fn follower_wake(shared: &Shared, view: &mut View<'_>, rec: Option<&LeaseRecord>
 async fn lead(
     shared: &Shared,
     view: &mut View<'_>,
+    slot: Option<u32>,
     lease: &mut LeaseRecord,
     sent: Instant,
     unhealthy: &mut u32,
 ) -> (StepDownReason, Duration) {
     let cfg = &shared.cfg;
-    let election = &shared.req.election;
+    // The lease this term holds: the election's, or a slot's.
+    let election = &lease.election.clone();
+    let index = slot.unwrap_or(0);
+    let token = match slot {
+        Some(i) => crate::holders::holder_token(lease.token, i),
+        None => lease.token,
+    };
     // The safety rule: a term is dated from when its acquire or renewal was *sent*. The
     // store dates its expiry from when it *received* the request (store duty 2), which is
     // later, so `sent + ttl·(1 − max_drift) − safety_margin` falls before the store's
@@ -1483,7 +1691,7 @@ async fn lead(
     };
     // An announcing winner first asks whether the election belongs to someone else; nothing
     // has been handed out yet, so if it does, the lease goes back at once.
-    if cfg.announce {
+    if cfg.announce && slot.is_none() {
         let until = times.stop_at.min(shared.clock.now() + cfg.request_timeout);
         match Box::pin(successor(shared, until)).await {
             Some(Successor::Reserved { to, remaining }) => {
@@ -1505,9 +1713,10 @@ async fn lead(
     let gone = Arc::new(tokio::sync::Notify::new());
     let mut pending = Some(Leadership {
         term: Arc::new(Term {
-            election: election.clone(),
+            election: shared.req.election.clone(),
             holder: shared.req.holder.clone(),
-            token: lease.token,
+            token,
+            index,
             metadata: Mutex::new(lease.metadata.clone()),
             deadline: deadline_cell.clone(),
             clock: shared.clock.clone(),
@@ -1520,7 +1729,7 @@ async fn lead(
     });
     let publish_at = sent + cfg.cool_down;
     let mut watch = shared.store.watch(election);
-    note!(shared, %election, token = %lease.token, "elected");
+    note!(shared, election = %shared.req.election, %token, holder_index = ?slot, "elected");
     view.saw_record(Some(&*lease));
     let mut resigners: Vec<Resign> = Vec::new();
     // A proclamation answered by a grant of a new term, to release after the work stops.
@@ -1631,7 +1840,7 @@ async fn lead(
                     Ok(Renew::Renewed(rec)) => {
                         *lease = rec;
                         renewed(&mut times, sent);
-                        if cfg.announce {
+                        if cfg.announce && slot.is_none() {
                             let until = times.stop_at.min(shared.clock.now() + cfg.request_timeout);
                             match Box::pin(successor(shared, until)).await {
                                 // A reservation made during this term: an operator's handover.
@@ -1685,7 +1894,7 @@ async fn lead(
     asks.end_proclaims();
     drop(pending);
     shared.leadership.replace(None);
-    note!(shared, %election, token = %lease.token, ?reason, "stepped down");
+    note!(shared, election = %shared.req.election, %token, holder_index = ?slot, ?reason, "stepped down");
     shared.metrics.ended(&reason);
     shared.send_event(Event::SteppedDown { reason: reason.clone() });
     // Warn if the work outlives the deadline, unless we only woke up past it.

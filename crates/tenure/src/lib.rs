@@ -51,6 +51,7 @@ mod elector;
 pub mod faults;
 #[cfg(test)]
 mod fuzz;
+pub mod holders;
 pub mod ledger;
 mod memory;
 pub mod metrics;

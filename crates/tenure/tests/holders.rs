@@ -1,0 +1,104 @@
+//! Several holders of one election (`Config::holders`), on paused time.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tenure::holders::{holder_index, holders};
+use tenure::{ElectionName, Elector, LeaseStore, MemoryStore};
+use tenure_testkit::faults::{Fault, FaultyStore};
+
+const TTL: Duration = Duration::from_secs(3);
+
+fn candidate(store: Arc<dyn LeaseStore>, holder: &str, n: u32) -> Elector {
+    let e = Elector::builder(store, "jobs/consumers").holder(holder).ttl(TTL).holders(n).build().unwrap();
+    e.start();
+    e
+}
+
+/// The candidates that hold a valid term now, as (holder index, token).
+fn leading(cands: &[Elector]) -> Vec<(u32, u64)> {
+    cands.iter().filter_map(|c| c.current().filter(|l| l.is_valid())).map(|l| (l.holder_index(), l.token().0)).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_of_five_hold_each_with_its_own_index_and_token_and_a_freed_slot_is_taken_again() {
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let cands: Vec<Elector> = (0..5).map(|i| candidate(store.clone(), &format!("c{i}"), 2)).collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let now = leading(&cands);
+    assert_eq!(now.len(), 2, "two hold: {now:?}");
+    let indices: BTreeSet<u32> = now.iter().map(|l| l.0).collect();
+    assert_eq!(indices, BTreeSet::from([0, 1]), "one holder per index");
+    assert_ne!(now[0].1, now[1].1, "each holder has its own token");
+    for (i, t) in &now {
+        assert_eq!(holder_index(tenure::FencingToken(*t)), *i, "the token tells its index");
+    }
+    let listed = holders(&*store, &ElectionName::new("jobs/consumers").unwrap()).await.unwrap();
+    assert_eq!(listed.iter().map(|h| (h.index, h.token.0)).collect::<BTreeSet<_>>(), now.iter().copied().collect());
+
+    // A holder that stops hands its slot over at once; the new term's token is larger.
+    let stopping = cands.iter().position(|c| c.current().is_some()).unwrap();
+    let old = cands[stopping].current().unwrap();
+    let (old_index, old_token) = (old.holder_index(), old.token());
+    drop(old);
+    cands[stopping].shutdown().await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let after = leading(&cands);
+    assert_eq!(after.len(), 2, "the freed slot was taken again: {after:?}");
+    let (_, t) = after.iter().find(|l| l.0 == old_index).expect("its index is held again");
+    assert!(*t > old_token.0, "the slot's new token {t} is above the old one {old_token}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_holder_cut_off_is_replaced_within_a_ttl_and_never_three_hold() {
+    let inner: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let faulty: Vec<FaultyStore> = (0..5).map(|_| FaultyStore::new(inner.clone())).collect();
+    let cands: Vec<Elector> =
+        faulty.iter().enumerate().map(|(i, f)| candidate(Arc::new(f.clone()), &format!("c{i}"), 2)).collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let cut = cands.iter().position(|c| c.current().is_some()).unwrap();
+    faulty[cut].set(Fault::Hang);
+    let cut_at = tokio::time::Instant::now();
+    let mut replaced = None;
+    while cut_at.elapsed() < TTL * 3 {
+        let now = leading(&cands);
+        assert!(now.len() <= 2, "at most two hold at once: {now:?}");
+        let others = cands.iter().enumerate().filter(|(i, c)| *i != cut && c.current().is_some()).count();
+        if others == 2 && replaced.is_none() {
+            replaced = Some(cut_at.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let took = replaced.expect("another candidate took the cut-off holder's slot");
+    assert!(took <= TTL + Duration::from_millis(500), "replaced {took:?} after the cut, within a TTL");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_candidate_whose_acquires_lose_their_answers_never_holds_two_slots() {
+    let inner = Arc::new(MemoryStore::new());
+    let lossy = FaultyStore::new(inner.clone());
+    lossy.set(Fault::LoseResponse);
+    let a = candidate(Arc::new(lossy.clone()), "a", 3);
+    tokio::time::sleep(TTL / 2).await;
+    let e = ElectionName::new("jobs/consumers").unwrap();
+    let held = holders(&*inner, &e).await.unwrap();
+    assert_eq!(held.len(), 1, "one acquire applied, and no other tried before it was read: {held:?}");
+    assert!(a.current().is_none(), "its answer was lost, so the candidate does not lead");
+    lossy.set(Fault::None);
+    let l = a.leadership().await.unwrap();
+    assert_eq!(l.holder_index(), held[0].index, "it resolves the slot it was granted");
+    assert_eq!(holders(&*inner, &e).await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn settings_that_several_holders_cannot_have_are_refused() {
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let err = |b: tenure::ElectorBuilder| b.build().err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err(Elector::builder(store.clone(), "x").holders(0)).contains("holders"));
+    assert!(err(Elector::builder(store.clone(), "x").holders(1001)).contains("holders"));
+    assert!(err(Elector::builder(store.clone(), "x").holders(2).priority(3)).contains("priority"));
+    let long = "a".repeat(190);
+    assert!(err(Elector::builder(store.clone(), &long).holders(2)).contains("at most"));
+    assert!(Elector::builder(store, &long).holders(1).build().is_ok(), "one holder has no such limit");
+}
