@@ -158,17 +158,43 @@ fn expires(r: &LeaseRecord) -> String {
 /// `tenure status`.
 pub async fn status(store: Arc<dyn LeaseStore>, election: &ElectionName, as_json: bool) -> Result<()> {
     let rec = store.get(election).await.with_context(|| format!("cannot read {election}"))?;
+    let holders = tenure::holders::holders(&*store, election)
+        .await
+        .with_context(|| format!("cannot list the holders of {election}"))?;
     let candidates = tenure::candidates(&*store, election)
         .await
         .with_context(|| format!("cannot list the candidates of {election}"))?;
     let mut out = std::io::stdout().lock();
     if as_json {
         let mut v = status_json(election.as_str(), rec.as_ref());
+        v["holders"] = holders.iter().map(holder_json).collect();
         v["candidates"] = candidates.iter().map(candidate_json).collect();
         writeln!(out, "{}", json_line(&v))?;
         return Ok(());
     }
     match &rec {
+        None if !holders.is_empty() => {
+            writeln!(out, "election  {election}")?;
+            writeln!(out, "holders   {} (an election with several holders)", holders.len())?;
+            for h in &holders {
+                let r = &h.record;
+                writeln!(
+                    out,
+                    "  [{}] {}{}  token {}  since {}  expires {}{}",
+                    h.index,
+                    r.holder,
+                    if r.evicted { " (evicted: stepping down)" } else { "" },
+                    h.token,
+                    ago(r.acquired_at),
+                    expires(r),
+                    if r.metadata.is_empty() {
+                        String::new()
+                    } else {
+                        format!("  metadata {}", printable(&r.metadata))
+                    }
+                )?;
+            }
+        }
         None => writeln!(out, "{election}: no leader")?,
         Some(r) => {
             writeln!(out, "election  {election}")?;
@@ -188,7 +214,8 @@ pub async fn status(store: Arc<dyn LeaseStore>, election: &ElectionName, as_json
     if !candidates.is_empty() {
         writeln!(out, "candidates (that announce themselves)")?;
         for c in &candidates {
-            let lead = rec.as_ref().is_some_and(|r| r.holder == c.holder && !r.evicted);
+            let lead = rec.as_ref().is_some_and(|r| r.holder == c.holder && !r.evicted)
+                || holders.iter().any(|h| h.record.holder == c.holder && !h.record.evicted);
             writeln!(
                 out,
                 "  {}{}  priority {}  seen {}{}",
@@ -201,6 +228,15 @@ pub async fn status(store: Arc<dyn LeaseStore>, election: &ElectionName, as_json
         }
     }
     Ok(())
+}
+
+/// One holder of an election with several, as `status --json` and `list --json` show it:
+/// the leader object with the holder's token, and its index.
+fn holder_json(h: &tenure::holders::Holder) -> Value {
+    let mut v = leader_json(&h.record);
+    v["token"] = json!(h.token.0);
+    v["index"] = json!(h.index);
+    v
 }
 
 /// A candidate as `status --json` shows it.
@@ -224,14 +260,39 @@ pub fn listed(r: &LeaseRecord, prefix: &str) -> bool {
 /// `tenure list`.
 pub async fn list(store: Arc<dyn LeaseStore>, prefix: &str, as_json: bool) -> Result<()> {
     let mut recs = store.list(prefix).await.context("cannot list the elections")?;
-    recs.retain(|r| listed(r, prefix));
+    // The slots of elections with several holders under `prefix`, shown as their holders.
+    let slots = format!("{}holders/{prefix}", tenure::RESERVED_PREFIX);
+    if !prefix.is_empty() && !prefix.starts_with(tenure::RESERVED_PREFIX) {
+        recs.extend(store.list(&slots).await.context("cannot list the elections")?);
+    }
+    let mut rows: Vec<(String, Option<u32>, LeaseRecord)> = Vec::new();
+    for mut r in recs {
+        match tenure::holders::parse_slot(&r.election) {
+            Some((e, i)) if !prefix.starts_with(tenure::RESERVED_PREFIX) && e.as_str().starts_with(prefix) => {
+                r.token = tenure::holders::holder_token(r.token, i);
+                rows.push((e.to_string(), Some(i), r));
+            }
+            _ if listed(&r, prefix) => rows.push((r.election.to_string(), None, r)),
+            _ => {}
+        }
+    }
+    rows.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
     let mut out = std::io::stdout().lock();
     if as_json {
-        let all: Vec<Value> = recs.iter().map(|r| status_json(r.election.as_str(), Some(r))).collect();
+        let all: Vec<Value> = rows
+            .iter()
+            .map(|(e, i, r)| {
+                let mut v = status_json(e, Some(r));
+                if let Some(i) = i {
+                    v["leader"]["index"] = json!(i);
+                }
+                v
+            })
+            .collect();
         writeln!(out, "{}", json_line(&Value::Array(all)))?;
         return Ok(());
     }
-    if recs.is_empty() {
+    if rows.is_empty() {
         writeln!(
             out,
             "no elections have a leader{}",
@@ -239,15 +300,19 @@ pub async fn list(store: Arc<dyn LeaseStore>, prefix: &str, as_json: bool) -> Re
         )?;
         return Ok(());
     }
-    let width = recs.iter().map(|r| r.election.as_str().len()).max().unwrap_or(8).max(8);
-    let hwidth = recs.iter().map(|r| r.holder.as_str().len()).max().unwrap_or(6).max(6);
+    let shown = |e: &str, i: &Option<u32>| match i {
+        Some(i) => format!("{e} [{i}]"),
+        None => e.to_string(),
+    };
+    let width = rows.iter().map(|(e, i, _)| shown(e, i).len()).max().unwrap_or(8).max(8);
+    let hwidth = rows.iter().map(|(_, _, r)| r.holder.as_str().len()).max().unwrap_or(6).max(6);
     writeln!(out, "{:width$}  {:hwidth$}  {:>6}  {:>9}  METADATA", "ELECTION", "LEADER", "TOKEN", "EXPIRES")?;
-    for r in &recs {
+    for (e, i, r) in &rows {
         let holder = if r.evicted { format!("{} (evicted)", r.holder) } else { r.holder.to_string() };
         writeln!(
             out,
             "{:width$}  {:hwidth$}  {:>6}  {:>9}  {}",
-            r.election.as_str(),
+            shown(e, i),
             holder,
             r.token.0,
             expires(r),

@@ -118,6 +118,11 @@ pub struct CampaignArgs {
     /// preempt each other [default: 0]
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     priority: Option<i32>,
+    /// How many candidates hold the election and run the command at once (up to 1000),
+    /// each with a fencing token of its own and TENURE_HOLDER_INDEX (0 to N-1); every
+    /// candidate of an election needs the same N
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    holders: u32,
 }
 
 impl CampaignArgs {
@@ -134,6 +139,7 @@ impl CampaignArgs {
             backoff: self.backoff,
             announce: self.announce || self.priority.is_some(),
             priority: self.priority.unwrap_or(0),
+            holders: self.holders,
             health: self.health_cmd.clone().map(|cmd| Health {
                 cmd,
                 interval: self.health_interval,
@@ -163,6 +169,8 @@ pub struct Campaign {
     pub announce: bool,
     /// Its priority among announcing candidates (`--priority`).
     pub priority: i32,
+    /// How many hold the election at once (`--holders`).
+    pub holders: u32,
 }
 
 /// Docker's health-check settings: `cmd` runs every `interval` while leading; `retries`
@@ -234,6 +242,7 @@ impl Campaign {
             backoff: None,
             announce: false,
             priority: 0,
+            holders: 1,
         }
     }
 
@@ -245,6 +254,14 @@ impl Campaign {
             None => None,
         };
         let elector = self.elector(store.clone())?;
+        // One holder and several are different records in the store: a candidate of the
+        // other kind would run beside them unseen, so it is refused here.
+        let mixed = tenure::holders::check_holders(&*store, elector.election(), self.holders)
+            .await
+            .with_context(|| format!("cannot read {}", elector.election()))?;
+        if let Some(why) = mixed {
+            bail!("cannot campaign with --holders {}: {why}", self.holders);
+        }
         tokio::spawn(report_leaders(elector.events(), elector.holder().clone()));
         if let (Some(addr), Some(metrics)) = (self.http, metrics) {
             crate::http::serve(addr, metrics, elector.clone(), store).await?;
@@ -267,7 +284,7 @@ impl Campaign {
         if let Some(m) = &self.metadata {
             b = b.metadata(m.as_bytes().to_vec());
         }
-        b = b.cool_down(self.cool_down).announce(self.announce).priority(self.priority);
+        b = b.cool_down(self.cool_down).announce(self.announce).priority(self.priority).holders(self.holders);
         if let Some(backoff) = self.backoff {
             b = b.retry_period(backoff);
         }
@@ -276,6 +293,8 @@ impl Campaign {
                 let flag = match c.setting {
                     "cool_down" => "--cool-down",
                     "retry_period" => "--backoff",
+                    "holders" => "--holders",
+                    "priority" => "--priority",
                     other => other,
                 };
                 anyhow::anyhow!("invalid {flag}: {}", c.reason)
@@ -347,6 +366,7 @@ fn child_env(l: &Leadership) -> Vec<(&'static str, String)> {
         ("TENURE_ELECTION", l.election().to_string()),
         ("TENURE_TOKEN", l.token().to_string()),
         ("TENURE_HOLDER", l.holder().to_string()),
+        ("TENURE_HOLDER_INDEX", l.holder_index().to_string()),
     ]
 }
 
@@ -808,6 +828,9 @@ pub async fn run(store: Arc<dyn LeaseStore>, c: &Campaign, r: &RunOptions, cmd: 
         eprintln!("tenure: error: cannot run {program:?}: {why}");
         return Ok(127);
     }
+    if r.once.is_some() && c.holders > 1 {
+        bail!("--once runs a unit of work on one holder; it cannot be combined with --holders {}", c.holders);
+    }
     if let Some(once) = &r.once {
         // A key done already: nothing to campaign for. (A read that fails for now is asked
         // again, as a claim, when leading.)
@@ -1185,6 +1208,9 @@ pub async fn schedule(
     opts: &ScheduleOptions,
     cmd: &[String],
 ) -> Result<i32> {
+    if c.holders > 1 {
+        bail!("schedule runs each slot on one holder; it cannot be combined with --holders {}", c.holders);
+    }
     let catch_up = opts.catch_up.unwrap_or_else(|| default_catch_up(schedule, c.ttl));
     if catch_up >= opts.policy.keep {
         bail!(

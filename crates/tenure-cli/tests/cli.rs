@@ -711,12 +711,100 @@ fn crash_takeover_with(url: String, ttl: &str, bound: Duration) {
     assert_no_overlap(&env.log());
 }
 
+/// `--holders 2` with five candidates on `url`: two commands run, each with its own
+/// index and token; a SIGKILLed holder's index is taken again within `bound`, under a
+/// larger token; never three run at once.
+fn holders_on(url: String, ttl: &str, bound: Duration) {
+    let env = Env::with_store(url);
+    let log = env.log();
+    let script = format!(
+        "echo start ${{TENURE_HOLDER%.*}} $TENURE_TOKEN $$ $(date +%s%N) $TENURE_HOLDER_INDEX >> {log}; \
+         while true; do echo tick ${{TENURE_HOLDER%.*}} $TENURE_TOKEN $$ $(date +%s%N) $TENURE_HOLDER_INDEX >> {log}; sleep 0.05; done",
+        log = log.display()
+    );
+    let mut runs: Vec<(String, Proc)> = (1..=5)
+        .map(|i| {
+            let id = format!("h{i}");
+            let args = ["run", "jobs/pool", "--holders", "2", "--id", &id, "--ttl", ttl, "--grace", "300ms"];
+            let p = env.cmd().args(args).args(["--", "sh", "-c", &script]).stdout(Stdio::null()).spawn().map(Proc);
+            (id, p.unwrap())
+        })
+        .collect();
+    // The holder index is the sixth field of each line.
+    let index_of = |l: &Line| -> u32 {
+        let text = std::fs::read_to_string(&log).unwrap();
+        let line = text.lines().find(|t| t.split(' ').nth(2) == Some(&l.token.to_string())).unwrap().to_string();
+        line.split(' ').nth(5).and_then(|i| i.parse().ok()).expect("TENURE_HOLDER_INDEX is set")
+    };
+    let first = wait_starts(&log, 2, Duration::from_secs(20));
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(starts(&log).len(), 2, "two of five run: {:?}", starts(&log));
+    let indices: std::collections::BTreeSet<u32> = first.iter().map(index_of).collect();
+    assert_eq!(indices, [0, 1].into(), "one holder per index");
+    assert_ne!(first[0].token, first[1].token, "each holder has its own token");
+    let v: serde_json::Value = serde_json::from_slice(&env.tenure(&["status", "jobs/pool", "--json"]).stdout).unwrap();
+    let shown: Vec<&str> =
+        v["holders"].as_array().unwrap().iter().filter_map(|h| h["holder"].as_str()).map(name_of).collect();
+    assert_eq!(shown.len(), 2, "status shows both holders: {v}");
+    let victim = &first[0];
+    let i = runs.iter().position(|(id, _)| *id == victim.holder).unwrap();
+    let (_, mut killed_run) = runs.remove(i);
+    let killed = wall_ns();
+    killed_run.kill().unwrap();
+    let next = wait_starts(&log, 3, bound + Duration::from_secs(7)).remove(2);
+    let took = Duration::from_nanos(next.ns.saturating_sub(killed));
+    assert!(took <= bound, "the killed holder was replaced {took:?} after the kill");
+    assert_eq!(index_of(&next), index_of(victim), "the freed index was taken again");
+    assert!(next.token > victim.token, "under a larger token");
+    assert!(!alive(victim.pid), "the killed holder's command is gone");
+    std::thread::sleep(Duration::from_millis(500));
+    stop_all(runs.into_iter().map(|(_, c)| c).collect());
+    // Each term's span, from its first line to its last: never three at once.
+    let mut spans: Vec<(u64, u64, u64)> = Vec::new();
+    for l in read_log(&log) {
+        match spans.iter_mut().find(|t| t.0 == l.token) {
+            Some(t) => t.2 = t.2.max(l.ns),
+            None => spans.push((l.token, l.ns, l.ns)),
+        }
+    }
+    for s in &spans {
+        let at_once = spans.iter().filter(|o| o.1 <= s.1 && s.1 <= o.2).count();
+        assert!(at_once <= 2, "{at_once} commands ran at once when token {} started: {spans:?}", s.0);
+    }
+}
+
+#[test]
+fn two_holders_of_five_candidates_run_and_a_killed_one_is_replaced_within_a_ttl() {
+    let db = Env::new();
+    holders_on(db.store(), "2s", Duration::from_secs(4));
+}
+
+#[test]
+fn one_holder_and_several_are_refused_beside_each_other_with_a_clear_error() {
+    let env = Env::new();
+    let mut one = env.run("single", "3s");
+    wait_starts(&env.log(), 1, Duration::from_secs(20));
+    let out = env.tenure(&["run", "jobs/report", "--holders", "2", "--", "true"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot campaign with --holders 2") && err.contains("the same --holders"), "{err}");
+    let out = env.tenure(&["run", "jobs/report", "--holders", "2", "--once", "k", "--", "true"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be combined with --holders 2"));
+    let out = env.tenure(&["run", "jobs/x", "--holders", "2", "--priority", "1", "--", "true"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid --priority"));
+    let out = env.tenure(&["run", "jobs/x", "--holders", "0", "--", "true"]);
+    assert_eq!(out.status.code(), Some(2));
+    signal(one.id(), rustix::process::Signal::TERM);
+    one.wait().unwrap();
+}
+
 #[test]
 fn tenure_run_on_postgres() {
     let Some(server) = tenure_testkit::servers::launch(tenure_testkit::servers::Kind::Postgres) else {
         return;
     };
     crash_takeover_on(server.url());
+    holders_on(server.url(), "2s", Duration::from_secs(4));
 }
 
 #[test]
@@ -747,48 +835,60 @@ fn a_postgres_password_can_come_from_pgpassword_or_a_pgpass_file_instead_of_the_
 fn tenure_run_on_redis() {
     let Some(server) = tenure_testkit::servers::launch(tenure_testkit::servers::Kind::Redis) else { return };
     crash_takeover_on(server.url());
+    holders_on(server.url(), "2s", Duration::from_secs(4));
 }
 
 #[test]
 fn tenure_run_on_mariadb() {
     let Some(server) = tenure_testkit::servers::launch(tenure_testkit::servers::Kind::MariaDb) else { return };
     crash_takeover_on(server.url());
+    holders_on(server.url(), "2s", Duration::from_secs(4));
 }
 
 #[test]
 fn tenure_run_on_etcd() {
     let Some(server) = tenure_testkit::servers::launch(tenure_testkit::servers::Kind::Etcd) else { return };
     crash_takeover_on(server.url());
+    holders_on(server.url(), "2s", Duration::from_secs(4));
 }
 
 #[test]
 fn tenure_run_on_nats() {
     let Some(server) = tenure_testkit::servers::launch(tenure_testkit::servers::Kind::Nats) else { return };
-    crash_takeover_on(format!("{}/cli", server.url()));
+    let url = format!("{}/cli", server.url());
+    crash_takeover_on(url.clone());
+    holders_on(url, "2s", Duration::from_secs(4));
 }
 
 #[test]
 fn tenure_run_on_zookeeper() {
     let Some(server) = tenure_testkit::servers::launch(tenure_testkit::servers::Kind::ZooKeeper) else { return };
     crash_takeover_on(server.url());
+    holders_on(server.url(), "2s", Duration::from_secs(4));
 }
 
 #[test]
 fn tenure_run_on_s3() {
     let Some(server) = tenure_testkit::servers::launch(tenure_testkit::servers::Kind::Moto) else { return };
-    crash_takeover_on(format!("s3://cli?endpoint={}", server.url()));
+    let url = format!("s3://cli?endpoint={}", server.url());
+    crash_takeover_on(url.clone());
+    holders_on(url, "2s", Duration::from_secs(4));
 }
 
 #[test]
 fn tenure_run_on_dynamodb() {
     let Some(server) = tenure_testkit::servers::launch(tenure_testkit::servers::Kind::Moto) else { return };
-    crash_takeover_on(format!("dynamodb://cli-leases?endpoint={}", server.url()));
+    let url = format!("dynamodb://cli-leases?endpoint={}", server.url());
+    crash_takeover_on(url.clone());
+    holders_on(url, "2s", Duration::from_secs(4));
 }
 
 #[test]
 fn tenure_run_on_gcs() {
     let Some(server) = tenure_testkit::servers::launch(tenure_testkit::servers::Kind::FakeGcs) else { return };
-    crash_takeover_on(format!("gs://cli?endpoint={}&project=cli", server.url()));
+    let url = format!("gs://cli?endpoint={}&project=cli", server.url());
+    crash_takeover_on(url.clone());
+    holders_on(url, "2s", Duration::from_secs(4));
 }
 
 /// Blob leases last 15 to 60 s: the takeover comes within a 15 s TTL plus 3 s.
@@ -796,7 +896,8 @@ fn tenure_run_on_gcs() {
 fn tenure_run_on_azure_blob() {
     let Some(server) = tenure_testkit::servers::launch(tenure_testkit::servers::Kind::Azurite) else { return };
     let url = format!("azblob://devstoreaccount1/cli?endpoint={}", server.url());
-    crash_takeover_with(url, "15s", Duration::from_secs(18));
+    crash_takeover_with(url.clone(), "15s", Duration::from_secs(18));
+    holders_on(url, "15s", Duration::from_secs(17));
 }
 
 /// Every benchmark scenario runs, small, and reports what it measured (the figures
