@@ -58,6 +58,8 @@ pub enum Invariant {
     I3StaleWriteRejected,
     /// No new leader within the bound after a leader stopped.
     I4Liveness,
+    /// More terms believed they held an election with N holders than N, at one time.
+    I7AtMostN,
 }
 
 /// A broken invariant, with the records that show it.
@@ -138,6 +140,46 @@ type TermKey<'a> = (&'a str, u64);
 type Span = (u64, u64);
 
 /// I1: the belief span of each term, [first belief, last belief], overlaps no other term's.
+/// I7: of the elections whose names start with `prefix` (one per holder index of an
+/// election with `n` holders), never more than `n` terms believed they held at once. Each
+/// term spans its first belief to its last.
+pub fn check_at_most(records: &[Record], prefix: &str, n: usize) -> Vec<Violation> {
+    let mut spans: BTreeMap<(&str, &str, u64), (u64, u64)> = BTreeMap::new();
+    for r in records {
+        if let Record::Belief { election, holder, token, at } = r
+            && election.starts_with(prefix)
+        {
+            let e = spans.entry((election.as_str(), holder.as_str(), *token)).or_insert((*at, *at));
+            e.0 = e.0.min(*at);
+            e.1 = e.1.max(*at);
+        }
+    }
+    let mut out = Vec::new();
+    for (term, span) in &spans {
+        let at_once: Vec<_> = spans.iter().filter(|(_, s)| s.0 <= span.0 && span.0 <= s.1).collect();
+        if at_once.len() > n {
+            out.push(Violation {
+                invariant: Invariant::I7AtMostN,
+                election: prefix.to_string(),
+                detail: format!(
+                    "{} terms believed they held at {} (at most {n} may), when {} (token {}) began: {:?}",
+                    at_once.len(),
+                    span.0,
+                    term.1,
+                    term.2,
+                    at_once.iter().map(|(t, _)| (t.1, t.2)).collect::<Vec<_>>()
+                ),
+                records: at_once
+                    .iter()
+                    .map(|(t, s)| Record::Belief { election: t.0.into(), holder: t.1.into(), token: t.2, at: s.0 })
+                    .collect(),
+            });
+            break;
+        }
+    }
+    out
+}
+
 fn check_one_holder(election: &str, recs: &[&Record], s: &mut Summary) {
     let mut spans: BTreeMap<(&str, u64), (u64, u64)> = BTreeMap::new();
     for r in recs {

@@ -41,6 +41,8 @@ pub enum Mutant {
     /// A leader handing over to a candidate of higher priority releases the lease but
     /// leads on.
     HandOverWithoutSteppingDown,
+    /// An election with N holders has one slot more, so that N + 1 hold at once.
+    ExtraHolder,
 }
 
 /// What one seed covered and found.
@@ -135,8 +137,9 @@ struct World {
     records: Mutex<Vec<Record>>,
     log: Mutex<Vec<String>>,
     faults: AtomicU64,
-    /// The fenced resource: the highest token accepted.
-    fence: AtomicU64,
+    /// The fenced resources, one per election (per holder index with several holders):
+    /// the highest token each accepted.
+    fence: Mutex<BTreeMap<String, u64>>,
 }
 
 impl World {
@@ -175,8 +178,11 @@ impl World {
     }
     /// The fenced resource: accepts a write unless a higher token was accepted before.
     fn write(&self, election: &str, token: u64) {
-        let prev = self.fence.fetch_max(token, Ordering::SeqCst);
-        let accepted = token >= prev;
+        let mut fence = self.fence.lock().unwrap();
+        let highest = fence.entry(election.to_string()).or_insert(0);
+        let accepted = token >= *highest;
+        *highest = (*highest).max(token);
+        drop(fence);
         self.record(Record::Write { election: election.into(), token, at: ns(self.origin), accepted });
     }
 }
@@ -387,6 +393,9 @@ impl Default for SimConfig {
 
 const ELECTION: &str = "sim/job";
 
+/// How many hold the election at once in the seeds with several holders.
+const HOLDERS: u32 = 3;
+
 struct Candidate {
     name: String,
     clock: Arc<DriftClock>,
@@ -432,7 +441,7 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
         records: Mutex::new(Vec::new()),
         log: Mutex::new(Vec::new()),
         faults: AtomicU64::new(0),
-        fence: AtomicU64::new(0),
+        fence: Mutex::new(BTreeMap::new()),
     });
     let mut runtime_cfg = Config::new(ttl);
     // Step down only at the deadline, so the deadline rule itself is what keeps terms apart.
@@ -447,6 +456,7 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
         }
         Some(Mutant::DeadlineFromResponse) => runtime_cfg.mutation_date_from_response = true,
         Some(Mutant::HandOverWithoutSteppingDown) => runtime_cfg.mutation_hand_over_without_stepping_down = true,
+        Some(Mutant::ExtraHolder) => runtime_cfg.mutation_extra_holder = true,
         _ => {}
     }
 
@@ -458,6 +468,20 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
     // One seed in three: every candidate announces itself with a priority of 0 to 2, so
     // leaders hand over to higher priorities and winners defer to reservations.
     let prioritised = seed % 3 == 1;
+    // One seed in five of the rest: three hold at once (`Config::holders`). Each holder
+    // index is an election of its own to the checker (one holder at a time, tokens that
+    // grow, a fenced resource per index), and no more than three terms may believe they
+    // hold at once (I7). Liveness is not judged: a stopped holder's slot may have no free
+    // candidate to take it.
+    let holders: u32 = if seed % 5 == 2 && !prioritised { HOLDERS } else { 1 };
+    // The election a belief, a write or an election of `token` counts in.
+    let counted = move |token: u64| -> String {
+        if holders > 1 {
+            format!("{ELECTION}#{}", tenure::holders::holder_index(tenure::FencingToken(token)))
+        } else {
+            ELECTION.into()
+        }
+    };
     let mut candidates: BTreeMap<u32, Candidate> = BTreeMap::new();
     let mut next_id = 0u32;
     let spawn = |id: u32, rng: &mut fastrand::Rng| -> Candidate {
@@ -483,6 +507,7 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
         if prioritised {
             builder = builder.announce(true).priority(rng.i32(0..3));
         }
+        builder = builder.holders(holders);
         let elector = builder.build().expect("a valid simulation config");
         let w = world.clone();
         let e = elector.clone();
@@ -506,7 +531,7 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
                 w2.note(format!("{h2} {ev:?}"));
                 if let Event::Elected { token } = ev {
                     w2.record(Record::Elected {
-                        election: ELECTION.into(),
+                        election: counted(token.0),
                         holder: h2.clone(),
                         token: token.0,
                         at: ns(w2.origin),
@@ -527,7 +552,7 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
                             }
                             let token = l.token().0;
                             w.record(Record::Belief {
-                                election: ELECTION.into(),
+                                election: counted(token),
                                 holder: holder.clone(),
                                 token,
                                 at: ns(w.origin),
@@ -538,13 +563,13 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
                                 let from = ns(w.origin);
                                 tokio::time::sleep(ttl.mul_f64(2.0 * w.rand())).await;
                                 w.record(Record::Paused {
-                                    election: ELECTION.into(),
+                                    election: counted(token),
                                     holder: holder.clone(),
                                     from,
                                     until: ns(w.origin),
                                 });
                             }
-                            w.write(ELECTION, token);
+                            w.write(&counted(token), token);
                             if w.chance(0.02) {
                                 // Proclaim new metadata: a same-holder acquire, which the
                                 // runtime dates from its send time like a renewal.
@@ -564,7 +589,7 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
         });
         Candidate { name, clock, elector, dead, cut_until, work, work_stopped }
     };
-    let n = 2 + rng.usize(0..3);
+    let n = 2 + rng.usize(0..3) + holders as usize - 1;
     for _ in 0..n {
         candidates.insert(next_id, spawn(next_id, &mut rng));
         next_id += 1;
@@ -579,10 +604,22 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
     let end = origin + cfg.duration;
     while Instant::now() < end {
         tokio::time::sleep(ttl.mul_f64(0.5 + 2.0 * rng.f64())).await;
-        let leader = world.store.get(&ElectionName::new(ELECTION).unwrap()).await.ok().flatten();
+        // With several holders, the holder of one slot, by chance.
+        let target = match holders {
+            1 => ElectionName::new(ELECTION).unwrap(),
+            n => tenure::holders::slot_name(&ElectionName::new(ELECTION).unwrap(), rng.u32(0..n)).unwrap(),
+        };
+        let leader = world.store.get(&target).await.ok().flatten();
         let leader_id = leader
             .as_ref()
             .and_then(|l| candidates.iter().find(|(_, c)| c.name == l.holder.as_str()).map(|(id, _)| *id));
+        let stopped_in = |l: &Option<LeaseRecord>| match (holders, l) {
+            (1, _) | (_, None) => ELECTION.to_string(),
+            (_, Some(l)) => {
+                let index = tenure::holders::parse_slot(&l.election).map_or(0, |(_, i)| i);
+                counted(tenure::holders::holder_token(l.token, index).0)
+            }
+        };
         let now = ns(origin);
         let refusing = now < world.refusing_until.load(Ordering::SeqCst);
         // Liveness is judged only when some other candidate can take over: one whose host
@@ -610,7 +647,7 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
                     world.fault("crash");
                     if judged {
                         world.record(Record::Stop {
-                            election: ELECTION.into(),
+                            election: stopped_in(&leader),
                             holder: c.name.clone(),
                             at: ns(origin),
                             graceful: false,
@@ -634,7 +671,7 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
                     if calm && reachable && judged {
                         let at = asked.max(c.work_stopped.load(Ordering::SeqCst));
                         world.record(Record::Stop {
-                            election: ELECTION.into(),
+                            election: stopped_in(&leader),
                             holder: c.name.clone(),
                             at,
                             graceful: true,
@@ -665,7 +702,7 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
                     c.cut_until.store(until, Ordering::SeqCst);
                     if other_awake {
                         world.record(Record::Stop {
-                            election: ELECTION.into(),
+                            election: stopped_in(&leader),
                             holder: c.name.clone(),
                             at: now,
                             graceful: false,
@@ -718,7 +755,7 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
             }
             _ => {}
         }
-        while candidates.len() < 2 {
+        while candidates.len() < 1 + holders as usize {
             candidates.insert(next_id, spawn(next_id, &mut rng));
             next_id += 1;
         }
@@ -731,7 +768,7 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
 
     let records = world.records.lock().unwrap().clone();
     let until = ns(origin);
-    let liveness = calm.then_some(Liveness {
+    let liveness = (calm && holders == 1).then_some(Liveness {
         after_crash: crash_bound.as_nanos() as u64,
         // The release and the next acquire (four legs), plus, for a leader stopped while
         // its grant was still on its way back, that answer and its shutdown (two more).
@@ -741,7 +778,10 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
         after_stop: (world.max_latency * if prioritised { 14 } else { 6 } + Duration::from_millis(5)).as_nanos() as u64,
         until,
     });
-    let summary = history::check(&records, liveness);
+    let mut summary = history::check(&records, liveness);
+    if holders > 1 {
+        summary.violations.extend(history::check_at_most(&records, &format!("{ELECTION}#"), holders as usize));
+    }
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     world.log.lock().unwrap().hash(&mut hasher);
     SeedReport {

@@ -61,3 +61,24 @@ fn renew_without_compare_and_set_is_caught() {
 fn a_handover_that_leads_on_is_caught() {
     caught(Mutant::HandOverWithoutSteppingDown);
 }
+
+#[test]
+fn one_holder_too_many_is_caught() {
+    caught(Mutant::ExtraHolder);
+}
+
+#[test]
+fn seeds_with_three_holders_run_three_at_once_and_keep_every_invariant() {
+    // Seed 2 is one with three holders (one in five of the seeds without priorities).
+    let cfg = SimConfig { keep_log: true, ..SimConfig::default() };
+    let r = run_seed(2, &cfg);
+    assert!(r.summary.violations.is_empty(), "{:#?}", r.summary.violations);
+    let elected: std::collections::BTreeSet<String> = r
+        .log
+        .iter()
+        .filter(|l| l.contains("Elected"))
+        .filter_map(|l| l.split("token: FencingToken(").nth(1)?.split(')').next().map(|t| t.to_string()))
+        .filter_map(|t| t.parse::<u64>().ok().map(|t| (t % 1000).to_string()))
+        .collect();
+    assert_eq!(elected, ["0", "1", "2"].map(String::from).into(), "every holder index was elected");
+}

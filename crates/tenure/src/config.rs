@@ -82,6 +82,10 @@ pub struct Config {
     /// candidate of higher priority releases the lease but leads on.
     #[cfg(feature = "mutants")]
     pub mutation_hand_over_without_stepping_down: bool,
+    /// A planted bug, only with the `mutants` feature: one slot more than
+    /// [`Config::holders`], so that N + 1 hold at once.
+    #[cfg(feature = "mutants")]
+    pub mutation_extra_holder: bool,
 }
 
 impl Config {
@@ -109,6 +113,8 @@ impl Config {
             mutation_date_from_response: false,
             #[cfg(feature = "mutants")]
             mutation_hand_over_without_stepping_down: false,
+            #[cfg(feature = "mutants")]
+            mutation_extra_holder: false,
         }
     }
 

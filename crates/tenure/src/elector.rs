@@ -272,7 +272,11 @@ fn slot_requests(election: &ElectionName, holder: &HolderId, cfg: &Config) -> Re
         }));
     }
     // The planted bug: one slot more than asked for, so that N + 1 hold at once.
-    let n = if crate::mutant("holders-one-extra") { cfg.holders + 1 } else { cfg.holders };
+    #[cfg(feature = "mutants")]
+    let extra = cfg.mutation_extra_holder || crate::mutant("holders-one-extra");
+    #[cfg(not(feature = "mutants"))]
+    let extra = false;
+    let n = if extra { cfg.holders + 1 } else { cfg.holders };
     (0..n)
         .map(|i| {
             Ok(AcquireRequest::new(crate::holders::slot_name(election, i)?, holder.clone(), cfg.ttl)
