@@ -256,11 +256,16 @@ impl Campaign {
         let elector = self.elector(store.clone())?;
         // One holder and several are different records in the store: a candidate of the
         // other kind would run beside them unseen, so it is refused here.
-        let mixed = tenure::holders::check_holders(&*store, elector.election(), self.holders)
-            .await
-            .with_context(|| format!("cannot read {}", elector.election()))?;
-        if let Some(why) = mixed {
-            bail!("cannot campaign with --holders {}: {why}", self.holders);
+        // A store that fails for now (a failover, a restart) does not stop the campaign,
+        // which retries on its own: the check is then skipped.
+        match tenure::holders::check_holders(&*store, elector.election(), self.holders).await {
+            Ok(Some(why)) => bail!("cannot campaign with --holders {}: {why}", self.holders),
+            Ok(None) => {}
+            Err(e) if !e.is_retryable() => {
+                return Err(anyhow::Error::new(e).context(format!("cannot read {}", elector.election())));
+            }
+            Err(e) => tracing::warn!(election = %elector.election(), error = %e,
+                "could not check whether candidates with another --holders hold the election; campaigning on"),
         }
         tokio::spawn(report_leaders(elector.events(), elector.holder().clone()));
         if let (Some(addr), Some(metrics)) = (self.http, metrics) {
@@ -367,6 +372,7 @@ fn child_env(l: &Leadership) -> Vec<(&'static str, String)> {
         ("TENURE_TOKEN", l.token().to_string()),
         ("TENURE_HOLDER", l.holder().to_string()),
         ("TENURE_HOLDER_INDEX", l.holder_index().to_string()),
+        ("TENURE_HOLDERS", l.holders().to_string()),
     ]
 }
 
@@ -830,6 +836,12 @@ pub async fn run(store: Arc<dyn LeaseStore>, c: &Campaign, r: &RunOptions, cmd: 
     }
     if r.once.is_some() && c.holders > 1 {
         bail!("--once runs a unit of work on one holder; it cannot be combined with --holders {}", c.holders);
+    }
+    if r.wait.no_wait && c.holders > 1 {
+        bail!(
+            "--no-wait gives up when another candidate leads; with --holders {} several do: use --wait-timeout",
+            c.holders
+        );
     }
     if let Some(once) = &r.once {
         // A key done already: nothing to campaign for. (A read that fails for now is asked

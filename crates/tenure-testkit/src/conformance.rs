@@ -114,6 +114,7 @@ cases!(
         invalid_requests_are_refused,
         announced_candidates_are_listed,
         priority_handover_and_reservations,
+        several_holders,
         ledger_writes_compare_versions,
         ledger_entries_are_kept_apart,
         ledger_claims_follow_the_terms,
@@ -998,6 +999,96 @@ async fn invalid_requests_are_refused(h: Arc<dyn Harness>) {
 
 /// The TTL of the runtime cases' electors: short enough that a handover, which waits for
 /// a renewal, comes within seconds; the store's only TTL where it serves one.
+/// The candidates of `all` that hold a valid term now, as (holder index, token).
+fn holding(all: &[tenure::Elector]) -> Vec<(u32, FencingToken)> {
+    all.iter().filter_map(|c| c.current().filter(|l| l.is_valid())).map(|l| (l.holder_index(), l.token())).collect()
+}
+
+/// Waits until `done` says so of what of `all` holds, checking that never more than two
+/// hold; panics after ten TTLs.
+async fn until_holding(
+    all: &[tenure::Elector],
+    ttl: Duration,
+    what: &str,
+    done: impl Fn(&[(u32, FencingToken)]) -> bool,
+) -> Vec<(u32, FencingToken)> {
+    let t0 = tokio::time::Instant::now();
+    loop {
+        let now = holding(all);
+        assert!(now.len() <= 2, "{} of two holders hold at once: {now:?}", now.len());
+        if done(&now) {
+            return now;
+        }
+        assert!(t0.elapsed() < ttl * 10, "{what} within {:?}: {now:?}", ttl * 10);
+        tokio::time::sleep(ttl / 50).await;
+    }
+}
+
+/// Checks the slots of an election with several holders (`Config::holders`), which are
+/// ordinary leases under names of their own: of three candidates of two holders, two
+/// hold, never three, each with its own index and token; `holders` lists them; a slot
+/// freed by a release is granted again under a larger token, and so is one whose lease
+/// expired.
+async fn several_holders(h: Arc<dyn Harness>) {
+    let ttl = elector_ttl(&*h);
+    let e = election("holders");
+    let candidate = |store: Arc<dyn LeaseStore>, name: &str| {
+        let c = tenure::Elector::builder(store, e.as_str())
+            .holder(holder(name).as_str())
+            .ttl(ttl)
+            .holders(2)
+            .build()
+            .expect("a valid elector");
+        c.start();
+        c
+    };
+    let mut all = Vec::new();
+    for name in ["a", "b", "c"] {
+        all.push(candidate(h.open().await, name));
+    }
+    let two = until_holding(&all, ttl, "two hold", |now| now.len() == 2).await;
+    let indices: std::collections::BTreeSet<u32> = two.iter().map(|(i, _)| *i).collect();
+    assert_eq!(indices, [0, 1].into(), "one holder per index");
+    let observer = h.open().await;
+    let listed = tenure::holders::holders(&*observer, &e).await.expect("listing the holders failed");
+    let listed: std::collections::BTreeSet<(u32, FencingToken)> = listed.iter().map(|h| (h.index, h.token)).collect();
+    assert_eq!(listed, two.iter().copied().collect(), "holders lists both, with their tokens");
+    // A release: the third takes the freed index at once, under a larger token.
+    let leaving = all.iter().position(|c| c.current().is_some()).expect("a holder");
+    let (index, token) = all[leaving].current().map(|l| (l.holder_index(), l.token())).unwrap();
+    all.remove(leaving).shutdown().await;
+    let again = until_holding(&all, ttl, "the released slot is held again", |now| {
+        now.iter().any(|(i, t)| *i == index && *t > token)
+    })
+    .await;
+    assert_eq!(again.len(), 2, "two hold again: {again:?}");
+    for c in all {
+        c.shutdown().await;
+    }
+    // An expiry: a slot whose holder never renews is granted again once it runs out.
+    let e2 = election("holders-expiry");
+    let slot0 = tenure::holders::slot_name(&e2, 0).unwrap();
+    let slot1 = tenure::holders::slot_name(&e2, 1).unwrap();
+    let s = h.open().await;
+    let short = h.short_ttl();
+    let gone = acquired(&*s, &req(&slot0, &holder("gone"), short)).await;
+    acquired(&*s, &req(&slot1, &holder("stays"), h.long_ttl())).await;
+    let late = tenure::Elector::builder(h.open().await, e2.as_str())
+        .holder(holder("late").as_str())
+        .ttl(ttl)
+        .holders(2)
+        .build()
+        .expect("a valid elector");
+    let l = tokio::time::timeout(short * 4 + ttl * 10, late.leadership())
+        .await
+        .expect("the expired slot is granted again")
+        .expect("the candidate leads");
+    assert_eq!(l.holder_index(), 0, "it holds the slot that expired");
+    assert!(l.token() > tenure::holders::holder_token(gone.token, 0), "under a larger token");
+    drop(l);
+    late.shutdown().await;
+}
+
 fn elector_ttl(h: &dyn Harness) -> Duration {
     h.long_ttl().min(Duration::from_secs(3)).max(h.short_ttl())
 }

@@ -90,6 +90,13 @@ impl Elector {
         F: FnMut(Leadership, u32) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        if self.config().holders > 1 {
+            return Err(ElectError::Unsupported(format!(
+                "run_once runs a unit of work on one holder; {} has {} holders",
+                self.election(),
+                self.config().holders
+            )));
+        }
         let store = self.store().clone();
         let election = self.election().clone();
         // A key done already: nothing to campaign for (a failed read only means asking again

@@ -100,5 +100,42 @@ async fn settings_that_several_holders_cannot_have_are_refused() {
     assert!(err(Elector::builder(store.clone(), "x").holders(2).priority(3)).contains("priority"));
     let long = "a".repeat(190);
     assert!(err(Elector::builder(store.clone(), &long).holders(2)).contains("at most"));
-    assert!(Elector::builder(store, &long).holders(1).build().is_ok(), "one holder has no such limit");
+    assert!(Elector::builder(store.clone(), &long).holders(1).build().is_ok(), "one holder has no such limit");
+    // A unit of work is done by one holder: `run_once` refuses, and runs nothing.
+    let e = Elector::builder(store, "x").holders(2).build().unwrap();
+    let key = tenure::WorkKey::new("k").unwrap();
+    let ran = std::sync::atomic::AtomicBool::new(false);
+    let r = e
+        .run_once(&key, tenure::ledger::Policy::default(), |_, _| {
+            ran.store(true, std::sync::atomic::Ordering::SeqCst);
+            async { Ok::<(), ()>(()) }
+        })
+        .await;
+    assert!(matches!(&r, Err(tenure::ElectError::Unsupported(m)) if m.contains("one holder")), "{r:?}");
+    assert!(!ran.load(std::sync::atomic::Ordering::SeqCst));
+}
+
+/// On real time: a follower whose acquires fail at once (a store refusing writes after a
+/// failover) while a slot it saw held has run out retries once a retry period, not in a
+/// loop with no pause.
+#[tokio::test]
+async fn a_follower_whose_acquires_fail_retries_at_its_pace() {
+    use tenure::store::AcquireRequest;
+    let inner: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let e = ElectionName::new("jobs/consumers").unwrap();
+    let slot = |i| tenure::holders::slot_name(&e, i).unwrap();
+    let grant = |i, who: &str, ttl| AcquireRequest::new(slot(i), tenure::HolderId::new(who).unwrap(), ttl);
+    inner.try_acquire(&grant(0, "x", Duration::from_millis(200))).await.unwrap();
+    inner.try_acquire(&grant(1, "y", Duration::from_secs(30))).await.unwrap();
+    let faulty = FaultyStore::new(inner.clone());
+    let c = candidate(Arc::new(faulty.clone()), "c", 2);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(c.current().is_none(), "both slots are held");
+    faulty.set(Fault::Unavailable);
+    let before = faulty.calls();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let calls = faulty.calls() - before;
+    // A retry period is TTL / 10 = 300 ms: about five tries, with jitter.
+    assert!(calls <= 20, "{calls} store calls in 1.5 s while the store refused");
+    c.shutdown().await;
 }

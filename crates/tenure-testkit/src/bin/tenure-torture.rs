@@ -136,8 +136,14 @@ fn probe(dir: &Path, mode: ProbeMode) -> ExitCode {
 /// One write to the fenced file with `token` (refused below the highest token seen),
 /// logged as accepted or rejected; `false` if the lock could not be taken.
 fn fenced_write(dir: &Path, holder: &str, token: u64) -> bool {
-    let fence_path = dir.join("fence");
-    let Ok(lock) = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join("fence.lock"))
+    // With several holders, a fenced resource per holder index (docs/cli.md).
+    let fence = match std::env::var("TENURE_HOLDERS").ok().and_then(|n| n.parse::<u32>().ok()) {
+        Some(n) if n > 1 => format!("fence-{}", std::env::var("TENURE_HOLDER_INDEX").unwrap_or_default()),
+        _ => "fence".to_string(),
+    };
+    let fence_path = dir.join(&fence);
+    let Ok(lock) =
+        std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join(format!("{fence}.lock")))
     else {
         return false;
     };
@@ -192,6 +198,9 @@ struct Args {
     /// Whether each leader's command also runs a chain of forks (see `ProbeMode::Chain`):
     /// where the host lets tenure make a cgroup for the command, which alone can stop one.
     chain: bool,
+    /// Candidates run with `--holders N`: each holder index is an election of its own to
+    /// the checker, and no more than N may believe they hold at once (I7).
+    holders: u32,
 }
 
 /// How late a slot may run in the slot workload (`--catch-up`): longer than any
@@ -214,6 +223,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         seed: 1,
         slots: None,
         chain: false,
+        holders: 1,
     };
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
@@ -234,13 +244,14 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "--grace" => a.grace = parse_duration(&value()?).ok_or("--grace: e.g. 300ms")?,
             "--seed" => a.seed = value()?.parse().map_err(|e| format!("--seed: {e}"))?,
             "--slots" => a.slots = Some(parse_duration(&value()?).ok_or("--slots: a period, e.g. 1s")?),
+            "--holders" => a.holders = value()?.parse().map_err(|e| format!("--holders: {e}"))?,
             "--skew" => {
                 let lib = servers::libfaketime().ok_or("--skew needs libfaketime (Debian package faketime)")?;
                 a.skew = Some(lib);
             }
             "-h" | "--help" => {
                 return Err("usage: tenure-torture [--tenure PATH] [--store URL | --server postgres|redis|mariadb|etcd|nats|azurite|moto [--dynamodb]|fake-gcs|zookeeper] [--candidates 4] [--duration 60s] \
-                            [--members 3] [--sentinel] [--ttl 2s] [--grace 300ms] [--seed N] [--skew] [--slots PERIOD]\n       tenure-torture probe --dir DIR [--ignore-term | --slot]"
+                            [--members 3] [--sentinel] [--ttl 2s] [--grace 300ms] [--seed N] [--skew] [--slots PERIOD | --holders N]\n       tenure-torture probe --dir DIR [--ignore-term | --slot]"
                     .into());
             }
             other => return Err(format!("unknown argument {other:?}; see --help")),
@@ -254,6 +265,9 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     }
     if a.candidates < 2 {
         return Err("--candidates must be at least 2".into());
+    }
+    if a.holders == 0 || (a.holders > 1 && a.slots.is_some()) {
+        return Err("--holders must be at least 1, and does not go with --slots".into());
     }
     if a.members != 1 && (!matches!(a.server, Some(Kind::Etcd | Kind::ZooKeeper)) || a.members < 3) {
         return Err("--members needs --server etcd or zookeeper and at least 3 members".into());
@@ -405,6 +419,9 @@ setsid "$P" probe --dir "$D" --ignore-term &
     match a.slots {
         None => {
             cmd.args(["run", ELECTION, "--store", store, "--id", name, "--ttl", &ttl, "--grace", &grace]);
+            if a.holders > 1 {
+                cmd.args(["--holders", &a.holders.to_string()]);
+            }
             if a.chain {
                 // A health check that, once a term, leaves a probe behind in a session of
                 // its own: it counts as the command's, and must stop with it (the
@@ -612,8 +629,17 @@ fn torture(a: Args) -> Result<bool, String> {
         add(&mut cands, None)?;
     }
     println!(
-        "torture: {} candidates on {store}, TTL {:?}, grace {:?}, for {:?} (seed {})",
-        a.candidates, a.ttl, a.grace, a.duration, a.seed
+        "torture: {} candidates on {store}, TTL {:?}, grace {:?}, for {:?} (seed {}){}",
+        a.candidates,
+        a.ttl,
+        a.grace,
+        a.duration,
+        a.seed,
+        if a.holders > 1 {
+            format!(", --holders {} (liveness not judged; at most {} at once)", a.holders, a.holders)
+        } else {
+            String::new()
+        }
     );
     if a.skew.is_some() {
         let slots = a.slots.is_some();
@@ -1093,7 +1119,8 @@ fn torture(a: Args) -> Result<bool, String> {
         ) else {
             continue;
         };
-        let e = ELECTION.to_string();
+        // With several holders, each index counts as an election of its own.
+        let e = if a.holders > 1 { format!("{ELECTION}#{}", token % 1000) } else { ELECTION.to_string() };
         match *kind {
             "start" => {
                 granted.entry((holder.to_string(), token)).or_insert(at);
@@ -1108,7 +1135,7 @@ fn torture(a: Args) -> Result<bool, String> {
     }
     for ((holder, token), at) in &granted {
         records.push(Record::Grant {
-            election: ELECTION.into(),
+            election: if a.holders > 1 { format!("{ELECTION}#{}", token % 1000) } else { ELECTION.into() },
             holder: holder.clone(),
             token: *token,
             requested: *at,
@@ -1157,7 +1184,13 @@ fn torture(a: Args) -> Result<bool, String> {
     );
     // In the slot workload a leader's probes start at slots, not at its election: the
     // takeover times say nothing, and the slots are judged instead (below).
-    let s = history::check(&records, if a.slots.is_some() { None } else { Some(liveness) });
+    // With several holders, a stopped holder's slot may have no free candidate to take
+    // it: liveness is not judged, and at most N may hold at once (I7).
+    let judged = a.slots.is_none() && a.holders == 1;
+    let mut s = history::check(&records, if judged { Some(liveness) } else { None });
+    if a.holders > 1 {
+        s.violations.extend(history::check_at_most(&records, &format!("{ELECTION}#"), a.holders as usize));
+    }
     let slot_violations = match a.slots {
         Some(period) => check_slots(&text, &dir, period, started_wall, std::time::SystemTime::now()),
         None => Vec::new(),
