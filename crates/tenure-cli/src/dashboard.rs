@@ -82,14 +82,14 @@ fn late(r: &tenure::LeaseRecord) -> bool {
 async fn watch_store(store: Arc<dyn LeaseStore>, prefix: Arc<String>, board: Arc<std::sync::Mutex<Board>>) {
     let mut round: u32 = 0;
     loop {
-        let read = store.list(&prefix).await;
+        let read = crate::inspect::rows(&*store, &prefix).await;
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or_default();
         let count = round.is_multiple_of(CANDIDATES_EVERY);
         round = round.wrapping_add(1);
-        let mut recs = match read {
+        let recs = match read {
             Ok(r) => r,
             Err(e) => {
                 board.lock().unwrap_or_else(|p| p.into_inner()).publish(&json!({ "error": format!("{e:#}") }));
@@ -97,12 +97,15 @@ async fn watch_store(store: Arc<dyn LeaseStore>, prefix: Arc<String>, board: Arc
                 continue;
             }
         };
-        recs.retain(|r| crate::inspect::listed(r, &prefix));
         let mut candidates = std::collections::HashMap::new();
         if count {
-            for r in &recs {
-                if let Ok(c) = tenure::candidates(&*store, &r.election).await {
-                    candidates.insert(r.election.as_str().to_string(), c.len());
+            for (e, _, _) in &recs {
+                if candidates.contains_key(e) {
+                    continue;
+                }
+                let Ok(name) = tenure::ElectionName::new(e) else { continue };
+                if let Ok(c) = tenure::candidates(&*store, &name).await {
+                    candidates.insert(e.clone(), c.len());
                 }
             }
         }
@@ -115,22 +118,23 @@ async fn watch_store(store: Arc<dyn LeaseStore>, prefix: Arc<String>, board: Arc
 /// were) to the board, and makes the pages' snapshot.
 fn record(
     board: &mut Board,
-    recs: &[tenure::LeaseRecord],
+    recs: &[crate::inspect::Row],
     candidates: &std::collections::HashMap<String, usize>,
     now_ms: u64,
 ) {
     {
         let tracks = &mut board.tracks;
         let mut seen = std::collections::BTreeSet::new();
-        for r in recs {
-            let name = r.election.as_str().to_string();
+        for (e, i, r) in recs {
+            // One holder of an election with several is a row of its own: `name [index]`.
+            let name = crate::inspect::row_name(e, *i);
             let t = tracks.entry(name.clone()).or_default();
             let change = json!({ "at_ms": now_ms, "holder": r.holder.as_str(), "token": r.token.0 });
             let last = t.history.back();
             if last.is_none_or(|l| l["holder"] != change["holder"] || l["token"] != change["token"]) {
                 t.history.push_back(change);
             }
-            if let Some(c) = candidates.get(&name) {
+            if let Some(c) = candidates.get(e) {
                 t.candidates = Some(*c);
             }
             seen.insert(name);
@@ -145,8 +149,8 @@ fn record(
                 t.history.pop_front();
             }
         }
-        let by_name: std::collections::HashMap<&str, &tenure::LeaseRecord> =
-            recs.iter().map(|r| (r.election.as_str(), r)).collect();
+        let by_name: std::collections::HashMap<String, &tenure::LeaseRecord> =
+            recs.iter().map(|(e, i, r)| (crate::inspect::row_name(e, *i), r)).collect();
         let all: Vec<Value> = tracks
             .iter()
             .map(|(name, t)| {

@@ -247,9 +247,30 @@ async fn answer(mut conn: TcpStream, Get { path, query, .. }: Get, state: &State
                 match &*last {
                     Some((at, status, body)) if at.elapsed() < LEADER_FRESH => (*status, body.clone()),
                     _ => {
-                        let (status, body) = match state.store.get(election).await {
-                            Ok(rec) => {
-                                let v = crate::inspect::status_json_for_http(election.as_str(), rec.as_ref());
+                        // With several holders, every holder beside the (absent) single lease.
+                        let read = async {
+                            let rec = state.store.get(election).await?;
+                            let holders = match state.elector.config().holders {
+                                1 => None,
+                                _ => Some(tenure::holders::holders(&*state.store, election).await?),
+                            };
+                            Ok::<_, tenure::StoreError>((rec, holders))
+                        };
+                        let (status, body) = match read.await {
+                            Ok((rec, holders)) => {
+                                let mut v = crate::inspect::status_json_for_http(election.as_str(), rec.as_ref());
+                                if let Some(holders) = holders {
+                                    v["holders"] = holders
+                                        .iter()
+                                        .map(|h| {
+                                            let shown = crate::inspect::status_json_for_http("", Some(&h.record));
+                                            let mut l = shown["leader"].clone();
+                                            l["token"] = json!(h.token.0);
+                                            l["index"] = json!(h.index);
+                                            l
+                                        })
+                                        .collect();
+                                }
                                 (200, v.to_string() + "\n")
                             }
                             Err(e) => (
@@ -344,6 +365,8 @@ async fn is_leader(conn: &mut TcpStream, state: &State) -> std::io::Result<()> {
                 "election": l.election().as_str(),
                 "holder": l.holder().as_str(),
                 "token": l.token().0,
+                "holder_index": l.holder_index(),
+                "holders": l.holders(),
                 "remaining_ms": l.remaining().as_millis() as u64,
             })
             .to_string();

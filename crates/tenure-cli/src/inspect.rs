@@ -232,7 +232,7 @@ pub async fn status(store: Arc<dyn LeaseStore>, election: &ElectionName, as_json
 
 /// One holder of an election with several, as `status --json` and `list --json` show it:
 /// the leader object with the holder's token, and its index.
-fn holder_json(h: &tenure::holders::Holder) -> Value {
+pub(crate) fn holder_json(h: &tenure::holders::Holder) -> Value {
     let mut v = leader_json(&h.record);
     v["token"] = json!(h.token.0);
     v["index"] = json!(h.index);
@@ -257,18 +257,24 @@ pub fn listed(r: &LeaseRecord, prefix: &str) -> bool {
     prefix.starts_with(tenure::RESERVED_PREFIX) || !r.election.as_str().starts_with(tenure::RESERVED_PREFIX)
 }
 
-/// `tenure list`.
-pub async fn list(store: Arc<dyn LeaseStore>, prefix: &str, as_json: bool) -> Result<()> {
+/// One row of a listing: an election and its leader, or one holder of an election with
+/// several (its index, and its record with the holder's token).
+pub(crate) type Row = (String, Option<u32>, LeaseRecord);
+
+/// What `tenure list` and the dashboard show under `prefix`: each election's leader, and
+/// each holder of an election with several, by name and index; tenure's own records only
+/// when asked for by prefix.
+pub(crate) async fn rows(store: &dyn LeaseStore, prefix: &str) -> Result<Vec<Row>> {
     let mut recs = store.list(prefix).await.context("cannot list the elections")?;
-    // The slots of elections with several holders under `prefix`, shown as their holders.
-    let slots = format!("{}holders/{prefix}", tenure::RESERVED_PREFIX);
-    if !prefix.is_empty() && !prefix.starts_with(tenure::RESERVED_PREFIX) {
+    let own = prefix.starts_with(tenure::RESERVED_PREFIX);
+    if !prefix.is_empty() && !own {
+        let slots = format!("{}holders/{prefix}", tenure::RESERVED_PREFIX);
         recs.extend(store.list(&slots).await.context("cannot list the elections")?);
     }
-    let mut rows: Vec<(String, Option<u32>, LeaseRecord)> = Vec::new();
+    let mut rows: Vec<Row> = Vec::new();
     for mut r in recs {
         match tenure::holders::parse_slot(&r.election) {
-            Some((e, i)) if !prefix.starts_with(tenure::RESERVED_PREFIX) && e.as_str().starts_with(prefix) => {
+            Some((e, i)) if !own && e.as_str().starts_with(prefix) => {
                 r.token = tenure::holders::holder_token(r.token, i);
                 rows.push((e.to_string(), Some(i), r));
             }
@@ -277,6 +283,20 @@ pub async fn list(store: Arc<dyn LeaseStore>, prefix: &str, as_json: bool) -> Re
         }
     }
     rows.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+    Ok(rows)
+}
+
+/// How a row's election is shown: `name`, or `name [index]` for one holder of several.
+pub(crate) fn row_name(e: &str, i: Option<u32>) -> String {
+    match i {
+        Some(i) => format!("{e} [{i}]"),
+        None => e.to_string(),
+    }
+}
+
+/// `tenure list`.
+pub async fn list(store: Arc<dyn LeaseStore>, prefix: &str, as_json: bool) -> Result<()> {
+    let rows = rows(&*store, prefix).await?;
     let mut out = std::io::stdout().lock();
     if as_json {
         let all: Vec<Value> = rows
@@ -300,10 +320,7 @@ pub async fn list(store: Arc<dyn LeaseStore>, prefix: &str, as_json: bool) -> Re
         )?;
         return Ok(());
     }
-    let shown = |e: &str, i: &Option<u32>| match i {
-        Some(i) => format!("{e} [{i}]"),
-        None => e.to_string(),
-    };
+    let shown = |e: &str, i: &Option<u32>| row_name(e, *i);
     let width = rows.iter().map(|(e, i, _)| shown(e, i).len()).max().unwrap_or(8).max(8);
     let hwidth = rows.iter().map(|(_, _, r)| r.holder.as_str().len()).max().unwrap_or(6).max(6);
     writeln!(out, "{:width$}  {:hwidth$}  {:>6}  {:>9}  METADATA", "ELECTION", "LEADER", "TOKEN", "EXPIRES")?;
@@ -320,6 +337,49 @@ pub async fn list(store: Arc<dyn LeaseStore>, prefix: &str, as_json: bool) -> Re
         )?;
     }
     Ok(())
+}
+
+/// How often `tenure watch` reads the holders of an election with several; until it has
+/// seen one, it reads every [`HOLDERS_LOOKED_FOR_EVERY`] (an election with one holder
+/// has none).
+const HOLDERS_READ_EVERY: Duration = Duration::from_secs(1);
+const HOLDERS_LOOKED_FOR_EVERY: Duration = Duration::from_secs(10);
+
+/// `tenure watch`'s lines for the holders of an election with several: the holders are
+/// read with one `list` each time, and each index whose holder changed gets a line.
+async fn watch_holders(store: Arc<dyn LeaseStore>, election: ElectionName, as_json: bool) {
+    let mut last: std::collections::BTreeMap<u32, (String, u64)> = Default::default();
+    let mut ever = false;
+    loop {
+        match tenure::holders::holders(&*store, &election).await {
+            Ok(now) => {
+                let seen: std::collections::BTreeMap<u32, (String, u64)> =
+                    now.iter().map(|h| (h.index, (h.record.holder.to_string(), h.token.0))).collect();
+                let indices: std::collections::BTreeSet<u32> = seen.keys().chain(last.keys()).copied().collect();
+                let time = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
+                let mut out = std::io::stdout().lock();
+                for i in indices.into_iter().filter(|i| seen.get(i) != last.get(i)) {
+                    let holder = now.iter().find(|h| h.index == i);
+                    let line = match (holder, as_json) {
+                        (h, true) => json_line(&json!({
+                            "time": time, "election": election.as_str(), "index": i,
+                            "leader": h.map(holder_json),
+                        })),
+                        (Some(h), false) => {
+                            format!("{time}  {election} [{i}]  holder {} (token {})", h.record.holder, h.token)
+                        }
+                        (None, false) => format!("{time}  {election} [{i}]  no holder"),
+                    };
+                    let _ = writeln!(out, "{line}");
+                }
+                let _ = out.flush();
+                ever |= !seen.is_empty();
+                last = seen;
+            }
+            Err(e) => tracing::debug!(%election, error = %e, "could not read the holders; reading again"),
+        }
+        tokio::time::sleep(if ever { HOLDERS_READ_EVERY } else { HOLDERS_LOOKED_FOR_EVERY }).await;
+    }
 }
 
 /// `tenure evict`; with `to`, a handover to that announcing candidate.
@@ -536,6 +596,7 @@ async fn hand_over(
 /// `tenure watch`: one line per change of leader, or of what the leader publishes,
 /// until interrupted.
 pub async fn watch(store: Arc<dyn LeaseStore>, election: &ElectionName, as_json: bool) -> Result<()> {
+    tokio::spawn(watch_holders(store.clone(), election.clone(), as_json));
     let observer = tenure::observe(store.clone(), election.clone());
     let mut changes = Box::pin(observer.into_stream());
     let stop = crate::run::stop_on_signals()?;

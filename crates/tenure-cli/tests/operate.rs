@@ -511,3 +511,85 @@ fn a_huge_record_costs_the_http_endpoints_a_few_kilobytes_per_request() {
     assert!(peak_kb < 600_000, "tenure run reached {peak_kb} kB");
     assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 1, "the command was started again");
 }
+
+/// An election with two holders, as an operator sees it: `list`, `watch`, `/leader` and
+/// `/is-leader` show both holders with their indices, and `watch` tells of a handover.
+#[test]
+fn several_holders_are_shown_by_list_watch_and_the_http_endpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("s.db").display());
+    let port = servers::free_port();
+    let run = |id: &str, http: bool| {
+        let mut c = Command::new(tenure());
+        c.env("TENURE_STORE", &store).env("RUST_LOG", "warn").stdin(Stdio::null());
+        c.args(["run", "jobs/pool", "--holders", "2", "--id", id, "--ttl", "2s", "--grace", "300ms"]);
+        if http {
+            c.args(["--http", &format!("127.0.0.1:{port}")]);
+        }
+        Proc(c.args(["--", "sleep", "600"]).spawn().unwrap())
+    };
+    let mut watch = Command::new(tenure())
+        .env("TENURE_STORE", &store)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .args(["watch", "jobs/pool"])
+        .spawn()
+        .unwrap();
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let sink = lines.clone();
+    let out = watch.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            sink.lock().unwrap().push(l);
+        }
+    });
+    let mut runs = vec![("a", run("a", true)), ("b", run("b", false)), ("c", run("c", false))];
+    let list = || {
+        let out = Command::new(tenure()).env("TENURE_STORE", &store).args(["list"]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    wait_for("two holders listed", Duration::from_secs(20), || {
+        let l = list();
+        l.contains("jobs/pool [0]") && l.contains("jobs/pool [1]")
+    });
+    let (status, body) = get(port, "/leader", Duration::from_secs(2)).expect("/leader answers");
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let holders: Vec<(u64, String)> = v["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|h| Some((h["index"].as_u64()?, h["holder"].as_str()?.to_string())))
+        .collect();
+    assert_eq!(holders.iter().map(|h| h.0).collect::<Vec<_>>(), [0, 1], "/leader lists both holders: {body}");
+    // `a` may hold or follow: /is-leader says which, with its index if it holds.
+    if let Some((200, body)) = get(port, "/is-leader", Duration::from_secs(2)) {
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert!(v["holder_index"].as_u64().is_some_and(|i| i < 2) && v["holders"] == 2, "{body}");
+    }
+    let shown =
+        |i: u32| lines.lock().unwrap().iter().filter(|l| l.contains(&format!("jobs/pool [{i}]  holder"))).count();
+    wait_for("watch to show both holders", Duration::from_secs(20), || shown(0) >= 1 && shown(1) >= 1);
+    // A holder stops: the candidate left takes its index, and watch tells of it.
+    let (index, name) = holders[0].clone();
+    let before = shown(index as u32);
+    let i = runs.iter().position(|(id, _)| name.starts_with(&format!("{id}."))).expect("the holder is one of ours");
+    let (_, mut holder) = runs.remove(i);
+    stop(&mut holder);
+    wait_for("watch to show the new holder", Duration::from_secs(20), || shown(index as u32) > before);
+    for (_, mut p) in runs {
+        stop(&mut p);
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+}
+
+/// Stops a `tenure run` with SIGTERM and waits for it.
+fn stop(p: &mut Proc) {
+    let _ = rustix::process::kill_process(
+        rustix::process::Pid::from_raw(p.id() as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    );
+    let _ = p.wait();
+}
