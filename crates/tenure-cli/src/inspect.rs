@@ -391,6 +391,21 @@ pub async fn evict(
     to: Option<HolderId>,
 ) -> Result<i32> {
     let Some(cur) = store.get(election).await.with_context(|| format!("cannot read {election}"))? else {
+        // An election with several holders: each holder is evicted through its slot.
+        let holders = tenure::holders::holders(&*store, election)
+            .await
+            .with_context(|| format!("cannot list the holders of {election}"))?;
+        if !holders.is_empty() {
+            let slots: Vec<String> = holders
+                .iter()
+                .map(|h| format!("{} (holder {}, index {})", h.record.election, h.record.holder, h.index))
+                .collect();
+            bail!(
+                "{election} has {} holders and no single leader; evict one holder by its slot's name: {}",
+                holders.len(),
+                slots.join(", ")
+            );
+        }
         println!("{election}: no leader; nothing to evict");
         return Ok(0);
     };

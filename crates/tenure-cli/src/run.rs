@@ -119,8 +119,10 @@ pub struct CampaignArgs {
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     priority: Option<i32>,
     /// How many candidates hold the election and run the command at once (up to 1000),
-    /// each with a fencing token of its own and TENURE_HOLDER_INDEX (0 to N-1); every
-    /// candidate of an election needs the same N
+    /// each with a fencing token of its own, TENURE_HOLDER_INDEX (0 to N-1) and
+    /// TENURE_HOLDERS; start every candidate of an election with the same N (one holder and
+    /// several are refused beside each other; while candidates of different N > 1 run, up
+    /// to the largest N hold)
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     holders: u32,
 }
@@ -277,6 +279,14 @@ impl Campaign {
     /// Builds the elector, stepping down early enough that the command can be
     /// stopped (SIGTERM, `grace`, SIGKILL) before the lease deadline.
     pub fn elector(&self, store: Arc<dyn LeaseStore>) -> Result<Elector> {
+        if self.election.starts_with(tenure::RESERVED_PREFIX) {
+            bail!(
+                "cannot campaign for {}: names under {} are tenure's own (presence leases, the slots of \
+                 elections with several holders)",
+                self.election,
+                tenure::RESERVED_PREFIX
+            );
+        }
         let renew_deadline = self.renew_deadline()?;
         let mut b = Elector::builder(store, &self.election).ttl(self.ttl).renew_deadline(renew_deadline);
         if let Some(id) = &self.id {

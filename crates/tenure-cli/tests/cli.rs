@@ -756,6 +756,11 @@ fn holders_on(url: String, ttl: &str, bound: Duration) {
     assert!(took <= bound, "the killed holder was replaced {took:?} after the kill");
     assert_eq!(index_of(&next), index_of(victim), "the freed index was taken again");
     assert!(next.token > victim.token, "under a larger token");
+    // No single leader to evict: evict names the holders' slots instead, and does nothing.
+    let out = env.tenure(&["evict", "jobs/pool", "--yes"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("has 2 holders") && err.contains(".tenure/holders/jobs/pool/"), "{err}");
     assert!(!alive(victim.pid), "the killed holder's command is gone");
     std::thread::sleep(Duration::from_millis(500));
     stop_all(runs.into_iter().map(|(_, c)| c).collect());
@@ -794,6 +799,10 @@ fn one_holder_and_several_are_refused_beside_each_other_with_a_clear_error() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid --priority"));
     let out = env.tenure(&["run", "jobs/x", "--holders", "0", "--", "true"]);
     assert_eq!(out.status.code(), Some(2));
+    // tenure's own names are not campaigned for: a slot taken by hand would be a holder.
+    let out = env.tenure(&["run", ".tenure/holders/jobs/pool/0", "--", "true"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("are tenure's own"));
     signal(one.id(), rustix::process::Signal::TERM);
     one.wait().unwrap();
 }

@@ -528,13 +528,15 @@ fn several_holders_are_shown_by_list_watch_and_the_http_endpoints() {
         }
         Proc(c.args(["--", "sleep", "600"]).spawn().unwrap())
     };
-    let mut watch = Command::new(tenure())
-        .env("TENURE_STORE", &store)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .args(["watch", "jobs/pool"])
-        .spawn()
-        .unwrap();
+    let mut watch = Proc(
+        Command::new(tenure())
+            .env("TENURE_STORE", &store)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .args(["watch", "jobs/pool"])
+            .spawn()
+            .unwrap(),
+    );
     let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let sink = lines.clone();
     let out = watch.stdout.take().unwrap();
@@ -553,7 +555,13 @@ fn several_holders_are_shown_by_list_watch_and_the_http_endpoints() {
         let l = list();
         l.contains("jobs/pool [0]") && l.contains("jobs/pool [1]")
     });
-    let (status, body) = get(port, "/leader", Duration::from_secs(2)).expect("/leader answers");
+    // `a` serves once it campaigns, which may be after the others hold.
+    let mut answer = None;
+    wait_for("/leader to answer", Duration::from_secs(20), || {
+        answer = get(port, "/leader", Duration::from_secs(2));
+        answer.is_some()
+    });
+    let (status, body) = answer.unwrap();
     assert_eq!(status, 200);
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     let holders: Vec<(u64, String)> = v["holders"]

@@ -255,6 +255,7 @@ impl ElectorBuilder {
             task: Mutex::new(None),
             failure: Mutex::new(None),
             presence,
+            kinds_checked: Default::default(),
         });
         Ok(Elector { shared, _guard: Arc::new(shutdown.drop_guard()) })
     }
@@ -322,6 +323,8 @@ struct Shared {
     metrics: crate::metrics::ElectorMetrics,
     /// The presence lease's candidate, with [`Config::announce`].
     presence: Option<Elector>,
+    /// Whether a single holder has looked for holders of slots (in its first term).
+    kinds_checked: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -404,6 +407,7 @@ impl Elector {
         match &*f {
             Some(ElectError::Store(e)) => Some(ElectError::Store(e.clone())),
             Some(ElectError::Crashed) => Some(ElectError::Crashed),
+            Some(ElectError::Unsupported(why)) => Some(ElectError::Unsupported(why.clone())),
             _ => None,
         }
     }
@@ -1749,6 +1753,16 @@ async fn lead(
             None => {}
         }
     }
+    // One holder and several are different records in the store, so a winner of the other
+    // kind would run beside them: it looks before its term is handed out, and if it finds
+    // that kind holding, gives the lease back and stops campaigning.
+    let until = times.stop_at.min(shared.clock.now() + cfg.request_timeout);
+    if let Some(why) = Box::pin(other_kind(shared, slot, until)).await {
+        tracing::error!(election = %shared.req.election, "{why}; campaigning stops");
+        Box::pin(give_back(shared, lease)).await;
+        *shared.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(ElectError::Unsupported(why));
+        return (StepDownReason::ShuttingDown, Duration::ZERO);
+    }
     let cancel = CancellationToken::new();
     let asks = Arc::new(Asks::default());
     let gone = Arc::new(tokio::sync::Notify::new());
@@ -2009,6 +2023,41 @@ async fn lead(
         let _ = r.done.send(());
     }
     (reason, stand_aside)
+}
+
+/// Whether candidates of the other kind hold the election, as a winner sees it before its
+/// term is handed out: for a slot's winner, the election's own lease (one `get`); for a
+/// single winner, in its first term only, the slots (one `list`), since that kind can
+/// only have joined since it started. A store that does not answer says nobody: the check
+/// is a second line behind the command line's check at start, never a reason to wait.
+async fn other_kind(shared: &Shared, slot: Option<u32>, until: Instant) -> Option<String> {
+    let e = &shared.req.election;
+    if e.as_str().starts_with(crate::RESERVED_PREFIX) || crate::mutant("kinds-unchecked") {
+        return None;
+    }
+    match slot {
+        Some(i) => match call(shared, "get", until, shared.store.get(e)).await {
+            Ok(Some(r)) => Some(format!(
+                "{e} is held by {} as its only holder, while this candidate won holder index {i} of {}; \
+                 every candidate of an election needs the same number of holders",
+                r.holder, shared.cfg.holders
+            )),
+            _ => None,
+        },
+        None if !shared.kinds_checked.swap(true, std::sync::atomic::Ordering::SeqCst) => {
+            match call(shared, "list", until, crate::holders::holders(&*shared.store, e)).await {
+                Ok(h) if !h.is_empty() => Some(format!(
+                    "{} candidate(s) with several holders hold {e} (holder {}, index {}), while this candidate \
+                     won it as its only holder; every candidate of an election needs the same number of holders",
+                    h.len(),
+                    h[0].record.holder,
+                    h[0].index
+                )),
+                _ => None,
+            }
+        }
+        None => None,
+    }
 }
 
 /// Whom this announcing winner should give the election to, if anyone (one `list`). A

@@ -139,3 +139,32 @@ async fn a_follower_whose_acquires_fail_retries_at_its_pace() {
     assert!(calls <= 20, "{calls} store calls in 1.5 s while the store refused");
     c.shutdown().await;
 }
+
+/// A candidate of one holder and one of several on one election never both run: whichever
+/// wins second finds the other kind holding before its term is handed out, gives its
+/// lease back and stops with an error; started together, or one after the other.
+#[tokio::test(start_paused = true)]
+async fn one_holder_and_several_never_run_beside_each_other() {
+    for (first, gap) in [(1u32, Duration::ZERO), (2, Duration::ZERO), (1, TTL), (2, TTL)] {
+        let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+        let second = if first == 1 { 2 } else { 1 };
+        let a = candidate(store.clone(), "a", first);
+        tokio::time::sleep(gap).await;
+        let b = candidate(store.clone(), "b", second);
+        for _ in 0..200 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let (la, lb) = (a.current().is_some(), b.current().is_some());
+            assert!(!(la && lb), "both kinds lead (first {first} holder(s), then {second}, {gap:?} apart)");
+        }
+        let refused = |e: &Elector| matches!(e.current(), None) && !e.is_healthy();
+        assert!(refused(&a) || refused(&b), "one of them stopped (first {first}, then {second}, {gap:?} apart)");
+        if !gap.is_zero() {
+            assert!(refused(&b) && a.current().is_some(), "the later one is refused, the first leads on");
+        }
+        let err = if refused(&b) { b.leadership().await } else { a.leadership().await };
+        assert!(
+            matches!(&err, Err(tenure::ElectError::Unsupported(m)) if m.contains("needs the same number of holders")),
+            "{err:?}"
+        );
+    }
+}
