@@ -156,7 +156,7 @@ async fn one_holder_and_several_never_run_beside_each_other() {
             let (la, lb) = (a.current().is_some(), b.current().is_some());
             assert!(!(la && lb), "both kinds lead (first {first} holder(s), then {second}, {gap:?} apart)");
         }
-        let refused = |e: &Elector| matches!(e.current(), None) && !e.is_healthy();
+        let refused = |e: &Elector| e.current().is_none() && !e.is_healthy();
         assert!(refused(&a) || refused(&b), "one of them stopped (first {first}, then {second}, {gap:?} apart)");
         if !gap.is_zero() {
             assert!(refused(&b) && a.current().is_some(), "the later one is refused, the first leads on");
