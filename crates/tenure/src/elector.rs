@@ -1176,7 +1176,8 @@ async fn follow(shared: &Shared, view: &mut View<'_>, mut defer: Option<Instant>
     view.vacant_since = None;
     loop {
         if shared.shutdown.is_cancelled() {
-            return Box::pin(stop_following(shared, unresolved)).await;
+            Box::pin(stop_following(shared, unresolved.then_some(&shared.req.election))).await;
+            return None;
         }
         if attempt {
             attempt = false;
@@ -1295,7 +1296,10 @@ async fn follow(shared: &Shared, view: &mut View<'_>, mut defer: Option<Instant>
         }
         tokio::select! {
             biased;
-            _ = shared.shutdown.cancelled() => return Box::pin(stop_following(shared, unresolved)).await,
+            _ = shared.shutdown.cancelled() => {
+                Box::pin(stop_following(shared, unresolved.then_some(&shared.req.election))).await;
+                return None;
+            }
             _ = shared.clock.sleep_until(wake_at) => attempt = true,
             ev = next_event(&mut watch) => match ev {
                 Some(Ok(None)) => {
@@ -1329,21 +1333,23 @@ async fn follow(shared: &Shared, view: &mut View<'_>, mut defer: Option<Instant>
     }
 }
 
-/// A follower stops. With an acquire whose answer never came (it may have been granted,
-/// and nothing runs under it), the record is read, and released if it is this holder's,
+/// A follower stops. With an acquire whose answer never came (`unresolved`: the election
+/// or slot it was for; it may have been granted, and nothing runs under it), the record is
+/// read, and released if it is this holder's,
 /// so that the next candidate need not wait a TTL for it (nor, on a store whose elections
 /// share one lease per process, as long as the process keeps that alive).
-async fn stop_following(shared: &Shared, unresolved: bool) -> Option<(LeaseRecord, Instant)> {
-    if unresolved && !crate::mutant("stop-leaves-unresolved-grant") {
+async fn stop_following(shared: &Shared, unresolved: Option<&ElectionName>) {
+    if let Some(election) = unresolved
+        && !crate::mutant("stop-leaves-unresolved-grant")
+    {
         let until = shared.clock.now() + shared.cfg.request_timeout;
-        match call(shared, "get", until, shared.store.get(&shared.req.election)).await {
+        match call(shared, "get", until, shared.store.get(election)).await {
             Ok(Some(rec)) if rec.holder == shared.req.holder => give_back(shared, &rec).await,
             Ok(_) => {}
             Err(e) => tracing::debug!(election = %shared.req.election, error = %e,
                 "stopping: could not read what an unanswered acquire did; a grant it made will expire on its own"),
         }
     }
-    None
 }
 
 /// The follower phase with several holders ([`Config::holders`]): campaigns until this
@@ -1390,7 +1396,8 @@ async fn follow_slots(shared: &Shared) -> Option<(u32, LeaseRecord, Instant)> {
     let mut wake_at = shared.clock.now();
     loop {
         if shared.shutdown.is_cancelled() {
-            return Box::pin(stop_following_slot(shared, unresolved)).await;
+            Box::pin(stop_following(shared, unresolved.map(|i| &shared.slots[i].election))).await;
+            return None;
         }
         if attempt {
             attempt = false;
@@ -1483,7 +1490,10 @@ async fn follow_slots(shared: &Shared) -> Option<(u32, LeaseRecord, Instant)> {
         }
         tokio::select! {
             biased;
-            _ = shared.shutdown.cancelled() => return Box::pin(stop_following_slot(shared, unresolved)).await,
+            _ = shared.shutdown.cancelled() => {
+                Box::pin(stop_following(shared, unresolved.map(|i| &shared.slots[i].election))).await;
+                return None;
+            }
             _ = shared.clock.sleep_until(wake_at) => attempt = true,
             Some((i, ev)) = tokio_stream::StreamExt::next(&mut watches) => match ev {
                 Ok(Some(rec)) if rec.holder == *me && !rec.evicted => {
@@ -1504,20 +1514,6 @@ async fn follow_slots(shared: &Shared) -> Option<(u32, LeaseRecord, Instant)> {
             },
         }
     }
-}
-
-/// A follower of several slots stops, as [`stop_following`] does for one.
-async fn stop_following_slot(shared: &Shared, unresolved: Option<usize>) -> Option<(u32, LeaseRecord, Instant)> {
-    if let Some(i) = unresolved {
-        let until = shared.clock.now() + shared.cfg.request_timeout;
-        match call(shared, "get", until, shared.store.get(&shared.slots[i].election)).await {
-            Ok(Some(rec)) if rec.holder == shared.req.holder => give_back(shared, &rec).await,
-            Ok(_) => {}
-            Err(e) => tracing::debug!(election = %shared.req.election, error = %e,
-                "stopping: could not read what an unanswered acquire did; a grant it made will expire on its own"),
-        }
-    }
-    None
 }
 
 /// Logs store failures: a warning for the first of a run, then at debug level, so that a
