@@ -1057,8 +1057,8 @@ async fn several_holders(h: Arc<dyn Harness>) {
     let leaving = all.iter().position(|c| c.current().is_some()).expect("a holder");
     let (index, token) = all[leaving].current().map(|l| (l.holder_index(), l.token())).unwrap();
     all.remove(leaving).shutdown().await;
-    let again = until_holding(&all, ttl, "the released slot is held again", |now| {
-        now.iter().any(|(i, t)| *i == index && *t > token)
+    let again = until_holding(&all, ttl, "the released slot is held again, and two hold", |now| {
+        now.len() == 2 && now.iter().any(|(i, t)| *i == index && *t > token)
     })
     .await;
     assert_eq!(again.len(), 2, "two hold again: {again:?}");
