@@ -271,6 +271,8 @@ impl Campaign {
                 let leader = l.as_ref().map(|l| leader_dict(py, l)).transpose()?;
                 ("leader_changed", leader).into_pyobject(py)?.into_any().unbind()
             }
+            // A kind of event this version does not know by name.
+            Some(Ok(other)) => ("other", format!("{other:?}")).into_pyobject(py)?.into_any().unbind(),
             Some(Err(RecvError::Lagged(n))) => ("missed", n).into_pyobject(py)?.into_any().unbind(),
             Some(Err(RecvError::Closed)) => return Err(error("shut_down", "the campaign has ended".into())),
         };

@@ -427,11 +427,7 @@ pub fn signal_tree(root: Pid, sig: Signal) -> usize {
     all.len()
 }
 
-/// Whether the planted bug `name` is switched on (`TENURE_MUTANT=NAME[,NAME…]`); only a
-/// build with the `mutants` feature has any, for CI to prove its checks catch them.
-pub(crate) fn mutant(name: &str) -> bool {
-    cfg!(feature = "mutants") && std::env::var("TENURE_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
-}
+pub(crate) use tenure::mutant;
 
 /// The exit code a shell would report for a wait status.
 fn wait_code(st: rustix::process::WaitStatus) -> i32 {

@@ -1,4 +1,7 @@
 //! `tenure`: run a command on exactly one of several replicas, and inspect elections.
+// The arguments' doc comments are the command's help text (clap), where `[:PORT]` and
+// the like mean "optional", not a link.
+#![allow(rustdoc::broken_intra_doc_links)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -82,8 +85,8 @@ Examples:
 
 While it leads, the command runs with TENURE_ELECTION, TENURE_TOKEN (the fencing
 token: pass it to whatever the command writes to) and TENURE_HOLDER set. When
-leadership ends, the command's process group gets SIGTERM, then SIGKILL after
---grace, before the lease deadline. If tenure itself dies, even by SIGKILL, the
+leadership ends, the command and every process it started get SIGTERM, then
+SIGKILL after --grace, before the lease deadline. If tenure itself dies, even by SIGKILL, the
 command dies with it. SIGINT/SIGTERM stop the command, release, and exit 0.")]
     Run(RunArgs),
     /// Show who leads an election

@@ -628,7 +628,7 @@ impl LeaseStore for AzureStore {
     }
 
     /// A blob per entry, written with `if-match` on its ETag, or `if-none-match: *` where
-    /// none may exist (see [`WorkBody`]).
+    /// none may exist (see `WorkBody`).
     async fn ledger_write(
         &self,
         election: &ElectionName,

@@ -116,8 +116,4 @@ fn aws_endpoint(param: Option<String>, service_var: &str) -> Option<String> {
     param.or_else(|| env_var(service_var)).or_else(|| env_var("AWS_ENDPOINT_URL"))
 }
 
-/// Whether the planted bug `name` is switched on (`TENURE_MUTANT=name`), in a build with
-/// the `mutants` feature, for CI to prove its checks catch it.
-fn mutant(name: &str) -> bool {
-    cfg!(feature = "mutants") && std::env::var("TENURE_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
-}
+use tenure::mutant;

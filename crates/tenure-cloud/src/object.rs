@@ -38,7 +38,7 @@ pub trait Objects: Send + Sync + 'static {
     /// condition failed.
     async fn write(&self, key: &str, at: Option<&str>, rev: u64, body: &[u8]) -> Result<Option<String>, StoreError>;
 
-    /// Every object whose key starts with `prefix`, with its key (see [`read_each`] for
+    /// Every object whose key starts with `prefix`, with its key (see `read_each` for
     /// services whose listing gives keys only).
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Stored)>, StoreError>;
 

@@ -361,11 +361,7 @@ fn left(shutdown: Option<oneshot::Sender<()>>) -> Result<(), GossipError> {
     Ok(())
 }
 
-/// Whether the planted bug `name` is switched on (`TENURE_MUTANT=NAME[,NAME…]`); only a
-/// build with the `mutants` feature has any, for CI to prove its checks catch them.
-fn mutant(name: &str) -> bool {
-    cfg!(feature = "mutants") && std::env::var("TENURE_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
-}
+use tenure::mutant;
 
 pub(crate) fn checked_request(id: &str, topic: &str, action: &str) -> Result<Request, GossipError> {
     tenure::ElectionName::new(id).map_err(|e| GossipError::Invalid(format!("invalid election id: {e}")))?;

@@ -1055,11 +1055,7 @@ impl tenure::store::ChangeFeed for Changes {
     }
 }
 
-/// Whether the planted bug `name` is switched on (`TENURE_MUTANT=name`), in a build with
-/// the `mutants` feature, for CI to prove its checks catch it.
-fn mutant(name: &str) -> bool {
-    cfg!(feature = "mutants") && std::env::var("TENURE_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
-}
+use tenure::mutant;
 
 #[cfg(test)]
 mod tests {

@@ -472,11 +472,7 @@ impl Drop for Pooled {
     }
 }
 
-/// Whether the planted bug `name` is switched on (`TENURE_MUTANT=name`), in a build with
-/// the `mutants` feature, for CI to prove its checks catch it.
-fn mutant(name: &str) -> bool {
-    cfg!(feature = "mutants") && std::env::var("TENURE_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
-}
+use tenure::mutant;
 
 type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
 

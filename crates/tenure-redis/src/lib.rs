@@ -736,11 +736,7 @@ fn acks_of(reply: Option<Value>) -> u64 {
     }
 }
 
-/// Whether the planted bug `name` is switched on (`TENURE_MUTANT=NAME[,NAME…]`); only a
-/// build with the `mutants` feature has any, for CI to prove its checks catch them.
-pub(crate) fn mutant(name: &str) -> bool {
-    cfg!(feature = "mutants") && std::env::var("TENURE_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
-}
+pub(crate) use tenure::mutant;
 
 /// Whether `e` carries the server's error code `c` ("READONLY", "OOM", …), or names it
 /// in its text (older forms).
@@ -841,7 +837,7 @@ impl LeaseStore for RedisStore {
         })
     }
 
-    /// Pipelines of renewal scripts, [`PIPELINE_CHUNK`] in each, one after another: one
+    /// Pipelines of renewal scripts, `PIPELINE_CHUNK` in each, one after another: one
     /// round trip per pipeline. With `min_replicas`, each pipeline ends with its own
     /// `WAIT`: one `WAIT` after them all would cover nothing if the connection had been
     /// made again in between (it counts only the writes of its own connection).
@@ -856,7 +852,7 @@ impl LeaseStore for RedisStore {
         out
     }
 
-    /// Pipelines of release scripts, [`PIPELINE_CHUNK`] in each, one after another: a
+    /// Pipelines of release scripts, `PIPELINE_CHUNK` in each, one after another: a
     /// process that leads thousands of elections hands them over in a few round trips.
     async fn release_many(&self, held: &[LeaseRecord]) -> Vec<Result<(), StoreError>> {
         let mut out = Vec::with_capacity(held.len());

@@ -732,13 +732,7 @@ fn wall_time(ms: i64) -> SystemTime {
 /// replacement is the one case left.)
 fn first_token() -> i64 {
     let us = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as i64).unwrap_or(0);
-    if crate_mutant("sqlite-tokens-from-one") { 1 } else { us.max(1) }
-}
-
-/// Whether the planted bug `name` is switched on (`TENURE_MUTANT=name`), in a build with
-/// the `mutants` feature, for CI to prove its checks catch it.
-fn crate_mutant(name: &str) -> bool {
-    cfg!(feature = "mutants") && std::env::var("TENURE_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
+    if tenure::mutant("sqlite-tokens-from-one") { 1 } else { us.max(1) }
 }
 
 /// The files a connection has open (device, inode): the database and its log and
@@ -777,7 +771,7 @@ impl Opened {
         let now = Opened::at(path);
         now.db == self.db
             && ((self.wal.is_some() && now.wal != self.wal) || (self.shm.is_some() && now.shm != self.shm))
-            && !crate_mutant("sqlite-log-deletion-unseen")
+            && !tenure::mutant("sqlite-log-deletion-unseen")
     }
 }
 
@@ -837,7 +831,7 @@ fn check_one_name(path: &Path) -> Result<(), StoreError> {
         links_now = links();
     }
     let links = links_now;
-    if links > 1 && !crate_mutant("sqlite-hard-link-allowed") {
+    if links > 1 && !tenure::mutant("sqlite-hard-link-allowed") {
         return Err(StoreError::new(
             ErrorKind::Misconfigured,
             format!(
@@ -1137,7 +1131,7 @@ fn poll_changes(inner: &Arc<Inner>) {
         // The database deleted or replaced: watch the file now at the path, and have every
         // watcher read again (a leader then finds its lease gone, and steps down).
         if opened.replaced(&inner.path)
-            && !crate_mutant("sqlite-replaced-file-kept")
+            && !tenure::mutant("sqlite-replaced-file-kept")
             && inner.replacements.load(Ordering::SeqCst) < MAX_REPLACEMENTS
             && let Ok((c, now_open)) =
                 reopen(&inner.path, &inner.options, Some((carried(&conn, &inner.boot_id), opened)))
@@ -1308,7 +1302,7 @@ fn serve(mut conn: Connection, inner: &std::sync::Weak<Inner>, queue: &std::sync
     while let Ok(job) = queue.recv() {
         let Some(inner) = inner.upgrade() else { return };
         let opened = *inner.opened.lock().unwrap_or_else(|e| e.into_inner());
-        if opened.replaced(&inner.path) && !crate_mutant("sqlite-replaced-file-kept") {
+        if opened.replaced(&inner.path) && !tenure::mutant("sqlite-replaced-file-kept") {
             if inner.replacements.load(Ordering::SeqCst) >= MAX_REPLACEMENTS {
                 // Its caller gets the final error.
                 drop(job);
@@ -1366,7 +1360,7 @@ fn reopen(
     // this process would take it for new and truncate it under the old one (SIGBUS), and
     // would read the old file's log as the new file's. Refused until they are removed.
     let old_shm = replaced.and_then(|(_, o)| o.shm);
-    if old_shm.is_some() && file_id(&beside(path, "-shm")) == old_shm && !crate_mutant("sqlite-stale-log-kept") {
+    if old_shm.is_some() && file_id(&beside(path, "-shm")) == old_shm && !tenure::mutant("sqlite-stale-log-kept") {
         return Err(StoreError::new(
             ErrorKind::Misconfigured,
             format!(
@@ -1428,7 +1422,7 @@ fn carried(conn: &Connection, boot: &str) -> Carried {
 fn carry(conn: &Connection, c: Carried) -> rusqlite::Result<()> {
     raise_floor(conn, c.floor)?;
     match c.live_until {
-        Some(until) if !crate_mutant("sqlite-fresh-file-grants") => mark_withheld(conn, Some(until)),
+        Some(until) if !tenure::mutant("sqlite-fresh-file-grants") => mark_withheld(conn, Some(until)),
         _ => Ok(()),
     }
 }
@@ -1484,7 +1478,7 @@ fn notice_rollback(tx: &rusqlite::Transaction<'_>, inner: &Inner) -> rusqlite::R
     let mut known = inner.incarnation.lock().unwrap_or_else(|p| p.into_inner());
     let seen = inner.seq_seen.load(Ordering::SeqCst);
     let rolled_back = known.as_ref().is_some_and(|k| *k != id || (seen >= 0 && now < seen));
-    if rolled_back && !crate_mutant("sqlite-rollback-unseen") {
+    if rolled_back && !tenure::mutant("sqlite-rollback-unseen") {
         tracing::warn!(
             path = %inner.path.display(),
             "the database went back to an earlier state (a backup restored into it?): nothing is granted or renewed \
@@ -1541,7 +1535,7 @@ fn lock_dir(path: &Path) -> PathBuf {
 fn a_leader_may_live(path: &Path) -> bool {
     let free = std::fs::File::open(lock_dir(path))
         .is_ok_and(|f| rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok());
-    !free && !crate_mutant("sqlite-fresh-file-grants")
+    !free && !tenure::mutant("sqlite-fresh-file-grants")
 }
 
 /// Marks the database, in the caller's transaction, as granting nothing until `until`
@@ -1604,7 +1598,7 @@ fn changed_since(conn: &Connection, cursor: i64, boot_id: &str) -> rusqlite::Res
     // The count went down: the file went back to an earlier state (a backup restored into
     // it). Counted from where it is now; what changed is unknown.
     let now: i64 = conn.prepare_cached("SELECT n FROM tenure_seq")?.query_row([], |r| r.get(0))?;
-    if now < cursor && !crate_mutant("sqlite-watch-keeps-count") {
+    if now < cursor && !tenure::mutant("sqlite-watch-keeps-count") {
         return Ok((None, now));
     }
     let mut stmt = conn.prepare_cached(&CHANGED_SINCE)?;
@@ -1761,7 +1755,7 @@ fn create_fresh(path: &Path) -> Result<(), StoreError> {
     private(&tmp, true).map_err(|e| {
         StoreError::new(ErrorKind::Unauthorized, format!("cannot make the database {}: {e}", path.display()))
     })?;
-    if !crate_mutant("sqlite-stale-log-kept") {
+    if !tenure::mutant("sqlite-stale-log-kept") {
         // Planted, sqlite-stale-log-kept: the new file attaches the old one's log.
         for suffix in ["-wal", "-shm"] {
             let _ = std::fs::remove_file(beside(path, suffix));

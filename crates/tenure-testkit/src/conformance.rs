@@ -122,13 +122,30 @@ cases!(
     alone: [tokens_increase_across_restart, watch_goes_on_after_a_restart],
 );
 
-/// Runs every case against the store `harness` opens, each in its own task: the cases
-/// that leave the store alone all at once (each on elections of its own; most of their
-/// time is waiting for leases to run out), then the [`RESTARTING`] ones one at a time.
-/// Panics at the end, naming every case that failed.
+/// The environment variable that names the cases [`run_all`] runs, separated by commas
+/// (e.g. `TENURE_CONFORMANCE_CASES=several_holders cargo test -p tenure-redis
+/// redis_store_conforms`); unset or empty, it runs all of them.
+pub const CASES_ENV: &str = "TENURE_CONFORMANCE_CASES";
+
+/// Runs every case against the store `harness` opens (or those [`CASES_ENV`] names), each
+/// in its own task: the cases that leave the store alone all at once (each on elections
+/// of its own; most of their time is waiting for leases to run out), then the
+/// [`RESTARTING`] ones one at a time. Panics at the end, naming every case that failed,
+/// and at the start on a name in [`CASES_ENV`] that is no case's.
 pub async fn run_all(harness: impl Harness) {
     let harness: Arc<dyn Harness> = Arc::new(harness);
-    let (alone, together): (Vec<_>, Vec<_>) = table().into_iter().partition(|(name, _)| RESTARTING.contains(name));
+    let wanted: Vec<String> = std::env::var(CASES_ENV)
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(String::from)
+        .collect();
+    if let Some(unknown) = wanted.iter().find(|n| !CASES.contains(&n.as_str())) {
+        panic!("{CASES_ENV} names {unknown:?}, which is no conformance case; the cases: {}", CASES.join(", "));
+    }
+    let chosen = table().into_iter().filter(|(name, _)| wanted.is_empty() || wanted.iter().any(|w| w == name));
+    let (alone, together): (Vec<_>, Vec<_>) = chosen.partition(|(name, _)| RESTARTING.contains(name));
     let mut failed = Vec::new();
     let started: Vec<_> =
         together.into_iter().map(|(name, case)| (name, tokio::spawn(case(harness.clone())))).collect();

@@ -4,7 +4,9 @@
 //! - [`faults`]: the store wrapper that injects failures (the core's, re-exported).
 //! - [`history`]: a checker for recorded histories (invariants I1–I4).
 //! - [`sim`]: the deterministic simulation behind `tenure-sim`.
-//! - [`servers`]: throwaway PostgreSQL, MariaDB, Redis, NATS and etcd servers.
+//! - [`servers`]: throwaway servers from installed binaries: PostgreSQL, MariaDB, Redis,
+//!   NATS, etcd, RabbitMQ, ZooKeeper, and the emulators Azurite, moto (S3, DynamoDB) and
+//!   fake-gcs-server.
 //! - [`scenario`]: the multi-candidate scenario every server store runs.
 //! - [`proxy`]: a TCP proxy that cuts, black-holes or delays traffic.
 //! - [`certs`]: a private certificate authority for TLS tests.

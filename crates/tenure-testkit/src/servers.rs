@@ -192,11 +192,7 @@ fn moto_python(moto_server: &Path) -> Option<PathBuf> {
     ok.then_some(python)
 }
 
-/// Whether the planted bug `name` is switched on (`TENURE_MUTANT=name`), in a build with
-/// the `mutants` feature, for CI to prove that the checks catch it.
-fn mutant(name: &str) -> bool {
-    cfg!(feature = "mutants") && std::env::var("TENURE_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
-}
+use tenure::mutant;
 
 /// Whether tests must fail, rather than skip, when a server binary is missing.
 pub fn servers_required() -> bool {

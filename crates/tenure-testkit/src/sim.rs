@@ -45,6 +45,17 @@ pub enum Mutant {
     ExtraHolder,
 }
 
+impl Mutant {
+    /// Whether this build can plant it. The bugs planted in the runtime itself
+    /// ([`Mutant::DeadlineFromResponse`], [`Mutant::HandOverWithoutSteppingDown`],
+    /// [`Mutant::ExtraHolder`]) exist only with the test kit's `mutants` feature, which its
+    /// own tests turn on; the others are the simulation's and always can.
+    pub fn available(self) -> bool {
+        cfg!(feature = "mutants")
+            || !matches!(self, Mutant::DeadlineFromResponse | Mutant::HandOverWithoutSteppingDown | Mutant::ExtraHolder)
+    }
+}
+
 /// What one seed covered and found.
 #[derive(Clone, Debug)]
 pub struct SeedReport {
@@ -454,9 +465,15 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
             runtime_cfg.max_drift = 0.0;
             runtime_cfg.renew_deadline = runtime_cfg.deadline_offset();
         }
+        #[cfg(feature = "mutants")]
         Some(Mutant::DeadlineFromResponse) => runtime_cfg.mutation_date_from_response = true,
+        #[cfg(feature = "mutants")]
         Some(Mutant::HandOverWithoutSteppingDown) => runtime_cfg.mutation_hand_over_without_stepping_down = true,
+        #[cfg(feature = "mutants")]
         Some(Mutant::ExtraHolder) => runtime_cfg.mutation_extra_holder = true,
+        Some(m) if !m.available() => {
+            panic!("{m:?} is planted in the runtime, which only a build with the test kit's `mutants` feature has")
+        }
         _ => {}
     }
 

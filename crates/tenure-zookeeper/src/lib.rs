@@ -848,11 +848,7 @@ impl ZkStore {
     }
 }
 
-/// Whether the planted bug `name` is switched on (`TENURE_MUTANT=name`), in a build with
-/// the `mutants` feature, for CI to prove its checks catch it.
-fn mutant(name: &str) -> bool {
-    cfg!(feature = "mutants") && std::env::var("TENURE_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
-}
+use tenure::mutant;
 
 /// The store's recursive watch on its path. Only grant nodes, `PATH/ELECTION/grant-N`,
 /// carry leases; a created or changed one is read once here for all its watchers.

@@ -31,7 +31,10 @@ macro_rules! note {
 }
 
 /// Why a leader stepped down.
+///
+/// New variants may come in a minor release: a `match` needs a `_` arm.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum StepDownReason {
     /// Renewal kept failing until the step-down time.
     RenewFailed,
@@ -74,7 +77,10 @@ impl StepDownReason {
 }
 
 /// What an [`Elector`] tells its subscribers.
+///
+/// New variants may come in a minor release: a `match` needs a `_` arm.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Event {
     /// This candidate leads, with this token.
     Elected {
@@ -102,7 +108,10 @@ pub enum BuildError {
 }
 
 /// Errors from waiting on an [`Elector`].
+///
+/// New variants may come in a minor release: a `match` needs a `_` arm.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ElectError {
     /// The elector was shut down (or dropped) before the wait ended.
     #[error("the elector has been shut down")]

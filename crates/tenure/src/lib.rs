@@ -81,8 +81,22 @@ pub use record::{Evict, FencingToken, Leader, LeaseRecord};
 pub use store::{ErrorKind, LeaseStore, StoreError};
 pub use tokio_util::sync::CancellationToken;
 
-/// Whether the planted bug `name` is switched on (`TENURE_MUTANT=name`), in a build with
-/// the `mutants` feature, for CI to prove its checks catch it.
-pub(crate) fn mutant(name: &str) -> bool {
-    cfg!(feature = "mutants") && std::env::var("TENURE_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
+/// Whether the planted bug `name` is switched on (`TENURE_MUTANT=NAME[,NAME…]`), for CI
+/// to prove that the check guarding it catches it; the one switch of every tenure crate.
+/// Only a build with this crate's `mutants` feature has planted bugs: the test builds of
+/// tenure's own workspace, where the test kit turns it on for its tests. Anywhere else it
+/// is `false`, and the code it guards is compiled out. Not part of the API.
+#[doc(hidden)]
+#[cfg(feature = "mutants")]
+pub fn mutant(name: &str) -> bool {
+    std::env::var("TENURE_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
+}
+
+/// Whether the planted bug `name` is switched on: never, in a build without the `mutants`
+/// feature (see the other `mutant`). Not part of the API.
+#[doc(hidden)]
+#[cfg(not(feature = "mutants"))]
+#[inline(always)]
+pub const fn mutant(_name: &str) -> bool {
+    false
 }

@@ -38,8 +38,8 @@ pub struct Candidate {
     /// Its metadata ([`Config::metadata`](crate::Config::metadata)), cut to fit beside
     /// the priority in one lease.
     pub metadata: Vec<u8>,
-    /// What it last said about its health while leading ([`Leadership::set_health`]
-    /// (crate::Leadership::set_health)), if it did.
+    /// What it last said about its health while leading
+    /// ([`Leadership::set_health`](crate::Leadership::set_health)), if it did.
     pub health: Option<Health>,
     /// When it last renewed its presence, where the store keeps the time.
     pub seen_at: Option<SystemTime>,

@@ -249,7 +249,7 @@ async fn contest_member(open: &Opener<'_>, s: &Settings, run: &str) -> Result<(V
             match ev {
                 Event::SteppedDown { .. } => lost += 1,
                 Event::LeaderChanged(_) => changed += 1,
-                Event::Elected { .. } => {}
+                _ => {}
             }
         }
     }

@@ -41,19 +41,27 @@ fn parse() -> Result<Args, String> {
                 a.cfg.duration = humantime_lite(&value()?).ok_or("--duration takes seconds, e.g. 60s")?;
             }
             "--mutant" => {
-                a.cfg.mutant = Some(match value()?.as_str() {
+                let m = match value()?.as_str() {
                     "zero-margin" => Mutant::ZeroSafetyMargin,
                     "deadline-from-response" => Mutant::DeadlineFromResponse,
                     "renew-without-cas" => Mutant::RenewWithoutCas,
                     "monotonic-deadlines" => Mutant::MonotonicDeadlines,
                     "refusal-is-fatal" => Mutant::RefusalIsFatal,
                     "hand-over-without-stepping-down" => Mutant::HandOverWithoutSteppingDown,
+                    "extra-holder" => Mutant::ExtraHolder,
                     other => {
                         return Err(format!(
-                            "unknown mutant {other:?}; one of zero-margin, deadline-from-response, renew-without-cas, monotonic-deadlines, refusal-is-fatal, hand-over-without-stepping-down"
+                            "unknown mutant {other:?}; one of zero-margin, deadline-from-response, renew-without-cas, monotonic-deadlines, refusal-is-fatal, hand-over-without-stepping-down, extra-holder"
                         ));
                     }
-                })
+                };
+                if !m.available() {
+                    return Err(format!(
+                        "{m:?} is planted in the runtime, which this build lacks; build with \
+                         `cargo build -p tenure-testkit --features mutants --bin tenure-sim`"
+                    ));
+                }
+                a.cfg.mutant = Some(m);
             }
             "--trace" => {
                 a.cfg.trace_calls = true;
@@ -63,7 +71,7 @@ fn parse() -> Result<Args, String> {
             "--log" => a.cfg.keep_log = true,
             "-h" | "--help" => {
                 return Err("usage: tenure-sim [--seeds N] [--first-seed S] [--duration 60s] [--threads T] \
-                            [--mutant zero-margin|deadline-from-response|renew-without-cas|monotonic-deadlines|refusal-is-fatal|hand-over-without-stepping-down] [-v] [--log] [--trace]"
+                            [--mutant zero-margin|deadline-from-response|renew-without-cas|monotonic-deadlines|refusal-is-fatal|hand-over-without-stepping-down|extra-holder] [-v] [--log] [--trace]"
                     .into());
             }
             other => return Err(format!("unknown argument {other:?}; see --help")),
