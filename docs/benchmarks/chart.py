@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Draws docs/benchmarks/takeover.svg from the JSON reports next to it, and prints the
-figures as Markdown tables (for docs/benchmarks.md)."""
+figures as Markdown tables (for docs/benchmarks/archive.md, and the current figures in docs/benchmarks.md)."""
 import json
 import pathlib
 

@@ -751,10 +751,19 @@ fn holders_on(url: String, ttl: &str, bound: Duration) {
     let (_, mut killed_run) = runs.remove(i);
     let killed = wall_ns();
     killed_run.kill().unwrap();
-    let next = wait_starts(&log, 3, bound + Duration::from_secs(7)).remove(2);
+    // The first start at the freed index. (On a loaded host the other holder may lose its
+    // term meanwhile, and its own index be taken again first: that start is not this one.)
+    let freed = index_of(victim);
+    let give_up = Instant::now() + bound + Duration::from_secs(7);
+    let next = loop {
+        if let Some(l) = starts(&log).into_iter().skip(2).find(|l| index_of(l) == freed) {
+            break l;
+        }
+        assert!(Instant::now() < give_up, "index {freed} was not taken again: {:?}", starts(&log));
+        std::thread::sleep(Duration::from_millis(50));
+    };
     let took = Duration::from_nanos(next.ns.saturating_sub(killed));
-    assert!(took <= bound, "the killed holder was replaced {took:?} after the kill");
-    assert_eq!(index_of(&next), index_of(victim), "the freed index was taken again");
+    assert!(took <= bound, "the killed holder's index was taken again {took:?} after the kill");
     assert!(next.token > victim.token, "under a larger token");
     // No single leader to evict: evict names the holders' slots instead, and does nothing.
     let out = env.tenure(&["evict", "jobs/pool", "--yes"]);

@@ -9,67 +9,27 @@ use tenure::store::{Acquire, AcquireRequest, Renew};
 use tenure::{ElectionName, ErrorKind, HolderId, LeaseStore};
 use tenure_etcd::EtcdStore;
 use tenure_testkit::conformance::{self, Harness};
-use tenure_testkit::proxy::{Mode, Proxy};
-use tenure_testkit::scenario::{self, ScenarioHarness};
-use tenure_testkit::servers::{self, Kind, Server};
+use tenure_testkit::harness::{Opener, Served};
+use tenure_testkit::proxy::Mode;
+use tenure_testkit::scenario;
+use tenure_testkit::servers::{self, Kind};
 
-struct Etcd {
-    server: Mutex<Server>,
-    /// Clients reach the server through this proxy, so a test can cut their connections.
-    proxy: Proxy,
-}
-
-impl Etcd {
-    fn launch() -> Option<Self> {
-        let server = servers::launch(Kind::Etcd)?;
-        let proxy = Proxy::start(("127.0.0.1", server.port())).unwrap();
-        Some(Self { server: Mutex::new(server), proxy })
-    }
-
-    fn url(&self) -> String {
-        format!("etcd://127.0.0.1:{}", self.proxy.port())
-    }
-}
-
-#[async_trait::async_trait]
-impl Harness for Etcd {
-    async fn open(&self) -> Arc<dyn LeaseStore> {
-        Arc::new(EtcdStore::connect(&self.url()).await.unwrap())
-    }
-    async fn restart(&self) -> bool {
-        self.server.lock().unwrap().restart();
-        true
-    }
-    /// etcd leases count whole seconds and last at least two with default settings.
-    fn short_ttl(&self) -> Duration {
-        Duration::from_secs(2)
-    }
-}
-
-#[async_trait::async_trait]
-impl ScenarioHarness for Etcd {
-    async fn open(&self) -> Arc<dyn LeaseStore> {
-        Harness::open(self).await
-    }
-    async fn kill_connections(&self) {
-        self.proxy.set(Mode::Cut);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        self.proxy.set(Mode::Pass);
-    }
-    async fn restart(&self) {
-        self.server.lock().unwrap().restart();
-    }
+/// A throwaway etcd behind a proxy. Its leases count whole seconds and last at least two
+/// with default settings, hence the expiry cases' TTL.
+fn etcd() -> Option<Served> {
+    let open: Opener = |url| Box::pin(async move { Arc::new(EtcdStore::connect(&url).await.unwrap()) as _ });
+    Some(Served::behind_proxy(Kind::Etcd, open)?.short_ttl(Duration::from_secs(2)))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_store_conforms() {
-    let Some(etcd) = Etcd::launch() else { return };
+    let Some(etcd) = etcd() else { return };
     conformance::run_all(etcd).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_candidates_survive_killed_connections_and_a_restart() {
-    let Some(etcd) = Etcd::launch() else { return };
+    let Some(etcd) = etcd() else { return };
     // etcd looks for expired leases every 500 ms, so a takeover can lag the TTL by that much.
     let r = scenario::multi_candidate(&etcd, Duration::from_secs(2), Duration::from_millis(1000)).await;
     eprintln!("etcd scenario: {} terms, takeover {:?} after the leader was cut off", r.terms, r.takeover);
@@ -96,7 +56,7 @@ fn leases(url: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_process_holds_many_elections_on_one_etcd_lease() {
-    let Some(etcd) = Etcd::launch() else { return };
+    let Some(etcd) = etcd() else { return };
     let store = EtcdStore::connect(&etcd.url()).await.unwrap();
     let ttl = Duration::from_secs(3);
     let holder = HolderId::new("many").unwrap();
@@ -122,14 +82,14 @@ async fn one_process_holds_many_elections_on_one_etcd_lease() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_connection_is_retryable_and_heals_without_a_restart() {
-    let Some(etcd) = Etcd::launch() else { return };
+    let Some(etcd) = etcd() else { return };
     let store = EtcdStore::connect(&etcd.url()).await.unwrap();
     let e = ElectionName::new("heal").unwrap();
     assert_eq!(store.get(&e).await.unwrap(), None);
-    etcd.proxy.set(Mode::Cut);
+    etcd.proxy().unwrap().set(Mode::Cut);
     let err = store.get(&e).await.unwrap_err();
     assert!(err.is_retryable(), "{err}");
-    etcd.proxy.set(Mode::Pass);
+    etcd.proxy().unwrap().set(Mode::Pass);
     let mut ok = false;
     for _ in 0..100 {
         if store.get(&e).await.is_ok() {
@@ -169,7 +129,7 @@ async fn an_unreachable_server_is_a_retryable_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_whose_release_failed_is_not_kept_alive_by_other_renewals() {
-    let Some(etcd) = Etcd::launch() else { return };
+    let Some(etcd) = etcd() else { return };
     let store = EtcdStore::connect(&etcd.url()).await.unwrap();
     let ttl = Duration::from_secs(2);
     let holder = HolderId::new("p").unwrap();
@@ -178,10 +138,10 @@ async fn a_key_whose_release_failed_is_not_kept_alive_by_other_renewals() {
     let Acquire::Acquired(mut kept) = store.try_acquire(&grab("abandoned/kept")).await.unwrap() else { panic!() };
     // The release of one election fails (the connection is cut); this process goes on
     // leading the other, and its renewals keep the process's shared etcd lease alive.
-    etcd.proxy.set(Mode::Cut);
+    etcd.proxy().unwrap().set(Mode::Cut);
     assert!(store.release(&left).await.is_err(), "the release went through a cut connection");
-    etcd.proxy.set(Mode::Pass);
-    let other = EtcdStore::connect(&format!("etcd://127.0.0.1:{}", etcd.server.lock().unwrap().port())).await.unwrap();
+    etcd.proxy().unwrap().set(Mode::Pass);
+    let other = EtcdStore::connect(&format!("etcd://127.0.0.1:{}", etcd.server().port())).await.unwrap();
     let t0 = std::time::Instant::now();
     loop {
         if let Ok(Renew::Renewed(r)) = store.renew(&kept, ttl).await {
@@ -201,9 +161,9 @@ async fn a_key_whose_release_failed_is_not_kept_alive_by_other_renewals() {
 }
 
 /// How many transactions the server has handled, from its metrics.
-fn transactions(etcd: &Etcd) -> u64 {
+fn transactions(etcd: &Served) -> u64 {
     use std::io::{Read, Write};
-    let port = etcd.server.lock().unwrap().port();
+    let port = etcd.server().port();
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     write!(s, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").unwrap();
     let mut body = String::new();
@@ -216,7 +176,7 @@ fn transactions(etcd: &Etcd) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn releases_go_in_batches_and_failed_ones_cost_other_calls_little() {
-    let Some(etcd) = Etcd::launch() else { return };
+    let Some(etcd) = etcd() else { return };
     let store = EtcdStore::connect(&etcd.url()).await.unwrap();
     let ttl = Duration::from_secs(10);
     let p = HolderId::new("p").unwrap();
@@ -237,9 +197,9 @@ async fn releases_go_in_batches_and_failed_ones_cost_other_calls_little() {
     // 200 releases fail (the connection is cut). The next call, of another election,
     // starts a sweep of them in the background, 100 a transaction, and nothing fails
     // because of them.
-    etcd.proxy.set(Mode::Cut);
+    etcd.proxy().unwrap().set(Mode::Cut);
     assert!(store.release_many(later).await.iter().all(Result::is_err), "releases through a cut connection");
-    etcd.proxy.set(Mode::Pass);
+    etcd.proxy().unwrap().set(Mode::Pass);
     let fresh = AcquireRequest::new(ElectionName::new("fresh").unwrap(), p.clone(), ttl);
     let before = transactions(&etcd);
     let mut calls = 0;
@@ -334,21 +294,23 @@ impl Cluster {
 }
 
 #[async_trait::async_trait]
-impl ScenarioHarness for Cluster {
+impl Harness for Cluster {
     async fn open(&self) -> Arc<dyn LeaseStore> {
         Arc::new(EtcdStore::connect(&self.url()).await.unwrap())
     }
-    async fn kill_connections(&self) {
+    async fn kill_connections(&self) -> bool {
         let i = self.next.fetch_add(1, std::sync::atomic::Ordering::SeqCst) % 3;
         let mut c = self.cluster.lock().unwrap();
         c.members[i].kill();
         c.members[i].start();
+        true
     }
-    async fn restart(&self) {
+    async fn restart(&self) -> bool {
         let mut c = self.cluster.lock().unwrap();
         for m in c.members.iter_mut() {
             m.restart();
         }
+        true
     }
 }
 

@@ -1,72 +1,50 @@
 //! The MySQL/MariaDB store against a throwaway MariaDB server: the conformance suite
 //! (restarts included), the multi-candidate scenario, and clear errors.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::Row;
 use tenure::{ElectionName, ErrorKind, LeaseStore};
 use tenure_mysql::MysqlStore;
-use tenure_testkit::conformance::{self, Harness};
-use tenure_testkit::scenario::{self, ScenarioHarness};
-use tenure_testkit::servers::{self, Kind, Server};
+use tenure_testkit::conformance;
+use tenure_testkit::harness::Served;
+use tenure_testkit::scenario;
+use tenure_testkit::servers::{self, Kind};
 
-struct My {
-    server: Mutex<Server>,
-    url: String,
-}
-
-impl My {
-    fn launch() -> Option<Self> {
-        let server = servers::launch(Kind::MariaDb)?;
-        let url = server.url();
-        Some(Self { server: Mutex::new(server), url })
-    }
-}
-
-#[async_trait::async_trait]
-impl Harness for My {
-    async fn open(&self) -> Arc<dyn LeaseStore> {
-        Arc::new(MysqlStore::connect(&self.url).await.unwrap())
-    }
-    async fn restart(&self) -> bool {
-        self.server.lock().unwrap().restart();
-        true
-    }
-}
-
-#[async_trait::async_trait]
-impl ScenarioHarness for My {
-    async fn open(&self) -> Arc<dyn LeaseStore> {
-        Harness::open(self).await
-    }
-    async fn kill_connections(&self) {
-        let pool = sqlx::MySqlPool::connect(&self.url).await.unwrap();
-        let rows =
-            sqlx::query("SELECT id FROM information_schema.processlist WHERE id <> CONNECTION_ID() AND user = 'root'")
+/// A throwaway MariaDB server; the scenario's connections are cut by the server.
+fn my() -> Option<Served> {
+    Served::direct(
+        Kind::MariaDb,
+        |url| Box::pin(async move { Arc::new(MysqlStore::connect(&url).await.unwrap()) as _ }),
+        |url| {
+            Box::pin(async move {
+                let pool = sqlx::MySqlPool::connect(&url).await.unwrap();
+                let rows = sqlx::query(
+                    "SELECT id FROM information_schema.processlist WHERE id <> CONNECTION_ID() AND user = 'root'",
+                )
                 .fetch_all(&pool)
                 .await
                 .unwrap();
-        for r in rows {
-            let id: i64 = r.get("id");
-            let _ = sqlx::query(sqlx::AssertSqlSafe(format!("KILL {id}"))).execute(&pool).await;
-        }
-        pool.close().await;
-    }
-    async fn restart(&self) {
-        self.server.lock().unwrap().restart();
-    }
+                for r in rows {
+                    let id: i64 = r.get("id");
+                    let _ = sqlx::query(sqlx::AssertSqlSafe(format!("KILL {id}"))).execute(&pool).await;
+                }
+                pool.close().await;
+            })
+        },
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_store_conforms() {
-    let Some(my) = My::launch() else { return };
+    let Some(my) = my() else { return };
     conformance::run_all(my).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_candidates_survive_killed_connections_and_a_restart() {
-    let Some(my) = My::launch() else { return };
+    let Some(my) = my() else { return };
     let r = scenario::multi_candidate(&my, Duration::from_secs(2), Duration::from_millis(500)).await;
     eprintln!("mysql scenario: {} terms, takeover {:?} after the leader was cut off", r.terms, r.takeover);
 }
@@ -94,15 +72,15 @@ async fn an_unreachable_server_is_a_retryable_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_only_server_is_retried_and_served_again() {
-    let Some(my) = My::launch() else { return };
+    let Some(my) = my() else { return };
     // read_only binds users without the privilege to ignore it: a user as applications have.
-    let admin = sqlx::MySqlPool::connect(&my.url).await.unwrap();
+    let admin = sqlx::MySqlPool::connect(&my.url()).await.unwrap();
     for q in
         ["CREATE USER 'app'@'127.0.0.1' IDENTIFIED BY 'app-pw'", "GRANT ALL PRIVILEGES ON mysql.* TO 'app'@'127.0.0.1'"]
     {
         sqlx::query(q).execute(&admin).await.unwrap();
     }
-    let app = my.url.replacen("root@", "app:app-pw@", 1);
+    let app = my.url().replacen("root@", "app:app-pw@", 1);
     let store = MysqlStore::connect(&app).await.unwrap();
     let req = tenure::store::AcquireRequest::new(
         ElectionName::new("ro/x").unwrap(),

@@ -3,87 +3,50 @@
 //! check against the bucket's max-age, and clear errors for bad passwords and
 //! unreachable servers.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tenure::store::{Acquire, AcquireRequest};
 use tenure::{ElectionName, ErrorKind, HolderId, LeaseStore};
 use tenure_nats::NatsStore;
-use tenure_testkit::conformance::{self, Harness};
-use tenure_testkit::proxy::{Mode, Proxy};
-use tenure_testkit::scenario::{self, ScenarioHarness};
-use tenure_testkit::servers::{self, Kind, Server};
+use tenure_testkit::conformance;
+use tenure_testkit::harness::{Opener, Served};
+use tenure_testkit::scenario;
+use tenure_testkit::servers::{self, Kind};
 
 /// The bucket's max-age in the conformance run: every lease there has this TTL.
 const BUCKET_TTL: Duration = Duration::from_secs(3);
 
-struct Nats {
-    server: Mutex<Server>,
-    /// Clients reach the server through this proxy, so a test can cut their connections.
-    proxy: Proxy,
+/// A throwaway nats-server behind a proxy; stores open the bucket `leases`, whose
+/// max-age makes every lease there last [`BUCKET_TTL`].
+fn nats() -> Option<Served> {
+    let open: Opener =
+        |url| Box::pin(async move { Arc::new(NatsStore::connect(&format!("{url}/leases")).await.unwrap()) as _ });
+    Some(Served::behind_proxy(Kind::Nats, open)?.short_ttl(BUCKET_TTL).long_ttl(BUCKET_TTL))
 }
 
-impl Nats {
-    fn launch() -> Option<Self> {
-        let server = servers::launch(Kind::Nats)?;
-        let proxy = Proxy::start(("127.0.0.1", server.port())).unwrap();
-        Some(Self { server: Mutex::new(server), proxy })
-    }
-
-    fn url(&self, bucket: &str) -> String {
-        format!("nats://127.0.0.1:{}/{bucket}", self.proxy.port())
-    }
-}
-
-#[async_trait::async_trait]
-impl Harness for Nats {
-    async fn open(&self) -> Arc<dyn LeaseStore> {
-        Arc::new(NatsStore::connect(&self.url("conformance")).await.unwrap())
-    }
-    async fn restart(&self) -> bool {
-        self.server.lock().unwrap().restart();
-        true
-    }
-    fn short_ttl(&self) -> Duration {
-        BUCKET_TTL
-    }
-    fn long_ttl(&self) -> Duration {
-        BUCKET_TTL
-    }
-}
-
-#[async_trait::async_trait]
-impl ScenarioHarness for Nats {
-    async fn open(&self) -> Arc<dyn LeaseStore> {
-        Arc::new(NatsStore::connect(&self.url("scenario")).await.unwrap())
-    }
-    async fn kill_connections(&self) {
-        self.proxy.set(Mode::Cut);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        self.proxy.set(Mode::Pass);
-    }
-    async fn restart(&self) {
-        self.server.lock().unwrap().restart();
-    }
+/// The URL of `bucket` on the server of `h`, through its proxy.
+fn bucket_url(h: &Served, bucket: &str) -> String {
+    format!("{}/{bucket}", h.url())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_store_conforms() {
-    let Some(nats) = Nats::launch() else { return };
+    let Some(nats) = nats() else { return };
     conformance::run_all(nats).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_candidates_survive_killed_connections_and_a_restart() {
-    let Some(nats) = Nats::launch() else { return };
+    let Some(nats) = nats() else { return };
     let r = scenario::multi_candidate(&nats, Duration::from_secs(2), Duration::from_millis(500)).await;
     eprintln!("nats scenario: {} terms, takeover {:?} after the leader was cut off", r.terms, r.takeover);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ttl_other_than_the_buckets_is_refused_and_writes_nothing() {
-    let Some(nats) = Nats::launch() else { return };
-    let store = NatsStore::connect(&nats.url("ttl")).await.unwrap();
+    let Some(nats) = nats() else { return };
+    let store = NatsStore::connect(&bucket_url(&nats, "ttl")).await.unwrap();
     let e = ElectionName::new("ttl/check").unwrap();
     let a = HolderId::new("a").unwrap();
     // The first acquire creates the bucket with its TTL.
@@ -91,7 +54,7 @@ async fn a_ttl_other_than_the_buckets_is_refused_and_writes_nothing() {
         Acquire::Acquired(l) => l,
         Acquire::Held(r) => panic!("held by {}", r.holder),
     };
-    let other = NatsStore::connect(&nats.url("ttl")).await.unwrap();
+    let other = NatsStore::connect(&bucket_url(&nats, "ttl")).await.unwrap();
     let b = HolderId::new("b").unwrap();
     let err = other.try_acquire(&AcquireRequest::new(e.clone(), b, Duration::from_secs(7))).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Invalid, "{err}");
@@ -104,13 +67,13 @@ async fn a_ttl_other_than_the_buckets_is_refused_and_writes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_before_the_bucket_exists_find_nothing_and_create_nothing() {
-    let Some(nats) = Nats::launch() else { return };
-    let store = NatsStore::connect(&nats.url("later")).await.unwrap();
+    let Some(nats) = nats() else { return };
+    let store = NatsStore::connect(&bucket_url(&nats, "later")).await.unwrap();
     let e = ElectionName::new("x").unwrap();
     assert_eq!(store.get(&e).await.unwrap(), None);
     assert!(store.list("").await.unwrap().is_empty());
     assert_eq!(store.evict(&e, tenure::Evict::Now).await.unwrap(), None);
-    let client = async_nats::connect(format!("127.0.0.1:{}", nats.proxy.port())).await.unwrap();
+    let client = async_nats::connect(format!("127.0.0.1:{}", nats.proxy().unwrap().port())).await.unwrap();
     let js = async_nats::jetstream::new(client);
     assert!(js.get_stream("KV_later").await.is_err(), "a read created the bucket");
 }

@@ -2,70 +2,47 @@
 //! included), the multi-candidate scenario, and clear errors for bad credentials and
 //! unreachable servers.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tenure::{ElectionName, ErrorKind, LeaseStore};
 use tenure_postgres::PostgresStore;
-use tenure_testkit::conformance::{self, Harness};
-use tenure_testkit::scenario::{self, ScenarioHarness};
-use tenure_testkit::servers::{self, Kind, Server};
+use tenure_testkit::conformance;
+use tenure_testkit::harness::Served;
+use tenure_testkit::scenario;
+use tenure_testkit::servers::{self, Kind};
 use tokio_stream::StreamExt;
 
-struct Pg {
-    server: Mutex<Server>,
-    url: String,
-}
-
-impl Pg {
-    fn launch() -> Option<Self> {
-        let server = servers::launch(Kind::Postgres)?;
-        let url = server.url();
-        Some(Self { server: Mutex::new(server), url })
-    }
-}
-
-#[async_trait::async_trait]
-impl Harness for Pg {
-    async fn open(&self) -> Arc<dyn LeaseStore> {
-        Arc::new(PostgresStore::connect(&self.url).await.unwrap())
-    }
-    async fn restart(&self) -> bool {
-        self.server.lock().unwrap().restart();
-        true
-    }
-}
-
-#[async_trait::async_trait]
-impl ScenarioHarness for Pg {
-    async fn open(&self) -> Arc<dyn LeaseStore> {
-        Harness::open(self).await
-    }
-    async fn kill_connections(&self) {
-        let pool = sqlx::PgPool::connect(&self.url).await.unwrap();
-        sqlx::query(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-             WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'",
-        )
-        .execute(&pool)
-        .await
-        .unwrap();
-        pool.close().await;
-    }
-    async fn restart(&self) {
-        self.server.lock().unwrap().restart();
-    }
+/// A throwaway PostgreSQL server; the scenario's connections are cut by the server.
+fn pg() -> Option<Served> {
+    Served::direct(
+        Kind::Postgres,
+        |url| Box::pin(async move { Arc::new(PostgresStore::connect(&url).await.unwrap()) as _ }),
+        |url| {
+            Box::pin(async move {
+                let pool = sqlx::PgPool::connect(&url).await.unwrap();
+                sqlx::query(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                     WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'",
+                )
+                .execute(&pool)
+                .await
+                .unwrap();
+                pool.close().await;
+            })
+        },
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_store_conforms() {
-    let Some(pg) = Pg::launch() else { return };
+    let Some(pg) = pg() else { return };
     conformance::run_all(pg).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_candidates_survive_killed_connections_and_a_restart() {
-    let Some(pg) = Pg::launch() else { return };
+    let Some(pg) = pg() else { return };
     let r = scenario::multi_candidate(&pg, Duration::from_secs(2), Duration::from_millis(500)).await;
     eprintln!("postgres scenario: {} terms, takeover {:?} after the leader was cut off", r.terms, r.takeover);
 }
@@ -97,8 +74,8 @@ async fn an_unreachable_server_is_a_retryable_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_only_server_is_retried_and_served_again() {
-    let Some(pg) = Pg::launch() else { return };
-    let store = PostgresStore::connect(&pg.url).await.unwrap();
+    let Some(pg) = pg() else { return };
+    let store = PostgresStore::connect(&pg.url()).await.unwrap();
     let req = tenure::store::AcquireRequest::new(
         ElectionName::new("ro/x").unwrap(),
         tenure::HolderId::new("a").unwrap(),
@@ -108,7 +85,7 @@ async fn a_read_only_server_is_retried_and_served_again() {
         panic!("not acquired")
     };
     // What a standby does after a failover, or an operator fencing the old primary.
-    let admin = sqlx::PgPool::connect(&pg.url).await.unwrap();
+    let admin = sqlx::PgPool::connect(&pg.url()).await.unwrap();
     let read_only = |on: bool| {
         let admin = admin.clone();
         async move {
@@ -152,10 +129,10 @@ async fn a_read_only_server_is_retried_and_served_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_to_a_vanished_server_do_not_hold_the_pools() {
     use tenure_testkit::proxy::{Mode, Proxy};
-    let Some(pg) = Pg::launch() else { return };
-    let port = pg.server.lock().unwrap().port();
+    let Some(pg) = pg() else { return };
+    let port = pg.server().port();
     let proxy = Proxy::start(("127.0.0.1", port)).unwrap();
-    let url = pg.url.replace(&format!(":{port}/"), &format!(":{}/", proxy.port()));
+    let url = pg.url().replace(&format!(":{port}/"), &format!(":{}/", proxy.port()));
     let store = PostgresStore::connect(&url).await.unwrap();
     let name = ElectionName::new("vanish/x").unwrap();
     let req =
@@ -249,7 +226,7 @@ async fn connections_to_a_vanished_server_do_not_hold_the_pools() {
     // The watch's LISTEN connection was stranded too, and a LISTEN sends nothing while it
     // waits: a quiet feed is asked to answer a statement, found out, and opened again, so
     // a release is heard (not only, much later, its expiry).
-    let direct = PostgresStore::connect(&pg.url).await.unwrap();
+    let direct = PostgresStore::connect(&pg.url()).await.unwrap();
     direct.release(&held).await.unwrap();
     let heard = tokio::time::timeout(Duration::from_secs(20), async {
         while let Some(event) = watch.next().await {
@@ -273,10 +250,10 @@ async fn connections_to_a_vanished_server_do_not_hold_the_pools() {
 /// 2,000 are made live after; the batch must be read once and every lease renewed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewal_batch_is_read_once_however_stale_the_statistics() {
-    let Some(pg) = Pg::launch() else { return };
-    let store = PostgresStore::connect(&format!("{}?table=stale_stats", pg.url)).await.unwrap();
+    let Some(pg) = pg() else { return };
+    let store = PostgresStore::connect(&format!("{}?table=stale_stats", pg.url())).await.unwrap();
     store.ensure_schema().await.unwrap();
-    let pool = sqlx::PgPool::connect(&pg.url).await.unwrap();
+    let pool = sqlx::PgPool::connect(&pg.url()).await.unwrap();
     sqlx::raw_sql(
         "ALTER TABLE stale_stats SET (autovacuum_enabled = false);
          ALTER TABLE stale_stats DISABLE TRIGGER stale_stats_notify;
@@ -338,8 +315,8 @@ async fn a_renewal_batch_is_read_once_however_stale_the_statistics() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_batch_does_not_shorten_a_renewal_made_after_it_began() {
     use tenure::store::{Acquire, AcquireRequest, Renew};
-    let Some(pg) = Pg::launch() else { return };
-    let store = PostgresStore::connect(&pg.url).await.unwrap();
+    let Some(pg) = pg() else { return };
+    let store = PostgresStore::connect(&pg.url()).await.unwrap();
     let ttl = Duration::from_secs(60);
     let holder = tenure::HolderId::new("a").unwrap();
     let mut held = Vec::new();
@@ -348,7 +325,7 @@ async fn a_late_batch_does_not_shorten_a_renewal_made_after_it_began() {
         let Acquire::Acquired(l) = store.try_acquire(&req).await.unwrap() else { panic!("not acquired") };
         held.push(l);
     }
-    let pool = sqlx::PgPool::connect(&pg.url).await.unwrap();
+    let pool = sqlx::PgPool::connect(&pg.url()).await.unwrap();
     let expiry = async |name: &str| -> f64 {
         sqlx::query_scalar("SELECT extract(epoch FROM expires_at)::float8 FROM tenure_leases WHERE election = $1")
             .bind(name)

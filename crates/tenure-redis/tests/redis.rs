@@ -2,71 +2,50 @@
 //! suite (a restart loses every key, and tokens must still grow), the multi-candidate
 //! scenario, and clear errors for bad passwords and unreachable servers.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tenure::store::AcquireRequest;
 use tenure::{ElectionName, ErrorKind, HolderId, LeaseStore};
 use tenure_redis::RedisStore;
-use tenure_testkit::conformance::{self, Harness};
-use tenure_testkit::scenario::{self, ScenarioHarness};
-use tenure_testkit::servers::{self, Kind, Server};
+use tenure_testkit::conformance;
+use tenure_testkit::harness::{Killer, Opener, Served};
+use tenure_testkit::scenario;
+use tenure_testkit::servers::{self, Kind};
 
-struct R {
-    server: Mutex<Server>,
-    url: String,
+/// A throwaway Redis without persistence: a restart loses every key, the token counters
+/// included. The scenario's connections are cut by `CLIENT KILL`.
+fn redis(open: Opener) -> Option<Served> {
+    let kill: Killer = |url| {
+        Box::pin(async move {
+            let client = redis::Client::open(url.as_str()).unwrap();
+            let mut c = client.get_multiplexed_async_connection().await.unwrap();
+            let _: redis::Value =
+                redis::cmd("CLIENT").arg("KILL").arg("SKIPME").arg("yes").query_async(&mut c).await.unwrap();
+        })
+    };
+    Some(Served::direct(Kind::Redis, open, kill)?.not_durable())
 }
 
-impl R {
-    fn launch() -> Option<Self> {
-        let server = servers::launch(Kind::Redis)?;
-        let url = server.url();
-        Some(Self { server: Mutex::new(server), url })
-    }
-}
+/// A store with the restart guard off: the conformance suite uses a fresh election per
+/// case, and the guard would hold each one back a TTL.
+const GUARD_OFF: Opener = |url| {
+    Box::pin(async move { Arc::new(RedisStore::connect(&format!("{url}?restart_guard=off")).await.unwrap()) as _ })
+};
 
-#[async_trait::async_trait]
-impl Harness for R {
-    async fn open(&self) -> Arc<dyn LeaseStore> {
-        // The suite uses a fresh election per case; the guard would hold each one back a TTL.
-        Arc::new(RedisStore::connect(&format!("{}?restart_guard=off", self.url)).await.unwrap())
-    }
-    async fn restart(&self) -> bool {
-        // Without persistence: the restart loses every key, the token counters included.
-        self.server.lock().unwrap().restart();
-        true
-    }
-    fn durable(&self) -> bool {
-        false
-    }
-}
-
-#[async_trait::async_trait]
-impl ScenarioHarness for R {
-    async fn open(&self) -> Arc<dyn LeaseStore> {
-        // The scenario restarts the server without persistence: the guard must be on.
-        Arc::new(RedisStore::connect(&self.url).await.unwrap())
-    }
-    async fn kill_connections(&self) {
-        let client = redis::Client::open(self.url.as_str()).unwrap();
-        let mut c = client.get_multiplexed_async_connection().await.unwrap();
-        let _: redis::Value =
-            redis::cmd("CLIENT").arg("KILL").arg("SKIPME").arg("yes").query_async(&mut c).await.unwrap();
-    }
-    async fn restart(&self) {
-        self.server.lock().unwrap().restart();
-    }
-}
+/// A store with the restart guard on, as the scenario needs: it restarts the server,
+/// which comes back without its keys.
+const GUARDED: Opener = |url| Box::pin(async move { Arc::new(RedisStore::connect(&url).await.unwrap()) as _ });
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_store_conforms() {
-    let Some(r) = R::launch() else { return };
+    let Some(r) = redis(GUARD_OFF) else { return };
     conformance::run_all(r).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_candidates_survive_killed_connections_and_a_restart() {
-    let Some(r) = R::launch() else { return };
+    let Some(r) = redis(GUARDED) else { return };
     let report = scenario::multi_candidate(&r, Duration::from_secs(2), Duration::from_millis(500)).await;
     eprintln!("redis scenario: {} terms, takeover {:?} after the leader was cut off", report.terms, report.takeover);
 }
@@ -196,8 +175,8 @@ async fn admin(url: &str, args: &[&str]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_a_failover_or_a_full_server_can_clear_are_retried() {
-    let Some(r) = R::launch() else { return };
-    let store = RedisStore::connect(&format!("{}?restart_guard=off", r.url)).await.unwrap();
+    let Some(r) = redis(GUARD_OFF) else { return };
+    let store = RedisStore::connect(&format!("{}?restart_guard=off", r.url())).await.unwrap();
     let req = |n: &str| AcquireRequest {
         election: ElectionName::new(n).unwrap(),
         holder: HolderId::new("a").unwrap(),
@@ -216,16 +195,16 @@ async fn refusals_a_failover_or_a_full_server_can_clear_are_retried() {
     ];
     for (i, (set, clear, code)) in faults.iter().enumerate() {
         if *code == "OOM" {
-            admin(&r.url, &["CONFIG", "SET", "maxmemory-policy", "noeviction"]).await;
+            admin(&r.url(), &["CONFIG", "SET", "maxmemory-policy", "noeviction"]).await;
         }
         let name = format!("refused/{i}");
         let tenure::store::Acquire::Acquired(lease) = store.try_acquire(&req(&name)).await.unwrap() else { panic!() };
-        admin(&r.url, set).await;
+        admin(&r.url(), set).await;
         let err = store.renew(&lease, Duration::from_secs(5)).await.expect_err(code);
         assert!(err.kind().is_retryable(), "{code}: {err:?} must be retried, not end the campaign");
         let chain = format!("{err}: {:?}", std::error::Error::source(&err));
         assert!(chain.to_lowercase().contains(&code.to_lowercase()), "{chain}");
-        admin(&r.url, clear).await;
+        admin(&r.url(), clear).await;
         let renewed = store.renew(&lease, Duration::from_secs(5)).await;
         assert!(matches!(renewed, Ok(tenure::store::Renew::Renewed(_))), "{code} cleared: {renewed:?}");
     }
@@ -233,10 +212,10 @@ async fn refusals_a_failover_or_a_full_server_can_clear_are_retried() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restored_snapshot_cannot_revive_an_old_term() {
-    let Some(r) = R::launch() else { return };
+    let Some(r) = redis(GUARD_OFF) else { return };
     let ttl = Duration::from_secs(3);
-    let a = RedisStore::connect(&r.url).await.unwrap();
-    let b = RedisStore::connect(&r.url).await.unwrap();
+    let a = RedisStore::connect(&r.url()).await.unwrap();
+    let b = RedisStore::connect(&r.url()).await.unwrap();
     let election = ElectionName::new("restored/x").unwrap();
     let req = |h: &str| AcquireRequest::new(election.clone(), HolderId::new(h).unwrap(), ttl);
     // A fresh server grants nothing for one TTL (the restart guard).
@@ -252,15 +231,15 @@ async fn a_restored_snapshot_cannot_revive_an_old_term() {
     };
     let old = grant(a.clone(), req("a")).await;
     // A snapshot while a leads; then a hands over to b.
-    admin(&r.url, &["SAVE"]).await;
-    let data = r.server.lock().unwrap().data_dir();
+    admin(&r.url(), &["SAVE"]).await;
+    let data = r.server().data_dir();
     std::fs::copy(data.join("dump.rdb"), data.join("snapshot.rdb")).unwrap();
     a.release(&old).await.unwrap();
     let new = grant(b.clone(), req("b")).await;
     assert!(new.token > old.token);
     // The server crashes and comes back from the older snapshot: a's record is back.
     {
-        let mut s = r.server.lock().unwrap();
+        let mut s = r.server();
         s.kill();
         std::fs::copy(data.join("snapshot.rdb"), data.join("dump.rdb")).unwrap();
         s.start();
@@ -288,10 +267,10 @@ async fn a_restored_snapshot_cannot_revive_an_old_term() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_restart_guard_lasts_the_longest_ttl_the_candidate_has_seen() {
-    let Some(r) = R::launch() else { return };
+    let Some(r) = redis(GUARD_OFF) else { return };
     let (long, short) = (Duration::from_secs(4), Duration::from_secs(1));
-    let a = RedisStore::connect(&r.url).await.unwrap();
-    let b = RedisStore::connect(&r.url).await.unwrap();
+    let a = RedisStore::connect(&r.url()).await.unwrap();
+    let b = RedisStore::connect(&r.url()).await.unwrap();
     let election = ElectionName::new("guard/longest").unwrap();
     let req = |h: &str, ttl| AcquireRequest::new(election.clone(), HolderId::new(h).unwrap(), ttl);
     loop {
@@ -304,7 +283,7 @@ async fn the_restart_guard_lasts_the_longest_ttl_the_candidate_has_seen() {
     }
     // b, with a short TTL, sees a's long lease; then the server forgets it in a restart.
     assert!(matches!(b.try_acquire(&req("b", short)).await, Ok(tenure::store::Acquire::Held(_))));
-    r.server.lock().unwrap().restart();
+    r.server().restart();
     let restarted = std::time::Instant::now();
     // a may believe it leads for up to `long` after its last grant: b must wait that out,
     // not just its own short TTL.
@@ -428,12 +407,12 @@ async fn a_server_that_vanished_under_open_connections_is_reached_again() {
     use tenure::store::Renew;
     use tenure_testkit::proxy::{Mode, Proxy};
     use tokio_stream::StreamExt;
-    let Some(r) = R::launch() else { return };
-    let port = r.server.lock().unwrap().port();
+    let Some(r) = redis(GUARD_OFF) else { return };
+    let port = r.server().port();
     let proxy = Proxy::start(("127.0.0.1", port)).unwrap();
-    let url = r.url.replacen(&format!(":{port}"), &format!(":{}", proxy.port()), 1);
+    let url = r.url().replacen(&format!(":{port}"), &format!(":{}", proxy.port()), 1);
     let store = RedisStore::connect(&format!("{url}?restart_guard=off")).await.unwrap();
-    let other = RedisStore::connect(&format!("{}?restart_guard=off", r.url)).await.unwrap();
+    let other = RedisStore::connect(&format!("{}?restart_guard=off", r.url())).await.unwrap();
     let name = ElectionName::new("vanish/x").unwrap();
     let ttl = Duration::from_secs(60);
     let lease = acquire(&store, &AcquireRequest::new(name.clone(), HolderId::new("a").unwrap(), ttl)).await;
@@ -490,8 +469,8 @@ async fn a_server_that_vanished_under_open_connections_is_reached_again() {
 /// 10,000 scripts, the call ran past the client's 500 ms per request and failed whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_renewals_and_releases_in_one_call_each_succeed() {
-    let Some(r) = R::launch() else { return };
-    let store = RedisStore::connect(&format!("{}?restart_guard=off", r.url)).await.unwrap();
+    let Some(r) = redis(GUARD_OFF) else { return };
+    let store = RedisStore::connect(&format!("{}?restart_guard=off", r.url())).await.unwrap();
     let ttl = Duration::from_secs(30);
     let holder = HolderId::new("many").unwrap();
     let mut held = Vec::new();
@@ -523,10 +502,10 @@ async fn ten_thousand_renewals_and_releases_in_one_call_each_succeed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_and_the_wait_for_its_replicas_go_out_together() {
     use tenure_testkit::proxy::{Mode, Proxy};
-    let Some(r) = R::launch() else { return };
-    let port = r.server.lock().unwrap().port();
+    let Some(r) = redis(GUARD_OFF) else { return };
+    let port = r.server().port();
     let proxy = Proxy::start(("127.0.0.1", port)).unwrap();
-    let url = r.url.replacen(&format!(":{port}"), &format!(":{}", proxy.port()), 1);
+    let url = r.url().replacen(&format!(":{port}"), &format!(":{}", proxy.port()), 1);
     let store = RedisStore::connect(&format!("{url}?restart_guard=off&min_replicas=1")).await.unwrap();
     let req = |n: &str| AcquireRequest {
         election: ElectionName::new(n).unwrap(),

@@ -10,23 +10,25 @@ use std::time::{Duration, Instant};
 use tenure::store::{Acquire, AcquireRequest, Renew};
 use tenure::{ElectionName, HolderId, LeaseStore};
 use tenure_redis::RedisStore;
-use tenure_testkit::scenario::{self, ScenarioHarness};
+use tenure_testkit::harness::Harness;
+use tenure_testkit::scenario;
 use tenure_testkit::servers::{RedisSentinels, SentinelTls, redis_command};
 
 struct S(Mutex<RedisSentinels>, String);
 
 #[async_trait::async_trait]
-impl ScenarioHarness for S {
+impl Harness for S {
     async fn open(&self) -> Arc<dyn LeaseStore> {
         Arc::new(RedisStore::connect(&self.1).await.unwrap())
     }
-    async fn kill_connections(&self) {
+    async fn kill_connections(&self) -> bool {
         let port = self.0.lock().unwrap().primary_port().unwrap();
         redis_command(port, &["CLIENT", "KILL", "TYPE", "normal"]);
+        true
     }
     /// A crash of the primary: the sentinels promote the replica; the old primary comes
     /// back as a replica of the new one.
-    async fn restart(&self) {
+    async fn restart(&self) -> bool {
         let g = &self.0;
         tokio::task::block_in_place(|| {
             let mut g = g.lock().unwrap();
@@ -36,6 +38,7 @@ impl ScenarioHarness for S {
             g.nodes.iter_mut().find(|n| n.port() == old).unwrap().start();
             g.wait_settled();
         });
+        true
     }
 }
 

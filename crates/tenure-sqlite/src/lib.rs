@@ -593,7 +593,7 @@ enum Durability {
     /// over anyway (deadlines are on the boot's own clock, tagged with its id); a release
     /// changes no token; and a grant that followed the release, synced, made the release
     /// durable too. A handover then waits for one write to the disk (the successor's
-    /// grant), not two. The one exception, recorded in docs/ARCHITECTURE.md: a disk that
+    /// grant), not two. The one exception, recorded in docs/stores/internals.md: a disk that
     /// fails to write a release's pages back fails the next synced commit once, its retry
     /// succeeds, and a crash before the next checkpoint can then lose that grant.
     Visible,

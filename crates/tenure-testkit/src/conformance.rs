@@ -38,39 +38,7 @@ use tokio_stream::StreamExt;
 
 use crate::unique;
 
-/// How the suite reaches the store under test.
-#[async_trait::async_trait]
-pub trait Harness: Send + Sync + 'static {
-    /// A handle on the store under test: a fresh connection where the store has
-    /// connections, so that racing handles are really separate clients.
-    async fn open(&self) -> Arc<dyn LeaseStore>;
-
-    /// Restarts (or closes and reopens) the store, keeping what it keeps durably.
-    /// Return false if the store cannot be restarted; the restart case is then skipped.
-    async fn restart(&self) -> bool {
-        false
-    }
-
-    /// Whether a [`Harness::restart`] keeps what the store wrote (its data is on disk):
-    /// then a work-ledger entry must survive it. A store restarted without its data (a
-    /// Redis that keeps nothing on disk) still owes growing tokens, not the ledger.
-    fn durable(&self) -> bool {
-        true
-    }
-
-    /// The TTL the expiry cases use; they wait about twice this long. A case checks that
-    /// such a lease is still held a few calls after it was granted, so the TTL must outlast
-    /// those calls even on a busy machine (the cases run at once): 1 s by default.
-    fn short_ttl(&self) -> Duration {
-        Duration::from_secs(1)
-    }
-
-    /// The TTL of leases a case expects to outlast it ([`LONG_TTL`]). A store that serves
-    /// one TTL only (a NATS bucket) answers the same as [`Harness::short_ttl`].
-    fn long_ttl(&self) -> Duration {
-        LONG_TTL
-    }
-}
+pub use crate::harness::{Harness, LONG_TTL, Served};
 
 type Case = fn(Arc<dyn Harness>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
 
@@ -184,9 +152,6 @@ fn election(case: &str) -> ElectionName {
 fn holder(name: &str) -> HolderId {
     HolderId::new(unique(name)).unwrap()
 }
-
-/// The TTL of leases the cases expect to outlast the case, unless the harness says otherwise.
-pub const LONG_TTL: Duration = Duration::from_secs(30);
 
 fn req(e: &ElectionName, h: &HolderId, ttl: Duration) -> AcquireRequest {
     AcquireRequest::new(e.clone(), h.clone(), ttl)

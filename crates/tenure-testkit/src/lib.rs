@@ -1,6 +1,8 @@
 //! Test support for tenure.
 //!
 //! - [`conformance`]: the contract tests every [`tenure::LeaseStore`] passes.
+//! - [`harness`]: how those tests and the [`scenario`] reach a store; [`harness::Served`]
+//!   is the harness of a store on one throwaway server.
 //! - [`faults`]: the store wrapper that injects failures (the core's, re-exported).
 //! - [`history`]: a checker for recorded histories (invariants I1–I4).
 //! - [`sim`]: the deterministic simulation behind `tenure-sim`.
@@ -13,6 +15,7 @@
 
 pub mod certs;
 pub mod conformance;
+pub mod harness;
 pub use tenure::faults;
 pub mod history;
 pub mod proxy;

@@ -9,57 +9,17 @@ use std::time::{Duration, Instant};
 use tenure::store::{Acquire, AcquireRequest, Renew};
 use tenure::{ElectionName, ErrorKind, HolderId, LeaseStore};
 use tenure_testkit::conformance::{self, Harness};
-use tenure_testkit::proxy::{Mode, Proxy};
-use tenure_testkit::scenario::{self, ScenarioHarness};
-use tenure_testkit::servers::{self, Kind, Server};
+use tenure_testkit::harness::Served;
+use tenure_testkit::proxy::Mode;
+use tenure_testkit::scenario;
+use tenure_testkit::servers::{self, Kind};
 use tenure_zookeeper::ZkStore;
 
-struct Zk {
-    server: Mutex<Server>,
-    /// Clients reach the server through this proxy, so a test can cut their connections.
-    proxy: Proxy,
-}
-
-impl Zk {
-    fn launch() -> Option<Self> {
-        let server = servers::launch(Kind::ZooKeeper)?;
-        let proxy = Proxy::start(("127.0.0.1", server.port())).unwrap();
-        Some(Self { server: Mutex::new(server), proxy })
-    }
-
-    fn url(&self) -> String {
-        format!("zk://127.0.0.1:{}/tenure", self.proxy.port())
-    }
-
-    fn direct_url(&self) -> String {
-        self.server.lock().unwrap().url()
-    }
-}
-
-#[async_trait::async_trait]
-impl Harness for Zk {
-    async fn open(&self) -> Arc<dyn LeaseStore> {
-        Arc::new(ZkStore::connect(&self.url()).await.unwrap())
-    }
-    async fn restart(&self) -> bool {
-        self.server.lock().unwrap().restart();
-        true
-    }
-}
-
-#[async_trait::async_trait]
-impl ScenarioHarness for Zk {
-    async fn open(&self) -> Arc<dyn LeaseStore> {
-        Harness::open(self).await
-    }
-    async fn kill_connections(&self) {
-        self.proxy.set(Mode::Cut);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        self.proxy.set(Mode::Pass);
-    }
-    async fn restart(&self) {
-        self.server.lock().unwrap().restart();
-    }
+/// A throwaway ZooKeeper server behind a proxy.
+fn zk() -> Option<Served> {
+    Served::behind_proxy(Kind::ZooKeeper, |url| {
+        Box::pin(async move { Arc::new(ZkStore::connect(&url).await.unwrap()) as _ })
+    })
 }
 
 fn req(name: &str, holder: &str, ttl: Duration) -> AcquireRequest {
@@ -68,13 +28,13 @@ fn req(name: &str, holder: &str, ttl: Duration) -> AcquireRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_store_conforms() {
-    let Some(zk) = Zk::launch() else { return };
+    let Some(zk) = zk() else { return };
     conformance::run_all(zk).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_candidates_survive_killed_connections_and_a_restart() {
-    let Some(zk) = Zk::launch() else { return };
+    let Some(zk) = zk() else { return };
     // The server expires sessions in whole ticks (100 ms here).
     let r = scenario::multi_candidate(&zk, Duration::from_secs(2), Duration::from_millis(1000)).await;
     eprintln!("zookeeper scenario: {} terms, takeover {:?} after the leader was cut off", r.terms, r.takeover);
@@ -82,7 +42,7 @@ async fn five_candidates_survive_killed_connections_and_a_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_cut_off_for_longer_than_its_ttl_loses_the_lease_to_the_server_s_expiry() {
-    let Some(zk) = Zk::launch() else { return };
+    let Some(zk) = zk() else { return };
     let cut_off = ZkStore::connect(&zk.url()).await.unwrap();
     let other = ZkStore::connect(&zk.direct_url()).await.unwrap();
     let ttl = Duration::from_secs(1);
@@ -90,7 +50,7 @@ async fn a_holder_cut_off_for_longer_than_its_ttl_loses_the_lease_to_the_server_
     let Acquire::Acquired(lease) = cut_off.try_acquire(&req("expiry/cut", "a", ttl)).await.unwrap() else { panic!() };
     // The holder's process lives on (its own clean-up would delete the node at the same
     // TTL): silence it so that only the server can end the lease.
-    zk.proxy.set(Mode::BlackHole);
+    zk.proxy().unwrap().set(Mode::BlackHole);
     let taken = loop {
         match other.try_acquire(&req("expiry/cut", "b", ttl)).await.unwrap() {
             Acquire::Acquired(l) => break l,
@@ -102,7 +62,7 @@ async fn a_holder_cut_off_for_longer_than_its_ttl_loses_the_lease_to_the_server_
     let after = sent.elapsed();
     assert!(after >= ttl, "another candidate took the lease {after:?} after it was granted for {ttl:?}");
     assert!(taken.token > lease.token);
-    zk.proxy.set(Mode::Pass);
+    zk.proxy().unwrap().set(Mode::Pass);
     // The old holder learns it lost (its session is gone; a new one cannot renew the node).
     let t0 = Instant::now();
     loop {
@@ -131,7 +91,7 @@ async fn a_follower_s_watch_goes_on_after_its_connection_is_cut_and_made_again()
     ) -> Option<Result<Option<tenure::LeaseRecord>, tenure::StoreError>> {
         tokio::time::timeout(Duration::from_secs(10), w.next()).await.ok().flatten()
     }
-    let Some(zk) = Zk::launch() else { return };
+    let Some(zk) = zk() else { return };
     let leader = ZkStore::connect(&zk.direct_url()).await.unwrap();
     let follower = ZkStore::connect(&zk.url()).await.unwrap();
     let e = ElectionName::new("watch/cut").unwrap();
@@ -142,9 +102,9 @@ async fn a_follower_s_watch_goes_on_after_its_connection_is_cut_and_made_again()
     assert_eq!(next(&mut w).await.unwrap().unwrap().map(|r| r.holder), Some(a.holder.clone()));
     // Cut the follower's connection for well under its session timeout (10 s), then wait
     // until it is served again: the session is the same one.
-    zk.proxy.set(Mode::Cut);
+    zk.proxy().unwrap().set(Mode::Cut);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    zk.proxy.set(Mode::Pass);
+    zk.proxy().unwrap().set(Mode::Pass);
     let t0 = Instant::now();
     while follower.get(&e).await.is_err() {
         assert!(t0.elapsed() < Duration::from_secs(10), "the follower did not reconnect");
@@ -170,7 +130,7 @@ async fn a_follower_s_watch_goes_on_after_its_connection_is_cut_and_made_again()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ttl_the_server_would_not_grant_is_refused_naming_both() {
-    let Some(zk) = Zk::launch() else { return };
+    let Some(zk) = zk() else { return };
     let store = ZkStore::connect(&zk.url()).await.unwrap();
     // The test server grants session timeouts from 200 ms to 10 minutes.
     for ttl in [Duration::from_millis(150), Duration::from_secs(11 * 60)] {
@@ -199,7 +159,7 @@ async fn a_ttl_the_server_would_not_grant_is_refused_naming_both() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_process_holds_many_elections_in_one_session() {
-    let Some(zk) = Zk::launch() else { return };
+    let Some(zk) = zk() else { return };
     let store = ZkStore::connect(&zk.url()).await.unwrap();
     let ttl = Duration::from_secs(3);
     let mut held = Vec::new();
@@ -214,7 +174,7 @@ async fn one_process_holds_many_elections_in_one_session() {
     assert_eq!(store.list("many/").await.unwrap().len(), 50);
     // Every node belongs to one session: the server holds one session for the process's
     // leases (and one that reads), whatever their number.
-    let connections = connections(zk.server.lock().unwrap().port());
+    let connections = connections(zk.server().port());
     assert!(connections <= 3, "{connections} connections for 50 elections");
 }
 
@@ -223,8 +183,8 @@ async fn one_process_holds_many_elections_in_one_session() {
 /// what a ZooKeeper server hears from a candidate that waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn followers_open_no_lease_session_and_a_released_leader_closes_its_own() {
-    let Some(zk) = Zk::launch() else { return };
-    let port = zk.server.lock().unwrap().port();
+    let Some(zk) = zk() else { return };
+    let port = zk.server().port();
     let ttl = Duration::from_secs(3);
     let mut stores = Vec::new();
     for _ in 0..3 {
@@ -262,8 +222,8 @@ fn connections(port: u16) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_credentials_are_a_clear_error() {
-    let Some(zk) = Zk::launch() else { return };
-    let port = zk.proxy.port();
+    let Some(zk) = zk() else { return };
+    let port = zk.proxy().unwrap().port();
     let good = ZkStore::connect(&format!("zk://tenure:right-password@127.0.0.1:{port}/secured")).await.unwrap();
     let Acquire::Acquired(_) = good.try_acquire(&req("x", "a", Duration::from_secs(5))).await.unwrap() else {
         panic!()
@@ -300,23 +260,25 @@ struct Ensemble {
 }
 
 #[async_trait::async_trait]
-impl ScenarioHarness for Ensemble {
+impl Harness for Ensemble {
     async fn open(&self) -> Arc<dyn LeaseStore> {
         let url = self.ensemble.lock().unwrap().url();
         Arc::new(ZkStore::connect(&url).await.unwrap())
     }
-    async fn kill_connections(&self) {
+    async fn kill_connections(&self) -> bool {
         let n = self.next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let mut e = self.ensemble.lock().unwrap();
         let i = if n == 0 { e.leader().unwrap_or(0) } else { n % 3 };
         e.members[i].kill();
         e.members[i].start();
+        true
     }
-    async fn restart(&self) {
+    async fn restart(&self) -> bool {
         let mut e = self.ensemble.lock().unwrap();
         for m in e.members.iter_mut() {
             m.restart();
         }
+        true
     }
 }
 

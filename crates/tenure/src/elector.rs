@@ -1439,7 +1439,13 @@ async fn follow_slots(shared: &Shared) -> Option<(u32, LeaseRecord, Instant)> {
                 let first = fastrand::usize(..n);
                 for k in 0..n {
                     let i = (first + k) % n;
-                    if held_until[i].is_some_and(|t| t > shared.clock.now()) {
+                    // A slot seen held waits for its end where a watch would tell of a
+                    // change. One not watched is asked at each wake (a retry period), as a
+                    // follower of one lease asks: where the store does not say how long a
+                    // grant has left (an Azure blob lease), the end is a guess of a TTL from
+                    // the reading, and a renewal read at that guess would put it off again.
+                    let unpolled = crate::mutant("slot-unwatched-unpolled");
+                    if held_until[i].is_some_and(|t| t > shared.clock.now()) && (watching(&watches, i) || unpolled) {
                         continue;
                     }
                     if shared.shutdown.is_cancelled() {

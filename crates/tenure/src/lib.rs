@@ -31,6 +31,8 @@
 //!   holds; [`Event`]s tell of elections and step-downs.
 //! - [`Elector::run_once`]: a unit of work (this report, this cron slot) done once across
 //!   every candidate and term, through the store's work [`ledger`].
+//! - [`holders`]: N holders of one election at once ([`Config::holders`]), each with its
+//!   own index and token.
 //! - [`observe`]: who leads, for programs that only watch; [`candidates`]: who else
 //!   campaigns, for candidates that announce themselves ([`Config::announce`]).
 //! - [`LeaseStore`]: a store to elect on (SQLite, PostgreSQL, … in crates of their own);
@@ -42,7 +44,9 @@
 //!
 //! For those who write a store: [`store`] holds the contract's requests and answers, what
 //! an implementation owes (on [`LeaseStore`]), and helpers for watches
-//! ([`store::ChangeHub`]) and for stores without a clock ([`store::observed`]).
+//! ([`store::ChangeHub`]) and for stores without a clock ([`store::observed`]). The
+//! `tenure-testkit` crate's conformance suite (`tenure_testkit::conformance::run_all`)
+//! checks a store against every duty, on a real server.
 
 mod batch;
 mod clock;

@@ -1,5 +1,6 @@
 //! What the emulator tests share: a throwaway emulator behind a TCP proxy (so a test can
-//! cut every client connection), and the conformance and scenario harnesses over it.
+//! cut every client connection), and the harness of the conformance suite and the
+//! scenario over it.
 
 #![allow(dead_code)]
 
@@ -12,7 +13,6 @@ use tenure::store::{Acquire, AcquireRequest};
 use tenure::{ElectionName, HolderId, LeaseStore};
 use tenure_testkit::conformance::Harness;
 use tenure_testkit::proxy::{Mode, Proxy};
-use tenure_testkit::scenario::ScenarioHarness;
 use tenure_testkit::servers::{self, Kind, Server};
 
 /// Opens a store on the emulator whose endpoint (through the proxy) is the first
@@ -67,26 +67,14 @@ impl Harness for Emulator {
         }
         self.durable
     }
-    fn short_ttl(&self) -> Duration {
-        self.short_ttl
-    }
-}
-
-#[async_trait::async_trait]
-impl ScenarioHarness for Emulator {
-    async fn open(&self) -> Arc<dyn LeaseStore> {
-        Emulator::open(self, "scenario").await
-    }
-    async fn kill_connections(&self) {
+    async fn kill_connections(&self) -> bool {
         self.proxy.set(Mode::Cut);
         tokio::time::sleep(Duration::from_millis(100)).await;
         self.proxy.set(Mode::Pass);
+        true
     }
-    /// Restarts an emulator that keeps its data; moto would lose everything, so it is not.
-    async fn restart(&self) {
-        if self.durable {
-            self.server.lock().unwrap().restart();
-        }
+    fn short_ttl(&self) -> Duration {
+        self.short_ttl
     }
 }
 
