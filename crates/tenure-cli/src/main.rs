@@ -12,6 +12,7 @@ use clap::{Args, CommandFactory, Parser, Subcommand};
 use tenure::ElectionName;
 
 mod bench;
+mod campaign;
 mod child;
 mod cron;
 mod dashboard;
@@ -24,6 +25,7 @@ mod http;
 mod inspect;
 mod proclaim;
 mod run;
+mod schedule;
 mod store_url;
 
 const EXIT_CODES: &str = "\
@@ -572,7 +574,7 @@ async fn dispatch(cli: Cli) -> Result<i32> {
         Command::Campaign(a) => {
             let c = a.campaign.campaign();
             let s = store_url::open(store).await?;
-            run::campaign(s, &c, a.on_elected.as_deref(), a.on_stepped_down.as_deref()).await
+            campaign::campaign(s, &c, a.on_elected.as_deref(), a.on_stepped_down.as_deref()).await
         }
         Command::Run(a) => {
             let c = a.campaign.campaign();
@@ -592,12 +594,12 @@ async fn dispatch(cli: Cli) -> Result<i32> {
             } else {
                 tenure::ledger::Guarantee::AtLeastOnce
             };
-            let options = run::ScheduleOptions {
+            let options = schedule::ScheduleOptions {
                 catch_up: a.catch_up,
                 policy: tenure::ledger::Policy { guarantee, attempts: a.attempts, keep: a.keep },
             };
             let s = store_url::open(store).await?;
-            run::schedule(s, &c, &schedule, &options, &a.cmd).await
+            schedule::schedule(s, &c, &schedule, &options, &a.cmd).await
         }
         Command::Bench(mut settings) => {
             settings.store_url = store.map(str::to_string);

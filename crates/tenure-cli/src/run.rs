@@ -1,8 +1,10 @@
-//! `tenure run` and `tenure schedule`: a command that runs only while this process leads.
+//! `tenure run`: a command that runs only while this process leads; the campaign settings,
+//! the term's supervision and the shell commands held within a term, which
+//! `tenure campaign` (campaign.rs) and `tenure schedule` (schedule.rs) share.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use std::future::Future;
 
@@ -11,8 +13,8 @@ use tenure::ledger::{Claim, Policy, Refusal, WorkEntry, WorkState};
 use tenure::{CancellationToken, Config, ElectionName, Elector, Leadership, LeaseStore, WorkKey};
 
 use crate::child::{Standby, Supervised};
-use crate::cron::Schedule;
 use crate::proclaim::MetadataFile;
+use crate::schedule::rfc3339;
 
 /// Time kept between killing the command and the lease deadline, for the kill itself.
 const KILL_MARGIN: Duration = Duration::from_millis(200);
@@ -250,7 +252,7 @@ impl Campaign {
 
     /// Builds the elector and, with `--http`, starts serving the operator endpoints for
     /// it (the metrics recorder is installed first, so the elector reports to it).
-    async fn start(&self, store: Arc<dyn LeaseStore>) -> Result<Elector> {
+    pub(crate) async fn start(&self, store: Arc<dyn LeaseStore>) -> Result<Elector> {
         let metrics = match self.http {
             Some(_) => Some(crate::http::install_recorder()?),
             None => None,
@@ -370,13 +372,13 @@ pub fn stop_on_signals() -> Result<CancellationToken> {
 /// Writes `line` to standard output for a script reading it; one that has stopped reading
 /// (a closed pipe) changes nothing: the campaign goes on, and stops and releases as it
 /// would.
-fn say(line: &str) {
+pub(crate) fn say(line: &str) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }
 
-fn child_env(l: &Leadership) -> Vec<(&'static str, String)> {
+pub(crate) fn child_env(l: &Leadership) -> Vec<(&'static str, String)> {
     vec![
         ("TENURE_ELECTION", l.election().to_string()),
         ("TENURE_TOKEN", l.token().to_string()),
@@ -387,7 +389,7 @@ fn child_env(l: &Leadership) -> Vec<(&'static str, String)> {
 }
 
 /// A command to run within a term, and how.
-struct Job<'a> {
+pub(crate) struct Job<'a> {
     /// The command and its arguments.
     argv: &'a [String],
     /// Its time between SIGTERM and SIGKILL.
@@ -397,11 +399,11 @@ struct Job<'a> {
     /// The metadata it may publish (`TENURE_METADATA_FILE`), for `tenure run`.
     metadata: Option<&'a [u8]>,
     /// What its environment gets beyond the term's (`TENURE_ONCE_KEY`, `TENURE_SLOT`).
-    env: Vec<(&'static str, String)>,
+    pub(crate) env: Vec<(&'static str, String)>,
 }
 
 impl<'a> Job<'a> {
-    fn new(argv: &'a [String], grace: Duration, health: Option<&'a Health>) -> Self {
+    pub(crate) fn new(argv: &'a [String], grace: Duration, health: Option<&'a Health>) -> Self {
         Self { argv, grace, health, metadata: None, env: Vec::new() }
     }
 
@@ -414,7 +416,7 @@ impl<'a> Job<'a> {
 }
 
 /// How a supervised command ended.
-enum End {
+pub(crate) enum End {
     /// It exited on its own with this code.
     Exited(i32),
     /// Leadership ended; it was stopped.
@@ -438,7 +440,7 @@ fn stop_at_ns(l: &Leadership, grace: Duration) -> u64 {
 /// Whether `l` has time left to start the command and still stop it (SIGTERM, `grace`,
 /// SIGKILL) before the lease deadline. A term handed out late (this process was frozen
 /// between the renewal and now) must not start work it cannot stop in time.
-fn can_start(l: &Leadership, grace: Duration) -> bool {
+pub(crate) fn can_start(l: &Leadership, grace: Duration) -> bool {
     l.remaining() > grace + KILL_MARGIN + MIN_RUN
 }
 
@@ -475,7 +477,7 @@ const MIN_RUN: Duration = Duration::from_millis(100);
 
 /// Returns, with why, once `health` (if any) has failed too often during `l`; never
 /// without a health check.
-async fn unhealthy(health: Option<&Health>, l: &Leadership, cgroup: Option<PathBuf>) -> String {
+pub(crate) async fn unhealthy(health: Option<&Health>, l: &Leadership, cgroup: Option<PathBuf>) -> String {
     match health {
         Some(h) => h.clone().watch(child_env(l), l, cgroup).await,
         None => std::future::pending().await,
@@ -484,7 +486,7 @@ async fn unhealthy(health: Option<&Health>, l: &Leadership, cgroup: Option<PathB
 
 /// Starts campaigning for `c`, with the signals that stop it and this process as the
 /// subreaper of every command it starts.
-async fn begin(store: Arc<dyn LeaseStore>, c: &Campaign) -> Result<(Elector, CancellationToken)> {
+pub(crate) async fn begin(store: Arc<dyn LeaseStore>, c: &Campaign) -> Result<(Elector, CancellationToken)> {
     let store_shown = store.describe();
     let elector = c.start(store).await?;
     let stop = stop_on_signals()?;
@@ -564,7 +566,7 @@ async fn next_term_with_standby(
 }
 
 /// The next term, or `None` once `stop` fired (the campaign is then shut down).
-async fn next_term(elector: &Elector, stop: &CancellationToken) -> Result<Option<Leadership>> {
+pub(crate) async fn next_term(elector: &Elector, stop: &CancellationToken) -> Result<Option<Leadership>> {
     tokio::select! {
         l = elector.leadership() => Ok(Some(l?)),
         _ = stop.cancelled() => {
@@ -612,7 +614,12 @@ async fn start_command(l: &Leadership, job: &Job<'_>, standby: Option<Standby>) 
 
 /// Runs `job` while `l` holds, through `standby` if it can; stops it when the term ends
 /// or `stop` fires.
-async fn supervise(l: &Leadership, job: &Job<'_>, standby: Option<Standby>, stop: &CancellationToken) -> Result<End> {
+pub(crate) async fn supervise(
+    l: &Leadership,
+    job: &Job<'_>,
+    standby: Option<Standby>,
+    stop: &CancellationToken,
+) -> Result<End> {
     let grace = job.grace;
     let (mut child, prestarted) = start_command(l, job, standby).await?;
     let metadata = child.metadata_file().map(MetadataFile::at);
@@ -977,7 +984,7 @@ async fn discard(standby: &mut Option<Standby>) {
 
 /// Records how the run of `once`'s key in the term `l` ended: done when the command
 /// exited 0, failed (open for another attempt) otherwise.
-async fn record_once(store: &dyn LeaseStore, l: &Leadership, once: &OnceRun, code: i32) {
+pub(crate) async fn record_once(store: &dyn LeaseStore, l: &Leadership, once: &OnceRun, code: i32) {
     let key = &once.key;
     let (token, keep) = (l.token(), once.policy.keep);
     let ended = if code == 0 {
@@ -997,114 +1004,13 @@ async fn record_once(store: &dyn LeaseStore, l: &Leadership, once: &OnceRun, cod
     }
 }
 
-/// `tenure campaign`: leads without a command of its own, running the hooks as terms
-/// begin and end; returns on a signal.
-pub async fn campaign(
-    store: Arc<dyn LeaseStore>,
-    c: &Campaign,
-    on_elected: Option<&str>,
-    on_stepped_down: Option<&str>,
-) -> Result<i32> {
-    let (elector, stop) = begin(store, c).await?;
-    loop {
-        let Some(l) = next_term(&elector, &stop).await? else { return Ok(0) };
-        say(&format!("elected {}", l.token()));
-        let mut end = match on_elected {
-            // The hook runs inside the term like tenure run's command: stopped if the term
-            // ends first. Its finishing is not the end of the term.
-            Some(hook) if can_start(&l, c.grace) => {
-                let hook = ["sh".to_string(), "-c".to_string(), hook.to_string()];
-                match supervise(&l, &Job::new(&hook, c.grace, c.health.as_ref()), None, &stop).await? {
-                    End::Exited(code) if code != 0 => {
-                        tracing::warn!(code, "the on-elected hook failed; leading on");
-                        None
-                    }
-                    End::Exited(_) => None,
-                    other => Some(other),
-                }
-            }
-            _ => None,
-        };
-        if end.is_none() {
-            end = Some(tokio::select! {
-                _ = l.cancelled() => End::Lost,
-                _ = stop.cancelled() => End::Stopped,
-                why = unhealthy(c.health.as_ref(), &l, None) => {
-                    tracing::warn!(token = %l.token(), "{why}; standing aside for one TTL");
-                    End::Unhealthy
-                }
-            });
-        }
-        // The term is over (or ending): tell the program before the lease goes.
-        say(&format!("stepped-down {}", l.token()));
-        if let Some(hook) = on_stepped_down {
-            // Past the deadline (this process frozen or stuck through it), the next leader
-            // may already run its on-elected hook: the hook still runs, for it undoes what
-            // this term did here, but the program must be told it comes late.
-            let late = tenure::Clock::now(&tenure::TokioClock).saturating_duration_since(l.deadline());
-            if !late.is_zero() {
-                tracing::warn!(
-                    token = %l.token(),
-                    "the term ended {} ago, while this process could not act (frozen or stuck): the on-stepped-down \
-                     hook runs now, late, and another candidate may already lead (fence with TENURE_TOKEN)",
-                    humantime::format_duration(Duration::from_millis(late.as_millis() as u64))
-                );
-            }
-            run_hook(hook, &child_env(&l), c.grace).await;
-        }
-        match end {
-            Some(End::Stopped) => {
-                drop(l);
-                elector.shutdown().await;
-                return Ok(0);
-            }
-            Some(End::Unhealthy) => l.resign_for(c.ttl).await,
-            _ => drop(l),
-        }
-    }
-}
-
-/// How long a hook stopped for taking too long (SIGTERM) has before SIGKILL.
-const HOOK_KILL_AFTER: Duration = Duration::from_millis(100);
-
-/// Runs the on-stepped-down hook (`sh -c`) with `env` as `tenure run` runs a command:
-/// under a supervisor, with its guard and cgroup, so that every process the hook starts
-/// ends with it, and with `tenure` if `tenure` is killed meanwhile (it must be over
-/// before anyone else can lead). Stopped if it takes longer than `limit`.
-async fn run_hook(hook: &str, env: &[(&'static str, String)], limit: Duration) {
-    if crate::child::mutant("hook-unsupervised") {
-        // The planted bug: only the hook's shell ends with `tenure`.
-        if let Err(why) = run_sh(hook, env, limit, "on-stepped-down hook", InTerm { cgroup: None }).await {
-            tracing::warn!("{why}");
-        }
-        return;
-    }
-    let argv = ["sh".to_string(), "-c".to_string(), hook.to_string()];
-    let kill_after = HOOK_KILL_AFTER.min(limit / 2);
-    let stop_at = crate::child::boottime_ns().saturating_add((limit - kill_after).as_nanos() as u64);
-    let mut hook = match Supervised::spawn(&argv, env, stop_at, kill_after, None) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!("cannot start the on-stepped-down hook: {e:#}");
-            return;
-        }
-    };
-    let code = hook.exited().await;
-    hook.clean_up().await;
-    if hook.stopped_by_supervisor() {
-        tracing::warn!("the on-stepped-down hook took longer than {}; stopped", humantime::format_duration(limit));
-    } else if code != 0 {
-        tracing::warn!(code, "the on-stepped-down hook failed");
-    }
-}
-
 /// How a shell command that runs within a term (a health check, with the term's token) is
 /// held, so that nothing of it outlives the term: it dies with `tenure run` (a
 /// parent-death signal), its process group is killed once it returns or is given up on,
 /// and it runs in the command's cgroup (where there is one), which the guard and the
 /// supervisor kill whole when the term's processes must go.
-struct InTerm<'a> {
-    cgroup: Option<&'a Path>,
+pub(crate) struct InTerm<'a> {
+    pub(crate) cgroup: Option<&'a Path>,
 }
 
 /// Kills a process group when dropped (a check given up on, or returned).
@@ -1122,7 +1028,7 @@ impl Drop for KillGroup {
 
 /// `sh -c CMD` with `env`, in a process group of its own that is killed whole if it takes
 /// longer than `limit`; `what` names it in errors. It is held as `in_term` says.
-async fn run_sh(
+pub(crate) async fn run_sh(
     cmd: &str,
     env: &[(&'static str, String)],
     limit: Duration,
@@ -1165,310 +1071,6 @@ async fn run_sh(
         }
     }
 }
-
-/// `tenure schedule`'s settings beyond the schedule itself.
-pub struct ScheduleOptions {
-    /// How late a slot may still run (`--catch-up`); `None`: [`default_catch_up`].
-    pub catch_up: Option<Duration>,
-    /// How slots are run: the guarantee, the attempts, how long a slot is kept.
-    pub policy: Policy,
-}
-
-/// How late a slot may run by default: at least one period and at least two TTLs, so
-/// that a takeover (within a TTL of a crash) never loses a slot.
-pub fn default_catch_up(schedule: &Schedule, ttl: Duration) -> Duration {
-    let now = SystemTime::now();
-    let period = schedule
-        .next_after(now)
-        .and_then(|a| Some((a, schedule.next_after(a)?)))
-        .and_then(|(a, b)| b.duration_since(a).ok())
-        .unwrap_or_default();
-    period.max(ttl.saturating_mul(2))
-}
-
-/// The work key of the slot at `at`.
-fn slot_key(at: SystemTime) -> WorkKey {
-    let ms = at.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis();
-    WorkKey::new(format!("slot-{ms}")).expect("a slot key is a valid work key")
-}
-
-/// How many slots one look back may find; older ones are given up.
-const MAX_SLOTS_AT_ONCE: usize = 1000;
-
-/// The slots of `schedule` in `(after, until]`, oldest first, at most
-/// [`MAX_SLOTS_AT_ONCE`] (the latest ones).
-fn slots_between(schedule: &Schedule, after: SystemTime, until: SystemTime) -> Vec<SystemTime> {
-    let mut out = std::collections::VecDeque::new();
-    let mut t = after;
-    while let Some(next) = schedule.next_after(t).filter(|n| *n <= until) {
-        if out.len() == MAX_SLOTS_AT_ONCE {
-            out.pop_front();
-        }
-        out.push_back(next);
-        t = next;
-    }
-    out.into()
-}
-
-/// `t` to the second, or a note that it cannot be shown (a ledger entry's time from a
-/// hostile or corrupted store may lie past year 9999).
-fn rfc3339(t: SystemTime) -> String {
-    crate::inspect::rfc3339(t, false).unwrap_or_else(|| "(a time out of range)".into())
-}
-
-/// `tenure schedule`: runs `cmd` once for each slot of `schedule`, on whichever replica
-/// leads when the slot is due (or, after a takeover, late, within the catch-up); returns
-/// on a signal.
-///
-/// Each slot is a key of the work ledger, so that a slot whose run finished never runs
-/// again whatever the handovers and the replicas' clocks, a slot whose leader died mid-run
-/// runs again under the next leader, and a slot due while nobody led runs late.
-pub async fn schedule(
-    store: Arc<dyn LeaseStore>,
-    c: &Campaign,
-    schedule: &Schedule,
-    opts: &ScheduleOptions,
-    cmd: &[String],
-) -> Result<i32> {
-    if c.holders > 1 {
-        bail!("schedule runs each slot on one holder; it cannot be combined with --holders {}", c.holders);
-    }
-    let catch_up = opts.catch_up.unwrap_or_else(|| default_catch_up(schedule, c.ttl));
-    if catch_up >= opts.policy.keep {
-        bail!(
-            "--catch-up {} must be shorter than --keep {}: a slot forgotten while it may still run would run again",
-            humantime::format_duration(catch_up),
-            humantime::format_duration(opts.policy.keep)
-        );
-    }
-    let ledger = store.clone();
-    let store_shown = store.describe();
-    let elector = c.start(store).await?;
-    let stop = stop_on_signals()?;
-    crate::child::become_subreaper()?;
-    elector.start();
-    tracing::info!(
-        election = %elector.election(), holder = %elector.holder(), store = %store_shown, %schedule,
-        catch_up = %humantime::format_duration(catch_up),
-        "campaigning; running the command once for each slot while leading"
-    );
-    // Every slot up to `handled` has been dealt with by this process: run, found done or
-    // refused, or given up. At first none has: slots due before this process started run
-    // late if they fall within the catch-up and nobody ran them.
-    let started = SystemTime::now();
-    let mut handled = std::time::UNIX_EPOCH;
-    loop {
-        let l = tokio::select! {
-            l = elector.leadership() => l?,
-            _ = stop.cancelled() => {
-                elector.shutdown().await;
-                return Ok(0);
-            }
-        };
-        let seen = Seen { started, handled: &mut handled };
-        match run_due_slots(&*ledger, &l, c, schedule, opts, catch_up, cmd, seen, &stop).await {
-            Ok(Slots::Stopped) => {
-                drop(l);
-                elector.shutdown().await;
-                return Ok(0);
-            }
-            Ok(Slots::Unhealthy) => l.resign_for(c.ttl).await,
-            Ok(Slots::TermOver) => {
-                // Over, or too little of it left to start a run: wait for it to end or
-                // for the next renewal.
-                tokio::select! {
-                    _ = l.cancelled() => {}
-                    _ = tokio::time::sleep(Duration::from_millis(20)) => {}
-                    _ = stop.cancelled() => {}
-                }
-            }
-            Err(e) => {
-                drop(l);
-                elector.shutdown().await;
-                return Err(e);
-            }
-        }
-    }
-}
-
-/// What a `tenure schedule` process has dealt with.
-struct Seen<'a> {
-    /// When it started: the slots it can tell were given up come after.
-    started: SystemTime,
-    /// The latest slot it dealt with (run, found done or refused, or given up).
-    handled: &'a mut SystemTime,
-}
-
-/// How a term of `tenure schedule` ended.
-enum Slots {
-    /// The term ended (or cannot start work any more).
-    TermOver,
-    /// SIGINT or SIGTERM.
-    Stopped,
-    /// The health check failed too often.
-    Unhealthy,
-}
-
-/// Within the term `l`: runs every slot due and not done, oldest first (late ones too,
-/// within `catch_up`), then waits for the next, until the term ends.
-#[allow(clippy::too_many_arguments)]
-async fn run_due_slots(
-    ledger: &dyn LeaseStore,
-    l: &Leadership,
-    c: &Campaign,
-    schedule: &Schedule,
-    opts: &ScheduleOptions,
-    catch_up: Duration,
-    cmd: &[String],
-    seen: Seen<'_>,
-    stop: &CancellationToken,
-) -> Result<Slots> {
-    let handled = seen.handled;
-    let now = SystemTime::now();
-    let window = now.checked_sub(catch_up).unwrap_or(std::time::UNIX_EPOCH);
-    if *handled < window {
-        // A term of a process that has not dealt with this stretch of slots: it resumes
-        // where the schedule left off, at the latest slot the ledger has an entry for (that
-        // one included: its run may have been cut short; those before the catch-up are
-        // given up). It looks back two catch-ups: the last leader may have fallen behind
-        // by up to one before its term ended, and the slots after the one it reached are
-        // still due. None there: the schedule has not run lately (a first start, or every
-        // replica was down for longer than that), and the slots from this process's start
-        // on are its own.
-        let look_back = window.checked_sub(catch_up).unwrap_or(std::time::UNIX_EPOCH);
-        *handled = match latest_recorded(ledger, l.election(), schedule, look_back, now).await? {
-            Some(slot) => slot.checked_sub(Duration::from_millis(1)).unwrap_or(slot),
-            None => seen.started.max(window),
-        };
-    }
-    loop {
-        let now = SystemTime::now();
-        let window = now.checked_sub(catch_up).unwrap_or(std::time::UNIX_EPOCH);
-        // Slots that came and went unrun while this process looked on (it led, and a run
-        // took longer than the catch-up): given up.
-        let looked_on = (*handled).max(seen.started);
-        if looked_on < window {
-            for slot in slots_between(schedule, looked_on, window).iter().rev().take(10) {
-                if tenure::ledger::read(ledger, l.election(), &slot_key(*slot)).await.ok().flatten().is_none() {
-                    tracing::info!(slot = %rfc3339(*slot), "slot given up: it was not run within --catch-up");
-                }
-            }
-        }
-        *handled = (*handled).max(window);
-        for slot in slots_between(schedule, *handled, now) {
-            if !can_start(l, c.grace) {
-                return Ok(Slots::TermOver);
-            }
-            let key = slot_key(slot);
-            let late = now.duration_since(slot).unwrap_or_default();
-            let claimed = if crate::child::mutant("slot-by-local-clock") {
-                // Planted: the slot decided by this replica's clock alone, as before the ledger.
-                Some(Claim::Run { attempt: 1, after: None })
-            } else {
-                tenure::ledger::claim_in_term(ledger, l, &key, &opts.policy)
-                    .await
-                    .with_context(|| format!("cannot claim the slot {}", rfc3339(slot)))?
-            };
-            let attempt = match claimed {
-                None | Some(Claim::Refused(_, Refusal::LaterTerm)) => return Ok(Slots::TermOver),
-                Some(Claim::Done(entry)) => {
-                    tracing::info!(
-                        slot = %rfc3339(slot),
-                        "slot skipped: done by {} (token {}) at {}",
-                        entry.holder, entry.token, rfc3339(entry.at)
-                    );
-                    *handled = slot;
-                    continue;
-                }
-                Some(Claim::Refused(entry, why)) => {
-                    tracing::warn!(slot = %rfc3339(slot), "slot not run: {why} (last {} under token {})", entry.state, entry.token);
-                    *handled = slot;
-                    continue;
-                }
-                Some(Claim::Run { attempt, after }) => {
-                    match &after {
-                        Some(prev) => tracing::info!(
-                            slot = %rfc3339(slot), attempt,
-                            "slot run again: its run under token {} {}", prev.token,
-                            if prev.state == WorkState::Failed { "failed" } else { "ended with its term" }
-                        ),
-                        None if late > SLOT_ON_TIME => tracing::info!(
-                            slot = %rfc3339(slot), late = %humantime::format_duration(Duration::from_secs(late.as_secs())),
-                            "slot run late (caught up)"
-                        ),
-                        None => tracing::info!(slot = %rfc3339(slot), "slot run"),
-                    }
-                    attempt
-                }
-            };
-            let secs = slot.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
-            let mut job = Job::new(cmd, c.grace, c.health.as_ref());
-            job.env = vec![
-                ("TENURE_SLOT", secs.to_string()),
-                ("TENURE_ONCE_KEY", key.to_string()),
-                ("TENURE_ONCE_ATTEMPT", attempt.to_string()),
-            ];
-            let end = supervise(l, &job, None, stop).await?;
-            let once = OnceRun { key, policy: opts.policy };
-            match end {
-                End::Exited(code) => {
-                    record_once(ledger, l, &once, code).await;
-                    *handled = slot;
-                }
-                End::Stopped => return Ok(Slots::Stopped),
-                End::Unhealthy => return Ok(Slots::Unhealthy),
-                End::Lost | End::NotStarted => return Ok(Slots::TermOver),
-            }
-        }
-        // Every due slot dealt with: wait for the next.
-        let Some(next) = schedule.next_after(SystemTime::now().max(*handled)) else {
-            tracing::warn!("the schedule has no further slots");
-            return Ok(Slots::Stopped);
-        };
-        let wait = next.duration_since(SystemTime::now()).unwrap_or_default();
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = l.cancelled() => return Ok(Slots::TermOver),
-            _ = stop.cancelled() => return Ok(Slots::Stopped),
-        }
-    }
-}
-
-/// The latest slot in `(window, now]`, or the one just before the window, that the
-/// ledger has an entry for.
-async fn latest_recorded(
-    ledger: &dyn LeaseStore,
-    election: &ElectionName,
-    schedule: &Schedule,
-    window: SystemTime,
-    now: SystemTime,
-) -> Result<Option<SystemTime>> {
-    let mut slots = slots_between(schedule, window, now);
-    // The slot just before the window, found by stepping back (a schedule only steps forward).
-    let mut back = Duration::from_secs(1);
-    while let Some(from) = window.checked_sub(back) {
-        if let Some(before) = slots_between(schedule, from, window).last() {
-            slots.insert(0, *before);
-            break;
-        }
-        if back > Duration::from_secs(400 * 24 * 3600) {
-            break;
-        }
-        back *= 4;
-    }
-    for slot in slots.into_iter().rev() {
-        let entry = tenure::ledger::read(ledger, election, &slot_key(slot))
-            .await
-            .with_context(|| format!("cannot read the slot {}", rfc3339(slot)))?;
-        if entry.is_some() {
-            return Ok(Some(slot));
-        }
-    }
-    Ok(None)
-}
-
-/// How late a slot may start and still count as on time in the logs.
-const SLOT_ON_TIME: Duration = Duration::from_secs(1);
 
 /// Whether `program` names a file that can be started: a path with a `/` as it is, a bare
 /// name through `PATH`, as the shell finds it.

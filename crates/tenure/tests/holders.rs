@@ -227,7 +227,7 @@ impl LeaseStore for Unwatched {
 /// lease does: the end a reading gives (a TTL from the reading) is only a guess there,
 /// and a renewal seen at that guess would put the next try off by a whole TTL again.
 #[tokio::test(start_paused = true)]
-async fn on_a_store_that_cannot_watch_a_cut_off_holder_is_replaced_within_a_ttl() {
+async fn on_a_store_that_cannot_watch_a_cut_off_holder_is_replaced_within_a_ttl_and_a_retry_period() {
     let inner: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
     let faulty: Vec<FaultyStore> =
         (0..5).map(|_| FaultyStore::new(Arc::new(Unwatched(inner.clone())) as Arc<dyn LeaseStore>)).collect();
