@@ -355,7 +355,9 @@ fn tenure_run_raises_its_descriptor_limit_and_gives_the_command_and_health_check
         Command::new("sh")
             .args(["-c", r#"ulimit -S -n 256; exec "$0" "$@""#, tenure()])
             .args(["run", "jobs/limits", "--ttl", "2s"])
-            .args(["--health-cmd", &format!("ulimit -S -n > {}", hook.display()), "--health-interval", "200ms"])
+            // Written aside and moved into place, so that the file is never seen empty.
+            .args(["--health-cmd", &format!("ulimit -S -n > {0}.tmp; mv {0}.tmp {0}", hook.display())])
+            .args(["--health-interval", "200ms"])
             .args(["--", "sh", "-c", &script])
             .env("TENURE_STORE", format!("sqlite:{}", dir.path().join("s.db").display()))
             .env("RUST_LOG", "warn")
