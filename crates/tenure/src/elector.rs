@@ -1444,8 +1444,9 @@ async fn follow_slots(shared: &Shared) -> Option<(u32, LeaseRecord, Instant)> {
                     // follower of one lease asks: where the store does not say how long a
                     // grant has left (an Azure blob lease), the end is a guess of a TTL from
                     // the reading, and a renewal read at that guess would put it off again.
-                    let unpolled = crate::mutant("slot-unwatched-unpolled");
-                    if held_until[i].is_some_and(|t| t > shared.clock.now()) && (watching(&watches, i) || unpolled) {
+                    if held_until[i].is_some_and(|t| t > shared.clock.now())
+                        && (watching(&watches, i) || crate::mutant("slot-unwatched-unpolled"))
+                    {
                         continue;
                     }
                     if shared.shutdown.is_cancelled() {

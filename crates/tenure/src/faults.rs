@@ -98,6 +98,8 @@ pub struct FaultyStore {
     by_op: Arc<[AtomicU64; 10]>,
     watch_events: Arc<AtomicU64>,
     watchable: bool,
+    /// Whether records read through it say how long they have left ([`LeaseRecord::remaining`]).
+    tells_remaining: bool,
     /// Watch events are held until then, and delivered late ([`FaultyStore::hold_watch_until`]).
     watch_held_until: Arc<Mutex<Option<tokio::time::Instant>>>,
     renewal_times: Option<RenewalTimes>,
@@ -115,6 +117,7 @@ impl FaultyStore {
             by_op: Arc::default(),
             watch_events: Arc::default(),
             watchable: true,
+            tells_remaining: true,
             watch_held_until: Arc::default(),
             renewal_times: None,
             only: None,
@@ -139,6 +142,19 @@ impl FaultyStore {
     pub fn without_watch(mut self) -> Self {
         self.watchable = false;
         self
+    }
+
+    /// Leaves out how long a record has left ([`LeaseRecord::remaining`]) from every record
+    /// read through it, as a store does that cannot tell (an Azure blob lease): a reader
+    /// learns that a lease ended only by asking again.
+    pub fn without_remaining(mut self) -> Self {
+        self.tells_remaining = false;
+        self
+    }
+
+    /// The record as this wrapper passes it on.
+    fn told(&self, rec: LeaseRecord) -> LeaseRecord {
+        if self.tells_remaining { rec } else { LeaseRecord { remaining: None, ..rec } }
     }
 
     /// Holds the watch events that come before `until` and delivers them then, late and
@@ -200,7 +216,10 @@ impl FaultyStore {
 #[async_trait::async_trait]
 impl LeaseStore for FaultyStore {
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
-        self.run(Op::Acquire, self.inner.try_acquire(req)).await
+        Ok(match self.run(Op::Acquire, self.inner.try_acquire(req)).await? {
+            Acquire::Held(cur) => Acquire::Held(self.told(cur)),
+            won => won,
+        })
     }
     async fn renew(&self, held: &LeaseRecord, ttl: Duration) -> Result<Renew, StoreError> {
         let t0 = std::time::Instant::now();
@@ -226,10 +245,10 @@ impl LeaseStore for FaultyStore {
         }
     }
     async fn get(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {
-        self.run(Op::Get, self.inner.get(election)).await
+        Ok(self.run(Op::Get, self.inner.get(election)).await?.map(|r| self.told(r)))
     }
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
-        self.run(Op::List, self.inner.list(prefix)).await
+        Ok(self.run(Op::List, self.inner.list(prefix)).await?.into_iter().map(|r| self.told(r)).collect())
     }
     async fn evict(&self, election: &ElectionName, how: Evict) -> Result<Option<LeaseRecord>, StoreError> {
         self.run(Op::Evict, self.inner.evict(election, how)).await

@@ -176,61 +176,16 @@ async fn one_holder_and_several_never_run_beside_each_other() {
     }
 }
 
-/// A store that cannot watch and does not say how long a grant has left (as an Azure blob
-/// lease does not): a follower learns that a slot is free only by asking.
-struct Unwatched(Arc<dyn LeaseStore>);
-
-fn without_remaining(r: tenure::LeaseRecord) -> tenure::LeaseRecord {
-    tenure::LeaseRecord { remaining: None, ..r }
-}
-
-#[async_trait::async_trait]
-impl LeaseStore for Unwatched {
-    async fn try_acquire(
-        &self,
-        req: &tenure::store::AcquireRequest,
-    ) -> Result<tenure::store::Acquire, tenure::StoreError> {
-        Ok(match self.0.try_acquire(req).await? {
-            tenure::store::Acquire::Held(cur) => tenure::store::Acquire::Held(without_remaining(cur)),
-            other => other,
-        })
-    }
-    async fn renew(
-        &self,
-        held: &tenure::LeaseRecord,
-        ttl: Duration,
-    ) -> Result<tenure::store::Renew, tenure::StoreError> {
-        self.0.renew(held, ttl).await
-    }
-    async fn release(&self, held: &tenure::LeaseRecord) -> Result<(), tenure::StoreError> {
-        self.0.release(held).await
-    }
-    async fn get(&self, election: &ElectionName) -> Result<Option<tenure::LeaseRecord>, tenure::StoreError> {
-        Ok(self.0.get(election).await?.map(without_remaining))
-    }
-    async fn list(&self, prefix: &str) -> Result<Vec<tenure::LeaseRecord>, tenure::StoreError> {
-        Ok(self.0.list(prefix).await?.into_iter().map(without_remaining).collect())
-    }
-    async fn evict(
-        &self,
-        election: &ElectionName,
-        how: tenure::Evict,
-    ) -> Result<Option<tenure::LeaseRecord>, tenure::StoreError> {
-        self.0.evict(election, how).await
-    }
-    fn describe(&self) -> String {
-        "a store that cannot watch".into()
-    }
-}
-
-/// Followers of slots on such a store ask at each retry period, as a follower of one
-/// lease does: the end a reading gives (a TTL from the reading) is only a guess there,
-/// and a renewal seen at that guess would put the next try off by a whole TTL again.
+/// Followers of slots on a store that cannot watch ask at each retry period, as a
+/// follower of one lease does: the end a reading gives (a TTL from the reading) is only a
+/// guess there, and a renewal seen at that guess would put the next try off by a TTL.
 #[tokio::test(start_paused = true)]
 async fn on_a_store_that_cannot_watch_a_cut_off_holder_is_replaced_within_a_ttl_and_a_retry_period() {
     let inner: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    // A store that cannot watch and does not say how long a grant has left (an Azure blob
+    // lease): a follower learns that a slot is free only by asking.
     let faulty: Vec<FaultyStore> =
-        (0..5).map(|_| FaultyStore::new(Arc::new(Unwatched(inner.clone())) as Arc<dyn LeaseStore>)).collect();
+        (0..5).map(|_| FaultyStore::new(inner.clone()).without_watch().without_remaining()).collect();
     let cands: Vec<Elector> =
         faulty.iter().enumerate().map(|(i, f)| candidate(Arc::new(f.clone()), &format!("c{i}"), 2)).collect();
     // Past a renewal, and past the followers' first readings by half a TTL: their guesses
