@@ -54,7 +54,7 @@ use checks::{other_kind, reserve, successor};
 use failures::{Failures, error_chain};
 use follow::{follow, next_event, stop_following};
 use lead::lead;
-use leadership::{Ask, Asks, Resign, Term};
+use leadership::{Ask, Asks, Proclaim, Resign, Term};
 use release::{RELEASE_TIMEOUTS, give_back, release};
 use slots::follow_slots;
 use sync::{Flag, Published, Stopped, once_seen};
@@ -417,3 +417,6 @@ async fn call<T>(
     shared.metrics.store_call(what, took, r.as_ref().err().map(StoreError::kind));
     r
 }
+
+#[cfg(test)]
+mod tests;

@@ -12,177 +12,275 @@ pub(super) async fn next_event(watch: &mut Option<WatchStream>) -> Option<Result
 /// The follower phase: campaigns until this candidate holds the lease. `None` on shutdown.
 /// Until `defer`, it leaves a free lease to the successor it was reserved for, reading
 /// instead of acquiring, until it sees anyone hold the lease.
+///
+/// Each turn makes one [`Follower::attempt`] when one is due, then waits for the first of
+/// shutdown, the wake time the attempt set, and the watch ([`Follower::on_watch`]).
 pub(super) async fn follow(
     shared: &Shared,
     view: &mut View<'_>,
-    mut defer: Option<Instant>,
+    defer: Option<Instant>,
 ) -> Option<(LeaseRecord, Instant)> {
-    let cfg = &shared.cfg;
-    let me = &shared.req.holder;
-    let mut watch = shared.store.watch(&shared.req.election);
-    // After an ambiguous acquire we must read before we act.
-    let mut unresolved = false;
-    let mut attempt = true;
-    let mut wake_at = shared.clock.now();
-    let mut failures = Failures::new(&shared.req.election);
+    let mut f = Follower::new(shared, defer);
     view.lease_ends = None;
     view.vacant_since = None;
     loop {
         if shared.shutdown.is_cancelled() {
-            Box::pin(stop_following(shared, unresolved.then_some(&shared.req.election))).await;
+            Box::pin(f.stop()).await;
             return None;
         }
-        if attempt {
-            attempt = false;
-            let sent = shared.clock.now();
-            let until = sent + cfg.request_timeout;
-            let retry_at = sent + cfg.jittered(cfg.retry_period);
-            defer = defer.filter(|d| *d > sent);
-            if let Some(reserved_until) = defer
-                && !unresolved
-            {
-                match call(shared, "get", until, shared.store.get(&shared.req.election)).await {
-                    Ok(Some(rec)) if rec.holder == *me && !rec.evicted => {
-                        // Ours (a give-back that did not land, an acquire applied late), and
-                        // nothing runs under it: give it back again, and look again later.
-                        let _ = call(shared, "release", until, shared.store.release(&rec)).await;
-                        wake_at = retry_at.min(reserved_until);
-                    }
-                    Ok(Some(rec)) => {
-                        // Someone leads: the reservation has done its work.
-                        defer = None;
-                        failures.reset();
-                        view.saw_record(Some(&rec));
-                        view.live(&rec);
-                        wake_at = follower_wake(shared, view, Some(&rec), watch.is_some());
-                    }
-                    Ok(None) => {
-                        // Free: leave it only while it is still reserved for a live candidate.
-                        // Boxed: a rare path, and the largest future a follower awaits.
-                        let reserved =
-                            Box::pin(call(shared, "list", until, Standing::read(&*shared.store, &shared.req.election)))
-                                .await
-                                .map(|st| matches!(st.successor(me, cfg.priority), Some(Successor::Reserved { .. })));
-                        if let Ok(false) = reserved {
-                            defer = None;
-                            attempt = true;
-                        } else {
-                            // The successor's presence can end without a word on the
-                            // election's watch: look again within a retry period.
-                            wake_at = reserved_until.min(retry_at);
-                        }
-                    }
-                    Err(e) => {
-                        failures.note(&e, "reading the lease failed", shared.clock.now());
-                        wake_at = retry_at.min(reserved_until);
-                    }
-                }
-            } else if unresolved {
-                match call(shared, "get", until, shared.store.get(&shared.req.election)).await {
-                    Ok(Some(rec)) if rec.holder == *me && !rec.evicted => {
-                        // A read cannot tell which of our writes produced this record,
-                        // so confirm it with a compare-and-set renewal and date the
-                        // term from that request.
-                        let sent = shared.clock.now();
-                        let until = sent + cfg.request_timeout;
-                        match call(shared, "renew", until, shared.store.renew(&rec, cfg.ttl)).await {
-                            Ok(Renew::Renewed(lease)) => {
-                                view.won();
-                                return Some((lease, sent));
-                            }
-                            Ok(Renew::Lost(cur)) => {
-                                unresolved = false;
-                                view.saw_record(cur.as_ref());
-                                wake_at = follower_wake(shared, view, cur.as_ref(), watch.is_some());
-                            }
-                            Err(e) => {
-                                failures.note(&e, "confirming a maybe-held lease failed", shared.clock.now());
-                                wake_at = retry_at;
-                            }
-                        }
-                    }
-                    Ok(cur) => {
-                        unresolved = false;
-                        view.saw_record(cur.as_ref());
-                        wake_at = if cur.is_none() {
-                            shared.clock.now()
-                        } else {
-                            follower_wake(shared, view, cur.as_ref(), watch.is_some())
-                        };
-                        attempt = cur.is_none();
-                    }
-                    Err(e) => {
-                        failures.note(&e, "reading the lease failed", shared.clock.now());
-                        wake_at = retry_at;
-                    }
-                }
-            } else {
-                match call(shared, "acquire", until, shared.store.try_acquire(&shared.req)).await {
-                    Ok(Acquire::Acquired(lease)) => {
-                        view.won();
-                        return Some((lease, sent));
-                    }
-                    Ok(Acquire::Held(cur)) => {
-                        failures.reset();
-                        view.saw_record(Some(&cur));
-                        view.live(&cur);
-                        wake_at = follower_wake(shared, view, Some(&cur), watch.is_some());
-                    }
-                    Err(e) if !e.is_retryable() => {
-                        tracing::error!(election = %shared.req.election, error = %e, "the store refused; no retry can help, so campaigning stops");
-                        let mut f = shared.failure.lock().unwrap_or_else(|p| p.into_inner());
-                        *f = Some(ElectError::Store(Arc::new(e)));
-                        return None;
-                    }
-                    Err(e) => {
-                        if e.kind() == ErrorKind::Ambiguous {
-                            unresolved = true;
-                        }
-                        failures.note(&e, "acquire failed", shared.clock.now());
-                        wake_at = retry_at;
-                    }
-                }
+        if f.attempt {
+            f.attempt = false;
+            match f.attempt(view).await {
+                Attempt::Won(lease, sent) => return Some((lease, sent)),
+                Attempt::Refused => return None,
+                Attempt::Wait => {}
             }
-            if attempt {
+            if f.attempt {
                 continue;
             }
         }
         tokio::select! {
             biased;
             _ = shared.shutdown.cancelled() => {
-                Box::pin(stop_following(shared, unresolved.then_some(&shared.req.election))).await;
+                Box::pin(f.stop()).await;
                 return None;
             }
-            _ = shared.clock.sleep_until(wake_at) => attempt = true,
-            ev = next_event(&mut watch) => match ev {
-                Some(Ok(None)) => {
-                    view.saw(None);
-                    view.vacant_since.get_or_insert(shared.clock.now());
-                    attempt = true;
+            _ = shared.clock.sleep_until(f.wake_at) => f.attempt = true,
+            ev = next_event(&mut f.watch) => f.on_watch(view, ev),
+        }
+    }
+}
+
+/// What an attempt of a follower came to.
+pub(super) enum Attempt {
+    /// This candidate holds the lease, won by a request sent then.
+    Won(LeaseRecord, Instant),
+    /// The store refused in a way no retry can mend: campaigning stops.
+    Refused,
+    /// Not won: the follower waits until its wake time, or attempts again at once if it
+    /// set `attempt`.
+    Wait,
+}
+
+/// A follower of one lease, between its attempts.
+pub(super) struct Follower<'a> {
+    shared: &'a Shared,
+    pub(super) watch: Option<WatchStream>,
+    /// After an acquire whose answer never came, the lease must be read before anything
+    /// else is done.
+    pub(super) unresolved: bool,
+    /// Whether an attempt is due now.
+    pub(super) attempt: bool,
+    pub(super) wake_at: Instant,
+    failures: Failures<'a>,
+    /// Until when the election is reserved for the successor of this candidate's term.
+    pub(super) defer: Option<Instant>,
+}
+
+impl<'a> Follower<'a> {
+    /// A follower that attempts at once, watching the lease where the store can.
+    pub(super) fn new(shared: &'a Shared, defer: Option<Instant>) -> Self {
+        Follower {
+            shared,
+            watch: shared.store.watch(&shared.req.election),
+            unresolved: false,
+            attempt: true,
+            wake_at: shared.clock.now(),
+            failures: Failures::new(&shared.req.election),
+            defer,
+        }
+    }
+
+    /// One attempt: while the election is reserved for a successor, a look
+    /// ([`Follower::look_while_reserved`]); after an unanswered acquire, a read
+    /// ([`Follower::resolve`]); otherwise an acquire ([`Follower::acquire`]).
+    pub(super) async fn attempt(&mut self, view: &mut View<'_>) -> Attempt {
+        let cfg = &self.shared.cfg;
+        let sent = self.shared.clock.now();
+        let until = sent + cfg.request_timeout;
+        let retry_at = sent + cfg.jittered(cfg.retry_period);
+        self.defer = self.defer.filter(|d| *d > sent);
+        match self.defer {
+            Some(reserved_until) if !self.unresolved => {
+                self.look_while_reserved(view, reserved_until, until, retry_at).await;
+                Attempt::Wait
+            }
+            _ if self.unresolved => self.resolve(view, until, retry_at).await,
+            _ => self.acquire(view, sent, until, retry_at).await,
+        }
+    }
+
+    /// While the election is reserved for the successor (until `reserved_until`): reads
+    /// the lease instead of acquiring it, and acquires only once it is free and no longer
+    /// reserved for a live candidate.
+    pub(super) async fn look_while_reserved(
+        &mut self,
+        view: &mut View<'_>,
+        reserved_until: Instant,
+        until: Instant,
+        retry_at: Instant,
+    ) {
+        let shared = self.shared;
+        let me = &shared.req.holder;
+        match call(shared, "get", until, shared.store.get(&shared.req.election)).await {
+            Ok(Some(rec)) if rec.holder == *me && !rec.evicted => {
+                // Ours (a give-back that did not land, an acquire applied late), and
+                // nothing runs under it: give it back again, and look again later.
+                let _ = call(shared, "release", until, shared.store.release(&rec)).await;
+                self.wake_at = retry_at.min(reserved_until);
+            }
+            Ok(Some(rec)) => {
+                // Someone leads: the reservation has done its work.
+                self.defer = None;
+                self.failures.reset();
+                view.saw_record(Some(&rec));
+                view.live(&rec);
+                self.wake_at = follower_wake(shared, view, Some(&rec), self.watch.is_some());
+            }
+            Ok(None) => {
+                // Free: leave it only while it is still reserved for a live candidate.
+                // Boxed: a rare path, and the largest future a follower awaits.
+                let reserved =
+                    Box::pin(call(shared, "list", until, Standing::read(&*shared.store, &shared.req.election)))
+                        .await
+                        .map(|st| matches!(st.successor(me, shared.cfg.priority), Some(Successor::Reserved { .. })));
+                if let Ok(false) = reserved {
+                    self.defer = None;
+                    self.attempt = true;
+                } else {
+                    // The successor's presence can end without a word on the election's
+                    // watch: look again within a retry period.
+                    self.wake_at = reserved_until.min(retry_at);
                 }
-                Some(Ok(Some(rec))) => {
-                    if rec.holder == *me && !rec.evicted {
-                        // Ours (a late echo, or a maybe-applied acquire): resolve it.
-                        attempt = true;
-                        unresolved = true;
-                    } else if !unresolved {
-                        defer = None;
-                        view.saw_record(Some(&rec));
-                        view.live(&rec);
-                        wake_at = follower_wake(shared, view, Some(&rec), true);
+            }
+            Err(e) => {
+                self.failures.note(&e, "reading the lease failed", shared.clock.now());
+                self.wake_at = retry_at.min(reserved_until);
+            }
+        }
+    }
+
+    /// After an acquire whose answer never came: reads the lease. If it is this holder's,
+    /// a compare-and-set renewal confirms it (a read cannot tell which of our writes made
+    /// the record), and the term is dated from that renewal's send time.
+    pub(super) async fn resolve(&mut self, view: &mut View<'_>, until: Instant, retry_at: Instant) -> Attempt {
+        let shared = self.shared;
+        let cfg = &shared.cfg;
+        match call(shared, "get", until, shared.store.get(&shared.req.election)).await {
+            Ok(Some(rec)) if rec.holder == shared.req.holder && !rec.evicted => {
+                let sent = shared.clock.now();
+                let until = sent + cfg.request_timeout;
+                match call(shared, "renew", until, shared.store.renew(&rec, cfg.ttl)).await {
+                    Ok(Renew::Renewed(lease)) => {
+                        view.won();
+                        return Attempt::Won(lease, sent);
+                    }
+                    Ok(Renew::Lost(cur)) => {
+                        self.unresolved = false;
+                        view.saw_record(cur.as_ref());
+                        self.wake_at = follower_wake(shared, view, cur.as_ref(), self.watch.is_some());
+                    }
+                    Err(e) => {
+                        self.failures.note(&e, "confirming a maybe-held lease failed", shared.clock.now());
+                        self.wake_at = retry_at;
                     }
                 }
-                Some(Err(e)) => {
-                    tracing::debug!(election = %shared.req.election, error = %e, "watch failed; polling");
-                    watch = None;
-                    wake_at = wake_at.min(shared.clock.now() + cfg.retry_period);
-                }
-                None => {
-                    watch = None;
-                    wake_at = wake_at.min(shared.clock.now() + cfg.retry_period);
-                }
-            },
+            }
+            Ok(cur) => {
+                self.unresolved = false;
+                view.saw_record(cur.as_ref());
+                self.wake_at = if cur.is_none() {
+                    shared.clock.now()
+                } else {
+                    follower_wake(shared, view, cur.as_ref(), self.watch.is_some())
+                };
+                self.attempt = cur.is_none();
+            }
+            Err(e) => {
+                self.failures.note(&e, "reading the lease failed", shared.clock.now());
+                self.wake_at = retry_at;
+            }
         }
+        Attempt::Wait
+    }
+
+    /// Tries to acquire the lease with a request sent at `sent`. Held by another: wait for
+    /// its end. An ambiguous failure leaves the follower unresolved; a refusal no retry can
+    /// mend stops the campaign.
+    pub(super) async fn acquire(
+        &mut self,
+        view: &mut View<'_>,
+        sent: Instant,
+        until: Instant,
+        retry_at: Instant,
+    ) -> Attempt {
+        let shared = self.shared;
+        match call(shared, "acquire", until, shared.store.try_acquire(&shared.req)).await {
+            Ok(Acquire::Acquired(lease)) => {
+                view.won();
+                return Attempt::Won(lease, sent);
+            }
+            Ok(Acquire::Held(cur)) => {
+                self.failures.reset();
+                view.saw_record(Some(&cur));
+                view.live(&cur);
+                self.wake_at = follower_wake(shared, view, Some(&cur), self.watch.is_some());
+            }
+            Err(e) if !e.is_retryable() => {
+                tracing::error!(election = %shared.req.election, error = %e, "the store refused; no retry can help, so campaigning stops");
+                let mut f = shared.failure.lock().unwrap_or_else(|p| p.into_inner());
+                *f = Some(ElectError::Store(Arc::new(e)));
+                return Attempt::Refused;
+            }
+            Err(e) => {
+                if e.kind() == ErrorKind::Ambiguous {
+                    self.unresolved = true;
+                }
+                self.failures.note(&e, "acquire failed", shared.clock.now());
+                self.wake_at = retry_at;
+            }
+        }
+        Attempt::Wait
+    }
+
+    /// What the watch said: the lease is gone (attempt now), this holder's (a late echo,
+    /// or an acquire applied without an answer: resolve it), or another's (wait for its
+    /// end). A watch that fails or ends is dropped, and the follower polls.
+    pub(super) fn on_watch(&mut self, view: &mut View<'_>, ev: Option<Result<Option<LeaseRecord>, StoreError>>) {
+        let shared = self.shared;
+        match ev {
+            Some(Ok(None)) => {
+                view.saw(None);
+                view.vacant_since.get_or_insert(shared.clock.now());
+                self.attempt = true;
+            }
+            Some(Ok(Some(rec))) => {
+                if rec.holder == shared.req.holder && !rec.evicted {
+                    self.attempt = true;
+                    self.unresolved = true;
+                } else if !self.unresolved {
+                    self.defer = None;
+                    view.saw_record(Some(&rec));
+                    view.live(&rec);
+                    self.wake_at = follower_wake(shared, view, Some(&rec), true);
+                }
+            }
+            Some(Err(e)) => {
+                tracing::debug!(election = %shared.req.election, error = %e, "watch failed; polling");
+                self.watch = None;
+                self.wake_at = self.wake_at.min(shared.clock.now() + shared.cfg.retry_period);
+            }
+            None => {
+                self.watch = None;
+                self.wake_at = self.wake_at.min(shared.clock.now() + shared.cfg.retry_period);
+            }
+        }
+    }
+
+    /// The follower stops: an acquire left unanswered is read, and given back if granted.
+    pub(super) async fn stop(&mut self) {
+        let shared = self.shared;
+        stop_following(shared, self.unresolved.then_some(&shared.req.election)).await;
     }
 }
 

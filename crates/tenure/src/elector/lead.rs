@@ -37,8 +37,14 @@ pub(super) fn lost(lease: &mut LeaseRecord, cur: Option<LeaseRecord>) -> StepDow
     }
 }
 
-/// The leader phase: renews until the term ends, then steps down and releases.
-/// Leads until the term ends; returns why, and how long a resigner asked to stand aside.
+/// The leader phase: leads until the term ends, then steps down and releases. Returns
+/// why the term ended, and how long a resigner asked to stand aside.
+///
+/// The steps: [`TermClock::start`] dates the term; [`vet_win`] may give the lease back
+/// before anything is handed out; [`Leading::new`] makes the term; the loop waits for the
+/// first of shutdown, an ask of the term's holders ([`Leading::proclaim`]), the end of the
+/// cool-down ([`Leading::publish`]), the renewal time ([`Leading::renew`]) and the watch
+/// ([`Leading::on_watch`]); [`Leading::step_down`] ends it.
 pub(super) async fn lead(
     shared: &Shared,
     view: &mut View<'_>,
@@ -47,292 +53,472 @@ pub(super) async fn lead(
     sent: Instant,
     unhealthy: &mut u32,
 ) -> (StepDownReason, Duration) {
-    let cfg = &shared.cfg;
-    // The lease this term holds: the election's, or a slot's.
-    let election = &lease.election.clone();
-    let index = slot.unwrap_or(0);
-    let token = match slot {
-        Some(i) => crate::holders::holder_token(lease.token, i),
-        None => lease.token,
-    };
-    // The safety rule: a term is dated from when its acquire or renewal was *sent*. The
-    // store dates its expiry from when it *received* the request (store duty 2), which is
-    // later, so `sent + ttl·(1 − max_drift) − safety_margin` falls before the store's
-    // expiry on any clock within the drift bound (docs/ARCHITECTURE.md, "Why two leaders
-    // never overlap", steps 1 and 2). Dating it from the answer's arrival would not.
-    let dated = |sent: Instant| {
-        #[cfg(feature = "mutants")]
-        if cfg.mutation_date_from_response {
-            return shared.clock.now();
-        }
-        sent
-    };
-    // Through a store that gathers renewals, renew early on its grid, so they meet.
-    let grid = shared.store.renewal_grid();
-    let term_times = |sent: Instant| {
-        let mut t = TermTimes::after_success(cfg, dated(sent));
-        if let Some(origin) = grid {
-            t.renew_at = on_grid(t.renew_at, t.sent, origin, cfg.renew_interval);
-        }
-        t
-    };
-    let mut times = term_times(sent);
-    let deadline_cell = Arc::new(Mutex::new(times.deadline));
-    // A renewal (or proclamation) sent at `sent` succeeded: the term runs on from then.
-    let renewed = |times: &mut TermTimes, sent: Instant| {
-        *times = term_times(sent);
-        *deadline_cell.lock().unwrap_or_else(|p| p.into_inner()) = times.deadline;
-        shared.metrics.remaining(times.deadline.saturating_duration_since(shared.clock.now()));
-    };
-    // An announcing winner first asks whether the election belongs to someone else; nothing
-    // has been handed out yet, so if it does, the lease goes back at once.
-    if cfg.announce && slot.is_none() {
-        let until = times.stop_at.min(shared.clock.now() + cfg.request_timeout);
-        match Box::pin(successor(shared, until)).await {
-            Some(Successor::Reserved { to, remaining }) => {
-                tracing::info!(%election, successor = %to, "won, but the election is reserved for another candidate; giving it back");
-                Box::pin(give_back(shared, lease)).await;
-                return (StepDownReason::HandedOver { to }, remaining.min(cfg.ttl));
-            }
-            Some(Successor::Higher(to)) => {
-                tracing::info!(%election, successor = %to, "won, but a candidate of higher priority campaigns; handing over to it");
-                Box::pin(reserve(shared, &to)).await;
-                Box::pin(give_back(shared, lease)).await;
-                return (StepDownReason::HandedOver { to }, cfg.ttl);
-            }
-            None => {}
-        }
+    let clock = TermClock::start(shared, sent);
+    if let Some(given_back) = vet_win(shared, slot, lease, &clock).await {
+        return given_back;
     }
-    // One holder and several are different records in the store, so a winner of the other
-    // kind would run beside them: it looks before its term is handed out, and if it finds
-    // that kind holding, gives the lease back and stops campaigning.
-    let until = times.stop_at.min(shared.clock.now() + cfg.request_timeout);
-    if let Some(why) = Box::pin(other_kind(shared, slot, until)).await {
-        tracing::error!(election = %shared.req.election, "{why}; campaigning stops");
-        Box::pin(give_back(shared, lease)).await;
-        *shared.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(ElectError::Unsupported(why));
-        return (StepDownReason::ShuttingDown, Duration::ZERO);
-    }
-    let cancel = CancellationToken::new();
-    let asks = Arc::new(Asks::default());
-    let gone = Arc::new(tokio::sync::Notify::new());
-    let mut pending = Some(Leadership {
-        term: Arc::new(Term {
-            election: shared.req.election.clone(),
-            holder: shared.req.holder.clone(),
-            token,
-            index,
-            holders: cfg.holders,
-            metadata: Mutex::new(lease.metadata.clone()),
-            deadline: deadline_cell.clone(),
-            clock: shared.clock.clone(),
-            ttl: cfg.ttl,
-            presence: shared.presence.clone(),
-            asks: asks.clone(),
-            gone: gone.clone(),
-        }),
-        cancel: cancel.clone(),
-    });
-    let publish_at = sent + cfg.cool_down;
-    let mut watch = shared.store.watch(election);
-    note!(shared, election = %shared.req.election, %token, holder_index = ?slot, "elected");
+    let mut term = Leading::new(shared, slot, lease, clock, sent);
     view.saw_record(Some(&*lease));
-    let mut resigners: Vec<Resign> = Vec::new();
-    // A proclamation answered by a grant of a new term, to release after the work stops.
-    let mut release_new_grant = false;
-    // The successor to reserve the election for, after the work stops and before the release.
-    let mut reserve_for: Option<HolderId> = None;
-
     let reason = loop {
-        // After a pause (SIGSTOP, a stalled VM) these may already have passed.
-        let now = shared.clock.now();
-        if now >= times.deadline {
-            break StepDownReason::DeadlinePassed;
-        }
-        if now >= times.stop_at {
-            break StepDownReason::RenewFailed;
+        // After a pause (SIGSTOP, a stalled VM) the term may already be over.
+        if let Some(over) = term.clock.over() {
+            break over;
         }
         let publish_wait = async {
-            match pending {
+            match term.pending {
                 // Without a cool-down it is already due: hand it out now, not at the timer's
                 // next tick (up to a millisecond on every handover).
-                Some(_) if shared.clock.now() >= publish_at => {}
-                Some(_) => shared.clock.sleep_until(publish_at).await,
+                Some(_) if shared.clock.now() >= term.publish_at => {}
+                Some(_) => shared.clock.sleep_until(term.publish_at).await,
                 None => std::future::pending().await,
             }
         };
         // One timer for both: the renewal is due no later than the step-down time, and a
         // renewal woken at or past that time steps down instead.
-        let renew_due_at = times.renew_at.min(times.stop_at);
+        let renew_due_at = term.clock.times.renew_at.min(term.clock.times.stop_at);
         tokio::select! {
             biased;
             _ = shared.shutdown.cancelled() => break StepDownReason::ShuttingDown,
             // One waiter for both kinds of ask, as it is kept by every leader between
             // renewals. A resignation goes first; a proclamation waits while a renewal is
             // due, so that proclamations that keep failing cannot starve the renewal.
-            ask = asks.next(|s| {
+            ask = term.asks.next(|s| {
                 s.resign.pop().map(Ask::Resign).or_else(|| {
                     let renewal_due = shared.clock.now() >= renew_due_at;
                     if renewal_due { None } else { s.proclaim.pop_front().map(Ask::Proclaim) }
                 })
             }) => match ask {
-                Ask::Resign(tx) => {
-                    resigners.push(tx);
+                Ask::Resign(r) => {
+                    term.resigners.push(r);
                     break StepDownReason::Resigned;
                 }
                 Ask::Proclaim(p) => {
-                    let sent = shared.clock.now();
-                    if sent >= times.stop_at {
-                        let _ = p.done.send(Err(ProclaimError::TermEnded));
-                        continue;
-                    }
-                    let req = AcquireRequest::new(election.clone(), shared.req.holder.clone(), cfg.ttl)
-                        .with_metadata(p.metadata.clone());
-                    let until = times.stop_at.min(sent + cfg.request_timeout);
-                    match call(shared, "proclaim", until, shared.store.try_acquire(&req)).await {
-                        // A same-holder acquire is a renewal: the same term, dated from its send time.
-                        Ok(Acquire::Acquired(rec)) if rec.token == lease.token => {
-                            *lease = rec;
-                            renewed(&mut times, sent);
-                            if let Some(l) = shared.leadership.get() {
-                                *l.term.metadata.lock().unwrap_or_else(|p| p.into_inner()) = p.metadata;
-                            }
-                            let _ = p.done.send(Ok(()));
-                        }
-                        Ok(Acquire::Acquired(grant)) => {
-                            // A new grant: the store had ended this term. This process does not
-                            // lead in it: the work stops first (the step-down below), then the
-                            // grant, which keeps everyone else out meanwhile, is released.
-                            let _ = p.done.send(Err(ProclaimError::TermEnded));
-                            *lease = grant;
-                            release_new_grant = true;
-                            break StepDownReason::Lost { to: None };
-                        }
-                        Ok(Acquire::Held(cur)) => {
-                            let _ = p.done.send(Err(ProclaimError::TermEnded));
-                            break lost(lease, Some(cur));
-                        }
-                        Err(e) => {
-                            tracing::warn!(%election, error = %e, "publishing new metadata failed");
-                            let _ = p.done.send(Err(ProclaimError::Store(e)));
-                        }
+                    if let Some(ended) = term.proclaim(p, lease).await {
+                        break ended;
                     }
                 }
             },
-            _ = publish_wait => {
-                // Woken late (a pause during a cool-down): the top of the loop steps down
-                // instead of announcing a term that is already over.
-                if shared.clock.now() >= times.stop_at {
-                    continue;
-                }
-                if let Some(l) = pending.take() {
-                    shared.metrics.elected(view.takeover.take());
-                    shared.metrics.remaining(times.deadline.saturating_duration_since(shared.clock.now()));
-                    shared.send_event(Event::Elected { token: l.token() });
-                    shared.leadership.replace(Some(l));
-                }
-            }
+            _ = publish_wait => term.publish(view),
             _ = shared.clock.sleep_until(renew_due_at) => {
-                let sent = shared.clock.now();
-                // Woken late (a pause): no time is left to renew in.
-                if sent >= times.deadline {
-                    break StepDownReason::DeadlinePassed;
-                }
-                if sent >= times.stop_at {
-                    break StepDownReason::RenewFailed;
-                }
-                let until = times.stop_at.min(sent + cfg.request_timeout);
-                match call(shared, "renew", until, shared.store.renew(lease, cfg.ttl)).await {
-                    Ok(Renew::Renewed(rec)) => {
-                        *lease = rec;
-                        renewed(&mut times, sent);
-                        if cfg.announce && slot.is_none() {
-                            let until = times.stop_at.min(shared.clock.now() + cfg.request_timeout);
-                            match Box::pin(successor(shared, until)).await {
-                                // A reservation made during this term: an operator's handover.
-                                Some(Successor::Reserved { to, .. }) => {
-                                    tracing::info!(%election, successor = %to, "the election was reserved for another candidate; handing over");
-                                    break StepDownReason::HandedOver { to };
-                                }
-                                Some(Successor::Higher(to)) => {
-                                    tracing::info!(%election, successor = %to, "a candidate of higher priority campaigns; handing over to it");
-                                    #[cfg(feature = "mutants")]
-                                    if cfg.mutation_hand_over_without_stepping_down {
-                                        // The planted bug: give the lease away and lead on.
-                                        Box::pin(reserve(shared, &to)).await;
-                                        Box::pin(give_back(shared, lease)).await;
-                                        continue;
-                                    }
-                                    reserve_for = Some(to.clone());
-                                    break StepDownReason::HandedOver { to };
-                                }
-                                None => {}
-                            }
-                        }
-                    }
-                    Ok(Renew::Lost(cur)) => break lost(lease, cur),
-                    Err(e) => {
-                        tracing::warn!(%election, error = %e, "renewal failed; retrying");
-                        let now = shared.clock.now();
-                        if now >= times.stop_at {
-                            break StepDownReason::RenewFailed;
-                        }
-                        times.renew_at = (now + cfg.jittered(cfg.retry_period)).min(times.stop_at);
-                    }
+                if let Some(ended) = term.renew(lease).await {
+                    break ended;
                 }
             }
-            seen = leader_watch(&mut watch, lease) => match seen {
-                LeaderWatch::Ours => {}
-                LeaderWatch::Ask => {
-                    // Someone else's record, an eviction, or none at all: ask the store
-                    // with a renewal, whose answer is authoritative.
-                    times.renew_at = shared.clock.now();
-                }
-                LeaderWatch::Ended => watch = None,
-            },
+            seen = leader_watch(&mut term.watch, lease) => term.on_watch(seen),
         }
     };
+    term.step_down(view, lease, reason, unhealthy).await
+}
 
-    // Step down: end the term, wait for the guarded work, then release.
-    cancel.cancel();
-    // A proclamation sent meanwhile is answered now: its caller may hold the leadership
-    // that the release below waits for.
-    asks.end_proclaims();
-    drop(pending);
-    shared.leadership.replace(None);
-    note!(shared, election = %shared.req.election, %token, holder_index = ?slot, ?reason, "stepped down");
-    shared.metrics.ended(&reason);
-    shared.send_event(Event::SteppedDown { reason: reason.clone() });
-    // Warn if the work outlives the deadline, unless we only woke up past it.
-    let mut warned = shared.clock.now() >= times.deadline;
-    loop {
-        tokio::select! {
-            biased;
-            _ = gone.notified() => break,
-            _ = shared.clock.sleep_until(times.deadline), if !warned => {
-                warned = true;
-                tracing::error!(%election, token = %lease.token,
-                    "the guarded work is still running past the lease deadline; drop every Leadership clone when it is cancelled");
+/// The clock of one term: when to renew, when to step down, and the local deadline.
+///
+/// A term is dated from when its acquire or renewal was *sent*. The store dates its expiry
+/// from when it *received* the request (store duty 2), which is later, so
+/// `sent + ttl·(1 − max_drift) − safety_margin` falls before the store's expiry on any
+/// clock within the drift bound (docs/ARCHITECTURE.md, "Why two leaders never overlap",
+/// steps 1 and 2). Dating it from the answer's arrival would not. Through a store that
+/// gathers renewals, renewals are due early, on the store's grid, so that they meet.
+pub(super) struct TermClock<'a> {
+    shared: &'a Shared,
+    grid: Option<Instant>,
+    /// The renewal time, the step-down time and the deadline.
+    pub(super) times: TermTimes,
+    /// The deadline as the term's holders read it ([`Leadership::deadline`]).
+    pub(super) deadline: Arc<Mutex<Instant>>,
+}
+
+impl<'a> TermClock<'a> {
+    /// The clock of a term won by a request sent at `sent`.
+    pub(super) fn start(shared: &'a Shared, sent: Instant) -> Self {
+        let grid = shared.store.renewal_grid();
+        let times = Self::dated(shared, grid, sent);
+        TermClock { shared, grid, deadline: Arc::new(Mutex::new(times.deadline)), times }
+    }
+
+    fn dated(shared: &Shared, grid: Option<Instant>, sent: Instant) -> TermTimes {
+        // The planted bug: dated from the answer's arrival.
+        #[cfg(feature = "mutants")]
+        let sent = if shared.cfg.mutation_date_from_response { shared.clock.now() } else { sent };
+        let mut t = TermTimes::after_success(&shared.cfg, sent);
+        if let Some(origin) = grid {
+            t.renew_at = on_grid(t.renew_at, t.sent, origin, shared.cfg.renew_interval);
+        }
+        t
+    }
+
+    /// A renewal (or proclamation) sent at `sent` succeeded: the term runs on from then.
+    pub(super) fn renewed(&mut self, sent: Instant) {
+        self.times = Self::dated(self.shared, self.grid, sent);
+        *self.deadline.lock().unwrap_or_else(|p| p.into_inner()) = self.times.deadline;
+        self.shared.metrics.remaining(self.times.deadline.saturating_duration_since(self.shared.clock.now()));
+    }
+
+    /// The time limit of a store call made now: a request timeout, and never past the
+    /// step-down time.
+    pub(super) fn call_until(&self) -> Instant {
+        self.times.stop_at.min(self.shared.clock.now() + self.shared.cfg.request_timeout)
+    }
+
+    /// Why the term is over, if it is by now: past its deadline, or its step-down time.
+    pub(super) fn over(&self) -> Option<StepDownReason> {
+        let now = self.shared.clock.now();
+        if now >= self.times.deadline {
+            Some(StepDownReason::DeadlinePassed)
+        } else if now >= self.times.stop_at {
+            Some(StepDownReason::RenewFailed)
+        } else {
+            None
+        }
+    }
+}
+
+/// What a winner checks before its term is handed out; `Some` if the lease went back at
+/// once (nothing ran under it), with why and how long to stand aside.
+///
+/// An announcing winner asks whether the election belongs to someone else: a candidate it
+/// is reserved for, or one of higher priority. A winner of one kind (one holder, or
+/// several) looks for holders of the other kind, which are different records in the store
+/// and would run beside it; if it finds them, it stops campaigning.
+pub(super) async fn vet_win(
+    shared: &Shared,
+    slot: Option<u32>,
+    lease: &LeaseRecord,
+    clock: &TermClock<'_>,
+) -> Option<(StepDownReason, Duration)> {
+    let cfg = &shared.cfg;
+    let election = &lease.election;
+    if cfg.announce && slot.is_none() {
+        match Box::pin(successor(shared, clock.call_until())).await {
+            Some(Successor::Reserved { to, remaining }) => {
+                tracing::info!(%election, successor = %to, "won, but the election is reserved for another candidate; giving it back");
+                Box::pin(give_back(shared, lease)).await;
+                return Some((StepDownReason::HandedOver { to }, remaining.min(cfg.ttl)));
+            }
+            Some(Successor::Higher(to)) => {
+                tracing::info!(%election, successor = %to, "won, but a candidate of higher priority campaigns; handing over to it");
+                Box::pin(reserve(shared, &to)).await;
+                Box::pin(give_back(shared, lease)).await;
+                return Some((StepDownReason::HandedOver { to }, cfg.ttl));
+            }
+            None => {}
+        }
+    }
+    if let Some(why) = Box::pin(other_kind(shared, slot, clock.call_until())).await {
+        tracing::error!(election = %shared.req.election, "{why}; campaigning stops");
+        Box::pin(give_back(shared, lease)).await;
+        *shared.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(ElectError::Unsupported(why));
+        return Some((StepDownReason::ShuttingDown, Duration::ZERO));
+    }
+    None
+}
+
+/// A term in progress, as its lead loop keeps it.
+pub(super) struct Leading<'a> {
+    shared: &'a Shared,
+    /// The lease this term holds: the election's, or a slot's.
+    election: ElectionName,
+    slot: Option<u32>,
+    token: crate::FencingToken,
+    pub(super) clock: TermClock<'a>,
+    cancel: CancellationToken,
+    pub(super) asks: Arc<Asks>,
+    /// Woken when the last [`Leadership`] clone is dropped.
+    gone: Arc<tokio::sync::Notify>,
+    /// The leadership, until the cool-down ends and it is handed out.
+    pub(super) pending: Option<Leadership>,
+    pub(super) publish_at: Instant,
+    pub(super) watch: Option<WatchStream>,
+    /// Those who asked this term to resign, answered once the lease is released.
+    pub(super) resigners: Vec<Resign>,
+    /// A proclamation answered by a grant of a new term, to release after the work stops.
+    release_new_grant: bool,
+    /// The successor to reserve the election for, after the work stops and before the release.
+    reserve_for: Option<HolderId>,
+}
+
+impl<'a> Leading<'a> {
+    /// The term of `lease`, won by a request sent at `sent`: its [`Leadership`] is made
+    /// (handed out once the cool-down ends) and its lease watched.
+    pub(super) fn new(
+        shared: &'a Shared,
+        slot: Option<u32>,
+        lease: &LeaseRecord,
+        clock: TermClock<'a>,
+        sent: Instant,
+    ) -> Self {
+        let cfg = &shared.cfg;
+        let token = match slot {
+            Some(i) => crate::holders::holder_token(lease.token, i),
+            None => lease.token,
+        };
+        let cancel = CancellationToken::new();
+        let asks = Arc::new(Asks::default());
+        let gone = Arc::new(tokio::sync::Notify::new());
+        let pending = Some(Leadership {
+            term: Arc::new(Term {
+                election: shared.req.election.clone(),
+                holder: shared.req.holder.clone(),
+                token,
+                index: slot.unwrap_or(0),
+                holders: cfg.holders,
+                metadata: Mutex::new(lease.metadata.clone()),
+                deadline: clock.deadline.clone(),
+                clock: shared.clock.clone(),
+                ttl: cfg.ttl,
+                presence: shared.presence.clone(),
+                asks: asks.clone(),
+                gone: gone.clone(),
+            }),
+            cancel: cancel.clone(),
+        });
+        let watch = shared.store.watch(&lease.election);
+        note!(shared, election = %shared.req.election, %token, holder_index = ?slot, "elected");
+        Leading {
+            shared,
+            election: lease.election.clone(),
+            slot,
+            token,
+            clock,
+            cancel,
+            asks,
+            gone,
+            pending,
+            publish_at: sent + cfg.cool_down,
+            watch,
+            resigners: Vec::new(),
+            release_new_grant: false,
+            reserve_for: None,
+        }
+    }
+
+    /// The cool-down is over: the leadership is handed out, unless the term is already
+    /// over (woken late after a pause), which the loop's next turn finds.
+    pub(super) fn publish(&mut self, view: &mut View<'_>) {
+        let shared = self.shared;
+        if shared.clock.now() >= self.clock.times.stop_at {
+            return;
+        }
+        if let Some(l) = self.pending.take() {
+            shared.metrics.elected(view.takeover.take());
+            shared.metrics.remaining(self.clock.times.deadline.saturating_duration_since(shared.clock.now()));
+            shared.send_event(Event::Elected { token: l.token() });
+            shared.leadership.replace(Some(l));
+        }
+    }
+
+    /// Publishes a holder's new metadata with a same-holder acquire, which renews the term
+    /// when the store still holds it. `Some` if the term ended.
+    pub(super) async fn proclaim(&mut self, p: Proclaim, lease: &mut LeaseRecord) -> Option<StepDownReason> {
+        let shared = self.shared;
+        let sent = shared.clock.now();
+        if sent >= self.clock.times.stop_at {
+            let _ = p.done.send(Err(ProclaimError::TermEnded));
+            return None;
+        }
+        let req = AcquireRequest::new(self.election.clone(), shared.req.holder.clone(), shared.cfg.ttl)
+            .with_metadata(p.metadata.clone());
+        match call(shared, "proclaim", self.clock.call_until(), shared.store.try_acquire(&req)).await {
+            // A same-holder acquire is a renewal: the same term, dated from its send time.
+            Ok(Acquire::Acquired(rec)) if rec.token == lease.token => {
+                *lease = rec;
+                self.clock.renewed(sent);
+                if let Some(l) = shared.leadership.get() {
+                    *l.term.metadata.lock().unwrap_or_else(|p| p.into_inner()) = p.metadata;
+                }
+                let _ = p.done.send(Ok(()));
+                None
+            }
+            Ok(Acquire::Acquired(grant)) => {
+                // A new grant: the store had ended this term. This process does not lead
+                // in it: the work stops first (the step-down), then the grant, which keeps
+                // everyone else out meanwhile, is released.
+                let _ = p.done.send(Err(ProclaimError::TermEnded));
+                *lease = grant;
+                self.release_new_grant = true;
+                Some(StepDownReason::Lost { to: None })
+            }
+            Ok(Acquire::Held(cur)) => {
+                let _ = p.done.send(Err(ProclaimError::TermEnded));
+                Some(lost(lease, Some(cur)))
+            }
+            Err(e) => {
+                tracing::warn!(election = %self.election, error = %e, "publishing new metadata failed");
+                let _ = p.done.send(Err(ProclaimError::Store(e)));
+                None
             }
         }
     }
-    resigners.extend(asks.close());
-    let mut stand_aside = resigners.iter().map(|r| r.stand_aside).max().unwrap_or_default();
-    if let Some(to) = &reserve_for {
-        Box::pin(reserve(shared, to)).await;
+
+    /// Renews the lease (the renewal time has come). A failure is retried after a retry
+    /// period, until the step-down time. An announcing leader then asks whether it should
+    /// hand over. `Some` if the term ended.
+    pub(super) async fn renew(&mut self, lease: &mut LeaseRecord) -> Option<StepDownReason> {
+        let shared = self.shared;
+        let cfg = &shared.cfg;
+        // Woken late (a pause): no time is left to renew in.
+        if let Some(over) = self.clock.over() {
+            return Some(over);
+        }
+        let sent = shared.clock.now();
+        match call(shared, "renew", self.clock.call_until(), shared.store.renew(lease, cfg.ttl)).await {
+            Ok(Renew::Renewed(rec)) => {
+                *lease = rec;
+                self.clock.renewed(sent);
+                if cfg.announce && self.slot.is_none() {
+                    return self.hand_over_if_asked(lease).await;
+                }
+                None
+            }
+            Ok(Renew::Lost(cur)) => Some(lost(lease, cur)),
+            Err(e) => {
+                tracing::warn!(election = %self.election, error = %e, "renewal failed; retrying");
+                let now = shared.clock.now();
+                if now >= self.clock.times.stop_at {
+                    return Some(StepDownReason::RenewFailed);
+                }
+                self.clock.times.renew_at = (now + cfg.jittered(cfg.retry_period)).min(self.clock.times.stop_at);
+                None
+            }
+        }
     }
-    // A candidate that stops or stands aside withdraws its presence before the release,
-    // so that the next winner does not find it announced and hand the election back to it.
-    // An unhealthy one stays away longer each time in a row.
-    let resigned_unhealthy = reason == StepDownReason::Resigned && !stand_aside.is_zero();
-    *unhealthy = if resigned_unhealthy { unhealthy.saturating_add(1) } else { 0 };
-    match (&reason, &shared.presence) {
+
+    /// After a renewal, an announcing leader hands over to the candidate the election was
+    /// reserved for during this term (an operator's handover), or to one of higher
+    /// priority. `Some` if it does.
+    #[cfg_attr(not(feature = "mutants"), allow(unused_variables))]
+    async fn hand_over_if_asked(&mut self, lease: &LeaseRecord) -> Option<StepDownReason> {
+        let shared = self.shared;
+        let election = &self.election;
+        match Box::pin(successor(shared, self.clock.call_until())).await {
+            Some(Successor::Reserved { to, .. }) => {
+                tracing::info!(%election, successor = %to, "the election was reserved for another candidate; handing over");
+                Some(StepDownReason::HandedOver { to })
+            }
+            Some(Successor::Higher(to)) => {
+                tracing::info!(%election, successor = %to, "a candidate of higher priority campaigns; handing over to it");
+                #[cfg(feature = "mutants")]
+                if shared.cfg.mutation_hand_over_without_stepping_down {
+                    // The planted bug: give the lease away and lead on.
+                    Box::pin(reserve(shared, &to)).await;
+                    Box::pin(give_back(shared, lease)).await;
+                    return None;
+                }
+                self.reserve_for = Some(to.clone());
+                Some(StepDownReason::HandedOver { to })
+            }
+            None => None,
+        }
+    }
+
+    /// What the watch said of this term's lease. Anything but this term's own record (an
+    /// eviction, someone else's, none) makes the renewal due now: its answer is
+    /// authoritative. A watch that ended is dropped; renewals go on without it.
+    pub(super) fn on_watch(&mut self, seen: LeaderWatch) {
+        match seen {
+            LeaderWatch::Ours => {}
+            LeaderWatch::Ask => self.clock.times.renew_at = self.shared.clock.now(),
+            LeaderWatch::Ended => self.watch = None,
+        }
+    }
+
+    /// Steps down: ends the term, waits for the guarded work, stands aside as asked,
+    /// releases the lease (unless the store already gave it to another), then answers
+    /// the resigners. Returns why, and how long to stand aside.
+    pub(super) async fn step_down(
+        mut self,
+        view: &mut View<'_>,
+        lease: &mut LeaseRecord,
+        reason: StepDownReason,
+        unhealthy: &mut u32,
+    ) -> (StepDownReason, Duration) {
+        let shared = self.shared;
+        let cfg = &shared.cfg;
+        self.end_term(&reason);
+        self.wait_for_work(lease).await;
+        self.resigners.extend(self.asks.close());
+        let mut stand_aside = self.resigners.iter().map(|r| r.stand_aside).max().unwrap_or_default();
+        if let Some(to) = &self.reserve_for {
+            Box::pin(reserve(shared, to)).await;
+        }
+        // An unhealthy resignation (one that asked to stand aside) stays away longer each
+        // time in a row.
+        let resigned_unhealthy = reason == StepDownReason::Resigned && !stand_aside.is_zero();
+        *unhealthy = if resigned_unhealthy { unhealthy.saturating_add(1) } else { 0 };
+        withdraw_presence(shared, &self.election, &reason, stand_aside, *unhealthy).await;
+        if !matches!(reason, StepDownReason::Lost { .. }) || self.release_new_grant {
+            match Box::pin(release(shared, lease)).await {
+                Ok(true) => view.saw(None),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(election = %self.election, error = %e, "release failed or could not be confirmed; the lease will expire on its own")
+                }
+            }
+        }
+        if let StepDownReason::Lost { to } = &reason {
+            view.saw(to.clone());
+        }
+        if let StepDownReason::HandedOver { .. } = reason {
+            // Leave the election to the successor while it is reserved for it.
+            stand_aside = cfg.ttl;
+        }
+        for r in std::mem::take(&mut self.resigners) {
+            let _ = r.done.send(());
+        }
+        (reason, stand_aside)
+    }
+
+    /// Ends the term for its holders: cancels it, answers the proclamations sent meanwhile
+    /// (their callers may hold the leadership that the release waits for), takes back the
+    /// leadership, and tells of the step-down.
+    fn end_term(&mut self, reason: &StepDownReason) {
+        let shared = self.shared;
+        self.cancel.cancel();
+        self.asks.end_proclaims();
+        drop(self.pending.take());
+        shared.leadership.replace(None);
+        note!(shared, election = %shared.req.election, token = %self.token, holder_index = ?self.slot, ?reason, "stepped down");
+        shared.metrics.ended(reason);
+        shared.send_event(Event::SteppedDown { reason: reason.clone() });
+    }
+
+    /// Waits until the last [`Leadership`] clone is dropped. Logs an error if the work
+    /// outlives the deadline, unless the process only woke up past it. (`&mut`: a term
+    /// holds its watch, which is not `Sync`, and the campaign task must be `Send`.)
+    async fn wait_for_work(&mut self, lease: &LeaseRecord) {
+        let shared = self.shared;
+        let deadline = self.clock.times.deadline;
+        let mut warned = shared.clock.now() >= deadline;
+        loop {
+            tokio::select! {
+                biased;
+                _ = self.gone.notified() => break,
+                _ = shared.clock.sleep_until(deadline), if !warned => {
+                    warned = true;
+                    tracing::error!(election = %self.election, token = %lease.token,
+                        "the guarded work is still running past the lease deadline; drop every Leadership clone when it is cancelled");
+                }
+            }
+        }
+    }
+}
+
+/// A candidate that stops or stands aside withdraws its presence before the release, so
+/// that the next winner does not find it announced and hand the election back to it.
+async fn withdraw_presence(
+    shared: &Shared,
+    election: &ElectionName,
+    reason: &StepDownReason,
+    stand_aside: Duration,
+    unhealthy: u32,
+) {
+    let cfg = &shared.cfg;
+    // Its release and the reads that confirm it (see `release`), a read before them when
+    // it stops as a follower with an acquire unanswered (`stop_following`), and a little
+    // more.
+    let until = shared.clock.now() + cfg.request_timeout * (RELEASE_TIMEOUTS + 2);
+    match (reason, &shared.presence) {
         (StepDownReason::ShuttingDown, Some(p)) => {
             p.shared.shutdown.cancel();
-            // Its release and the reads that confirm it (see `release`), a read before them when
-            // it stops as a follower with an acquire unanswered (`stop_following`), and a
-            // little more.
-            let until = shared.clock.now() + cfg.request_timeout * (RELEASE_TIMEOUTS + 2);
             tokio::select! {
                 biased;
                 _ = Box::pin(p.stopped()) => {}
@@ -340,10 +526,9 @@ pub(super) async fn lead(
             }
         }
         (StepDownReason::Resigned | StepDownReason::Evicted, Some(p)) => {
-            let hold = cfg.resign_backoff.max(stand_aside).saturating_mul(2u32.pow((*unhealthy).clamp(1, 7) - 1));
+            let hold = cfg.resign_backoff.max(stand_aside).saturating_mul(2u32.pow(unhealthy.clamp(1, 7) - 1));
             if let Some(presence) = p.current() {
                 tracing::debug!(%election, ?hold, "standing aside: no longer announced meanwhile");
-                let until = shared.clock.now() + cfg.request_timeout * (RELEASE_TIMEOUTS + 2);
                 tokio::select! {
                     biased;
                     _ = Box::pin(presence.resign_for(hold)) => {}
@@ -353,26 +538,6 @@ pub(super) async fn lead(
         }
         _ => {}
     }
-    if !matches!(reason, StepDownReason::Lost { .. }) || release_new_grant {
-        match Box::pin(release(shared, lease)).await {
-            Ok(true) => view.saw(None),
-            Ok(false) => {}
-            Err(e) => {
-                tracing::warn!(%election, error = %e, "release failed or could not be confirmed; the lease will expire on its own")
-            }
-        }
-    }
-    if let StepDownReason::Lost { to } = &reason {
-        view.saw(to.clone());
-    }
-    if let StepDownReason::HandedOver { .. } = reason {
-        // Leave the election to the successor while it is reserved for it.
-        stand_aside = cfg.ttl;
-    }
-    for r in resigners {
-        let _ = r.done.send(());
-    }
-    (reason, stand_aside)
 }
 
 /// The latest instant at or before `due` that is a whole number of `period`s after

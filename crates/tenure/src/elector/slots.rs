@@ -11,164 +11,247 @@ use super::*;
 /// told whether that one was granted. Between rounds it waits for a slot's watch to
 /// report a change, or for the earliest moment a slot it saw held would expire.
 pub(super) async fn follow_slots(shared: &Shared) -> Option<(u32, LeaseRecord, Instant)> {
-    let cfg = &shared.cfg;
-    let me = &shared.req.holder;
-    let n = shared.slots.len();
-    let mut watches = tokio_stream::StreamMap::new();
-    for (i, slot) in shared.slots.iter().enumerate() {
-        if let Some(w) = shared.store.watch(&slot.election) {
-            // A watch that ends says so, as an error, so that its slot is polled from then
-            // on (the map would drop it without a word).
-            let ended = tokio_stream::once(Err(StoreError::unavailable("the watch ended")));
-            let w: WatchStream = Box::pin(tokio_stream::StreamExt::chain(w, ended));
-            watches.insert(i, w);
-        }
-    }
-    let watching = |w: &tokio_stream::StreamMap<usize, WatchStream>, i: usize| w.contains_key(&i);
-    // When each slot, last seen held by another, would expire; `None`: try it.
-    let mut held_until: Vec<Option<Instant>> = vec![None; n];
-    // The grant and revision each end was read from: of the readings of one revision,
-    // the earliest end counts (a watch catching up late gives later ones; see `View::ends`).
-    let mut read_from: Vec<Option<(HolderId, crate::FencingToken, crate::store::Revision)>> = vec![None; n];
-    let mut saw = |i: usize, rec: &LeaseRecord, held_until: &mut Vec<Option<Instant>>| {
-        let end = shared.clock.now() + rec.remaining.unwrap_or(rec.ttl);
-        let from = Some((rec.holder.clone(), rec.token, rec.revision));
-        held_until[i] = match held_until[i] {
-            Some(earlier) if read_from[i] == from => Some(earlier.min(end)),
-            _ => Some(end),
-        };
-        read_from[i] = from;
-    };
-    // A slot whose acquire may have been granted without an answer: read it first.
-    let mut unresolved: Option<usize> = None;
-    let mut failures = Failures::new(&shared.req.election);
-    let mut attempt = true;
-    let mut wake_at = shared.clock.now();
+    let mut f = SlotFollower::new(shared);
     loop {
         if shared.shutdown.is_cancelled() {
-            Box::pin(stop_following(shared, unresolved.map(|i| &shared.slots[i].election))).await;
+            Box::pin(f.stop()).await;
             return None;
         }
-        if attempt {
-            attempt = false;
+        if f.attempt {
+            f.attempt = false;
             let now = shared.clock.now();
-            let retry_at = now + cfg.jittered(cfg.retry_period);
-            wake_at = retry_at;
-            if let Some(i) = unresolved {
-                let until = now + cfg.request_timeout;
-                match call(shared, "get", until, shared.store.get(&shared.slots[i].election)).await {
-                    Ok(Some(rec)) if rec.holder == *me && !rec.evicted => {
-                        // Confirm it with a compare-and-set renewal, and date the term from it.
-                        let sent = shared.clock.now();
-                        let until = sent + cfg.request_timeout;
-                        match call(shared, "renew", until, shared.store.renew(&rec, cfg.ttl)).await {
-                            Ok(Renew::Renewed(lease)) => return Some((i as u32, lease, sent)),
-                            Ok(Renew::Lost(_)) => unresolved = None,
-                            Err(e) => failures.note(&e, "confirming a maybe-held slot failed", shared.clock.now()),
-                        }
-                    }
-                    Ok(_) => unresolved = None,
-                    Err(e) => failures.note(&e, "reading a slot failed", shared.clock.now()),
-                }
-                if unresolved.is_some() {
-                    // Still unknown: try again after a retry period, and nothing else meanwhile.
-                    wake_at = retry_at;
-                } else {
-                    attempt = true;
-                }
-            } else {
-                let first = fastrand::usize(..n);
-                for k in 0..n {
-                    let i = (first + k) % n;
-                    // A slot seen held waits for its end where a watch would tell of a
-                    // change. One not watched is asked at each wake (a retry period), as a
-                    // follower of one lease asks: where the store does not say how long a
-                    // grant has left (an Azure blob lease), the end is a guess of a TTL from
-                    // the reading, and a renewal read at that guess would put it off again.
-                    if held_until[i].is_some_and(|t| t > shared.clock.now())
-                        && (watching(&watches, i) || crate::mutant("slot-unwatched-unpolled"))
-                    {
-                        continue;
-                    }
-                    if shared.shutdown.is_cancelled() {
-                        break;
-                    }
-                    let sent = shared.clock.now();
-                    let until = sent + cfg.request_timeout;
-                    match call(shared, "acquire", until, shared.store.try_acquire(&shared.slots[i])).await {
-                        Ok(Acquire::Acquired(lease)) => return Some((i as u32, lease, sent)),
-                        Ok(Acquire::Held(cur)) => {
-                            failures.reset();
-                            saw(i, &cur, &mut held_until);
-                        }
-                        Err(e) if !e.is_retryable() => {
-                            tracing::error!(election = %shared.req.election, error = %e, "the store refused; no retry can help, so campaigning stops");
-                            let mut f = shared.failure.lock().unwrap_or_else(|p| p.into_inner());
-                            *f = Some(ElectError::Store(Arc::new(e)));
-                            return None;
-                        }
-                        Err(e) => {
-                            failures.note(&e, "acquire failed", shared.clock.now());
-                            if e.kind() == ErrorKind::Ambiguous {
-                                unresolved = Some(i);
-                            }
-                            // The store is failing: the other slots wait for the retry,
-                            // rather than a request timeout each, now.
-                            if !crate::mutant("slot-wake-unfloored") {
-                                held_until[i] = None;
-                            }
-                            break;
-                        }
-                    }
-                }
-                // Wake when the first slot seen held would expire (no later than a poll
-                // period for a slot not watched), or after a retry period for a slot not
-                // seen held: one whose acquire failed, or whose holder's time ran out.
-                let now = shared.clock.now();
-                wake_at = (0..n)
-                    .map(|i| match held_until[i] {
-                        Some(t) if t > now && watching(&watches, i) => t,
-                        Some(t) if t > now => t.min(retry_at),
-                        _ => retry_at,
-                    })
-                    .min()
-                    .unwrap_or(retry_at)
-                    .max(now + cfg.retry_period / 10);
-                // The planted bug: every slot seen held and watched, wake at the earliest
-                // end seen, however long ago it passed.
-                if crate::mutant("slot-wake-unfloored") && held_until.iter().all(|t| t.is_some()) && watches.len() == n
-                {
-                    wake_at = held_until.iter().flatten().copied().min().unwrap_or(retry_at);
-                }
+            let retry_at = now + shared.cfg.jittered(shared.cfg.retry_period);
+            f.wake_at = retry_at;
+            let step = match f.unresolved {
+                Some(i) => f.resolve(i, now, retry_at).await,
+                None => f.round(retry_at).await,
+            };
+            match step {
+                SlotAttempt::Won(i, lease, sent) => return Some((i as u32, lease, sent)),
+                SlotAttempt::Refused => return None,
+                SlotAttempt::Wait => {}
             }
-            if attempt {
+            if f.attempt {
                 continue;
             }
         }
         tokio::select! {
             biased;
             _ = shared.shutdown.cancelled() => {
-                Box::pin(stop_following(shared, unresolved.map(|i| &shared.slots[i].election))).await;
+                Box::pin(f.stop()).await;
                 return None;
             }
-            _ = shared.clock.sleep_until(wake_at) => attempt = true,
-            Some((i, ev)) = tokio_stream::StreamExt::next(&mut watches) => match ev {
-                Ok(Some(rec)) if rec.holder == *me && !rec.evicted => {
-                    // Ours (a late echo, or a maybe-applied acquire): resolve it.
-                    unresolved.get_or_insert(i);
-                    attempt = true;
+            _ = shared.clock.sleep_until(f.wake_at) => f.attempt = true,
+            Some((i, ev)) = tokio_stream::StreamExt::next(&mut f.watches) => f.on_watch(i, ev),
+        }
+    }
+}
+
+/// What an attempt of a follower of slots came to.
+pub(super) enum SlotAttempt {
+    /// This candidate holds slot `.0`, won by a request sent at `.2`.
+    Won(usize, LeaseRecord, Instant),
+    /// The store refused in a way no retry can mend: campaigning stops.
+    Refused,
+    /// Not won: wait until the wake time, or attempt again at once if `attempt` was set.
+    Wait,
+}
+
+/// A follower of an election's slots, between its attempts.
+pub(super) struct SlotFollower<'a> {
+    shared: &'a Shared,
+    /// The watch of each slot the store can watch.
+    pub(super) watches: tokio_stream::StreamMap<usize, WatchStream>,
+    /// When each slot, last seen held by another, would expire; `None`: try it.
+    held_until: Vec<Option<Instant>>,
+    /// The grant and revision each end was read from: of the readings of one revision,
+    /// the earliest end counts (a watch catching up late gives later ones; see `View::ends`).
+    read_from: Vec<Option<(HolderId, crate::FencingToken, crate::store::Revision)>>,
+    /// A slot whose acquire may have been granted without an answer: read it first.
+    pub(super) unresolved: Option<usize>,
+    failures: Failures<'a>,
+    /// Whether an attempt is due now.
+    pub(super) attempt: bool,
+    pub(super) wake_at: Instant,
+}
+
+impl<'a> SlotFollower<'a> {
+    /// A follower that attempts at once, watching each slot the store can watch.
+    pub(super) fn new(shared: &'a Shared) -> Self {
+        let n = shared.slots.len();
+        let mut watches = tokio_stream::StreamMap::new();
+        for (i, slot) in shared.slots.iter().enumerate() {
+            if let Some(w) = shared.store.watch(&slot.election) {
+                // A watch that ends says so, as an error, so that its slot is polled from then
+                // on (the map would drop it without a word).
+                let ended = tokio_stream::once(Err(StoreError::unavailable("the watch ended")));
+                let w: WatchStream = Box::pin(tokio_stream::StreamExt::chain(w, ended));
+                watches.insert(i, w);
+            }
+        }
+        SlotFollower {
+            shared,
+            watches,
+            held_until: vec![None; n],
+            read_from: vec![None; n],
+            unresolved: None,
+            failures: Failures::new(&shared.req.election),
+            attempt: true,
+            wake_at: shared.clock.now(),
+        }
+    }
+
+    fn watching(&self, i: usize) -> bool {
+        self.watches.contains_key(&i)
+    }
+
+    /// Slot `i` was seen held by `rec`'s holder: it is left alone until the grant would
+    /// end, by the earliest reading of this revision.
+    fn saw(&mut self, i: usize, rec: &LeaseRecord) {
+        let end = self.shared.clock.now() + rec.remaining.unwrap_or(rec.ttl);
+        let from = Some((rec.holder.clone(), rec.token, rec.revision));
+        self.held_until[i] = match self.held_until[i] {
+            Some(earlier) if self.read_from[i] == from => Some(earlier.min(end)),
+            _ => Some(end),
+        };
+        self.read_from[i] = from;
+    }
+
+    /// After an acquire of slot `i` whose answer never came: reads the slot, and confirms
+    /// it with a compare-and-set renewal if it is this holder's (the term dated from that
+    /// renewal). Still unknown: nothing else is tried before a retry period.
+    pub(super) async fn resolve(&mut self, i: usize, now: Instant, retry_at: Instant) -> SlotAttempt {
+        let shared = self.shared;
+        let cfg = &shared.cfg;
+        let until = now + cfg.request_timeout;
+        match call(shared, "get", until, shared.store.get(&shared.slots[i].election)).await {
+            Ok(Some(rec)) if rec.holder == shared.req.holder && !rec.evicted => {
+                let sent = shared.clock.now();
+                let until = sent + cfg.request_timeout;
+                match call(shared, "renew", until, shared.store.renew(&rec, cfg.ttl)).await {
+                    Ok(Renew::Renewed(lease)) => return SlotAttempt::Won(i, lease, sent),
+                    Ok(Renew::Lost(_)) => self.unresolved = None,
+                    Err(e) => self.failures.note(&e, "confirming a maybe-held slot failed", shared.clock.now()),
                 }
-                Ok(Some(rec)) => saw(i, &rec, &mut held_until),
-                Ok(None) => {
-                    held_until[i] = None;
-                    attempt = true;
+            }
+            Ok(_) => self.unresolved = None,
+            Err(e) => self.failures.note(&e, "reading a slot failed", shared.clock.now()),
+        }
+        if self.unresolved.is_some() {
+            self.wake_at = retry_at;
+        } else {
+            self.attempt = true;
+        }
+        SlotAttempt::Wait
+    }
+
+    /// One round: tries the slots not known to be held, one at a time from a random one,
+    /// until one is won or the store fails; then sets the wake time ([`Self::next_wake`]).
+    pub(super) async fn round(&mut self, retry_at: Instant) -> SlotAttempt {
+        let shared = self.shared;
+        let n = shared.slots.len();
+        let first = fastrand::usize(..n);
+        for k in 0..n {
+            let i = (first + k) % n;
+            // A slot seen held waits for its end where a watch would tell of a change. One
+            // not watched is asked at each wake (a retry period), as a follower of one
+            // lease asks: where the store does not say how long a grant has left (an Azure
+            // blob lease), the end is a guess of a TTL from the reading, and a renewal read
+            // at that guess would put it off again.
+            if self.held_until[i].is_some_and(|t| t > shared.clock.now())
+                && (self.watching(i) || crate::mutant("slot-unwatched-unpolled"))
+            {
+                continue;
+            }
+            if shared.shutdown.is_cancelled() {
+                break;
+            }
+            let sent = shared.clock.now();
+            let until = sent + shared.cfg.request_timeout;
+            match call(shared, "acquire", until, shared.store.try_acquire(&shared.slots[i])).await {
+                Ok(Acquire::Acquired(lease)) => return SlotAttempt::Won(i, lease, sent),
+                Ok(Acquire::Held(cur)) => {
+                    self.failures.reset();
+                    self.saw(i, &cur);
+                }
+                Err(e) if !e.is_retryable() => {
+                    tracing::error!(election = %shared.req.election, error = %e, "the store refused; no retry can help, so campaigning stops");
+                    let mut f = shared.failure.lock().unwrap_or_else(|p| p.into_inner());
+                    *f = Some(ElectError::Store(Arc::new(e)));
+                    return SlotAttempt::Refused;
                 }
                 Err(e) => {
-                    tracing::debug!(election = %shared.req.election, slot = i, error = %e, "watch failed; polling");
-                    watches.remove(&i);
-                    wake_at = wake_at.min(shared.clock.now() + cfg.retry_period);
+                    self.failures.note(&e, "acquire failed", shared.clock.now());
+                    if e.kind() == ErrorKind::Ambiguous {
+                        self.unresolved = Some(i);
+                    }
+                    // The store is failing: the other slots wait for the retry, rather
+                    // than a request timeout each, now.
+                    if !crate::mutant("slot-wake-unfloored") {
+                        self.held_until[i] = None;
+                    }
+                    break;
                 }
-            },
+            }
         }
+        self.wake_at = self.next_wake(retry_at);
+        SlotAttempt::Wait
+    }
+
+    /// When to wake after a round: when the first slot seen held would expire (no later
+    /// than `retry_at` for a slot not watched), or at `retry_at` for a slot not seen held
+    /// (its acquire failed, or its holder's time ran out); never sooner than a tenth of a
+    /// retry period from now.
+    fn next_wake(&self, retry_at: Instant) -> Instant {
+        let shared = self.shared;
+        let n = shared.slots.len();
+        let now = shared.clock.now();
+        let wake_at = (0..n)
+            .map(|i| match self.held_until[i] {
+                Some(t) if t > now && self.watching(i) => t,
+                Some(t) if t > now => t.min(retry_at),
+                _ => retry_at,
+            })
+            .min()
+            .unwrap_or(retry_at)
+            .max(now + shared.cfg.retry_period / 10);
+        // The planted bug: every slot seen held and watched, wake at the earliest end
+        // seen, however long ago it passed.
+        if crate::mutant("slot-wake-unfloored")
+            && self.held_until.iter().all(|t| t.is_some())
+            && self.watches.len() == n
+        {
+            return self.held_until.iter().flatten().copied().min().unwrap_or(retry_at);
+        }
+        wake_at
+    }
+
+    /// What slot `i`'s watch said: this holder's record (resolve it), another's (wait for
+    /// its end), none (attempt now). A watch that fails is dropped, and its slot polled.
+    pub(super) fn on_watch(&mut self, i: usize, ev: Result<Option<LeaseRecord>, StoreError>) {
+        let shared = self.shared;
+        match ev {
+            Ok(Some(rec)) if rec.holder == shared.req.holder && !rec.evicted => {
+                // Ours (a late echo, or a maybe-applied acquire): resolve it.
+                self.unresolved.get_or_insert(i);
+                self.attempt = true;
+            }
+            Ok(Some(rec)) => self.saw(i, &rec),
+            Ok(None) => {
+                self.held_until[i] = None;
+                self.attempt = true;
+            }
+            Err(e) => {
+                tracing::debug!(election = %shared.req.election, slot = i, error = %e, "watch failed; polling");
+                self.watches.remove(&i);
+                self.wake_at = self.wake_at.min(shared.clock.now() + shared.cfg.retry_period);
+            }
+        }
+    }
+
+    /// The follower stops: an acquire left unanswered is read, and given back if granted.
+    pub(super) async fn stop(&mut self) {
+        let shared = self.shared;
+        stop_following(shared, self.unresolved.map(|i| &shared.slots[i].election)).await;
     }
 }

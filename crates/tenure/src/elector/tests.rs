@@ -1,0 +1,171 @@
+//! The runtime's steps one at a time, on a [`MemoryStore`](crate::MemoryStore) and paused
+//! time: each step's effect on the store and on what the step decides next.
+
+use super::follow::{Attempt, Follower};
+use super::lead::{Leading, TermClock, vet_win};
+use super::*;
+use crate::record::Evict;
+
+const TTL: Duration = Duration::from_secs(10);
+
+fn candidate(store: &Arc<crate::MemoryStore>, holder: &str) -> Elector {
+    let store: Arc<dyn LeaseStore> = store.clone();
+    Elector::builder(store, "jobs/sweeper").holder(holder).ttl(TTL).jitter(0.0).build().unwrap()
+}
+
+fn request(e: &Elector, holder: &str) -> AcquireRequest {
+    AcquireRequest::new(e.election().clone(), HolderId::new(holder).unwrap(), TTL)
+}
+
+async fn acquired(store: &crate::MemoryStore, req: &AcquireRequest) -> LeaseRecord {
+    match store.try_acquire(req).await.unwrap() {
+        Acquire::Acquired(rec) => rec,
+        Acquire::Held(rec) => panic!("held by {}", rec.holder),
+    }
+}
+
+fn view(shared: &Shared) -> View<'_> {
+    View { shared, leader: None, lease_ends: None, vacant_since: None, takeover: None, seen: None }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_term_is_dated_from_its_send_time_and_each_renewal_moves_its_deadline() {
+    let store = Arc::new(crate::MemoryStore::new());
+    let e = candidate(&store, "a");
+    let shared = &*e.shared;
+    let sent = shared.clock.now();
+    tokio::time::advance(Duration::from_millis(300)).await;
+    let mut clock = TermClock::start(shared, sent);
+    let first = TermTimes::after_success(&shared.cfg, sent);
+    assert_eq!(clock.times.deadline, first.deadline, "dated from the send time, not the answer's");
+    assert!(clock.over().is_none());
+    tokio::time::advance(Duration::from_secs(3)).await;
+    let renewal = shared.clock.now();
+    clock.renewed(renewal);
+    assert_eq!(clock.times.deadline, first.deadline + Duration::from_millis(3300));
+    assert_eq!(*clock.deadline.lock().unwrap(), clock.times.deadline, "the holders read the new deadline");
+    assert!(clock.call_until() <= clock.times.stop_at);
+    tokio::time::advance(clock.times.stop_at - shared.clock.now()).await;
+    assert_eq!(clock.over(), Some(StepDownReason::RenewFailed));
+    tokio::time::advance(clock.times.deadline - shared.clock.now()).await;
+    assert_eq!(clock.over(), Some(StepDownReason::DeadlinePassed));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_single_winner_that_finds_slots_held_gives_the_lease_back_and_stops() {
+    let store = Arc::new(crate::MemoryStore::new());
+    let e = candidate(&store, "a");
+    let shared = &*e.shared;
+    let slot = crate::holders::slot_name(e.election(), 0).unwrap();
+    acquired(&store, &AcquireRequest::new(slot, HolderId::new("b").unwrap(), TTL)).await;
+    let lease = acquired(&store, &request(&e, "a")).await;
+    let clock = TermClock::start(shared, shared.clock.now());
+    let vetted = vet_win(shared, None, &lease, &clock).await;
+    assert_eq!(vetted, Some((StepDownReason::ShuttingDown, Duration::ZERO)));
+    assert_eq!(store.get(e.election()).await.unwrap(), None, "the lease went back");
+    assert!(matches!(e.failure(), Some(ElectError::Unsupported(_))));
+    // Nothing held: the win stands.
+    let store2 = Arc::new(crate::MemoryStore::new());
+    let e2 = candidate(&store2, "a");
+    let shared2 = &*e2.shared;
+    let lease2 = acquired(&store2, &request(&e2, "a")).await;
+    let clock2 = TermClock::start(shared2, shared2.clock.now());
+    assert_eq!(vet_win(shared2, None, &lease2, &clock2).await, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_renewal_answered_with_another_holder_or_an_eviction_ends_the_term() {
+    let store = Arc::new(crate::MemoryStore::new());
+    let e = candidate(&store, "a");
+    let shared = &*e.shared;
+    let sent = shared.clock.now();
+    let mut lease = acquired(&store, &request(&e, "a")).await;
+    let mut term = Leading::new(shared, None, &lease, TermClock::start(shared, sent), sent);
+    // A renewal that the store answers: the term runs on from its send time.
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(term.renew(&mut lease).await, None);
+    assert_eq!(
+        term.clock.times.deadline,
+        TermTimes::after_success(&shared.cfg, sent + Duration::from_secs(2)).deadline
+    );
+    // Evicted: the term ends, and the record as it stands is the one to release.
+    store.evict(e.election(), Evict::AfterTerm).await.unwrap();
+    assert_eq!(term.renew(&mut lease).await, Some(StepDownReason::Evicted));
+    assert!(lease.evicted);
+    // Taken by another after the release: lost to it.
+    store.release(&lease).await.unwrap();
+    let theirs = acquired(&store, &request(&e, "b")).await;
+    let mut old = lease.clone();
+    old.evicted = false;
+    assert_eq!(term.renew(&mut old).await, Some(StepDownReason::Lost { to: Some(theirs.leader()) }));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_step_down_waits_for_the_work_then_releases_and_answers_the_resigner() {
+    let store = Arc::new(crate::MemoryStore::new());
+    let e = candidate(&store, "a");
+    let shared = &*e.shared;
+    let mut view = view(shared);
+    let sent = shared.clock.now();
+    let mut lease = acquired(&store, &request(&e, "a")).await;
+    let mut term = Leading::new(shared, None, &lease, TermClock::start(shared, sent), sent);
+    term.publish(&mut view);
+    let work = e.current().expect("published once the cool-down (none) is over");
+    let cancelled = work.cancellation_token();
+    // The work winds down for 4 s after it is cancelled; a resigner waits for the release.
+    tokio::spawn(async move {
+        work.cancelled().await;
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        drop(work);
+    });
+    let (tx, answered) = oneshot::channel();
+    term.resigners.push(Resign { done: tx, stand_aside: Duration::from_secs(7) });
+    let started = shared.clock.now();
+    let mut unhealthy = 0;
+    let (reason, stand_aside) = term.step_down(&mut view, &mut lease, StepDownReason::Resigned, &mut unhealthy).await;
+    assert!(cancelled.is_cancelled());
+    assert_eq!((reason, stand_aside, unhealthy), (StepDownReason::Resigned, Duration::from_secs(7), 1));
+    assert!(shared.clock.now() >= started + Duration::from_secs(4), "released only after the work stopped");
+    assert!(e.current().is_none());
+    assert_eq!(store.get(e.election()).await.unwrap(), None);
+    answered.await.expect("the resigner is answered");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_follower_waits_for_a_held_lease_to_end_and_then_wins_it() {
+    let store = Arc::new(crate::MemoryStore::new());
+    let e = candidate(&store, "a");
+    let shared = &*e.shared;
+    let mut view = view(shared);
+    let theirs = acquired(&store, &request(&e, "b")).await;
+    let mut f = Follower::new(shared, None);
+    let t0 = shared.clock.now();
+    assert!(matches!(f.attempt(&mut view).await, Attempt::Wait));
+    assert_eq!(f.wake_at, t0 + TTL, "watched: it wakes when the lease would end");
+    store.release(&theirs).await.unwrap();
+    f.on_watch(&mut view, Some(Ok(None)));
+    assert!(f.attempt, "a lease seen gone is attempted at once");
+    assert!(matches!(f.attempt(&mut view).await, Attempt::Won(rec, _) if rec.holder.as_str() == "a"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_an_unanswered_acquire_the_follower_confirms_a_grant_it_finds_with_a_renewal() {
+    let store = Arc::new(crate::MemoryStore::new());
+    let e = candidate(&store, "a");
+    let shared = &*e.shared;
+    let mut view = view(shared);
+    // The acquire was applied, but its answer never came.
+    let granted = acquired(&store, &request(&e, "a")).await;
+    let mut f = Follower::new(shared, None);
+    f.unresolved = true;
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let before = shared.clock.now();
+    match f.attempt(&mut view).await {
+        Attempt::Won(rec, sent) => {
+            assert_eq!(rec.token, granted.token, "the same grant, confirmed");
+            assert!(rec.revision != granted.revision, "by a renewal");
+            assert!(sent >= before, "dated from the renewal, not the lost acquire");
+        }
+        _ => panic!("not won"),
+    }
+}
