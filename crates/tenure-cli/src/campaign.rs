@@ -7,10 +7,9 @@ use std::time::Duration;
 use anyhow::Result;
 use tenure::LeaseStore;
 
-use crate::child::Supervised;
-use crate::run::{
-    Campaign, End, InTerm, Job, begin, can_start, child_env, next_term, run_sh, say, supervise, unhealthy,
-};
+use crate::run::{Campaign, End, InTerm, Job, begin, child_env, next_term, run_sh, say, supervise, unhealthy};
+use crate::term::Supervised;
+use crate::term::can_start;
 
 /// `tenure campaign`: leads without a command of its own, running the hooks as terms
 /// begin and end; returns on a signal.
@@ -87,7 +86,7 @@ const HOOK_KILL_AFTER: Duration = Duration::from_millis(100);
 /// ends with it, and with `tenure` if `tenure` is killed meanwhile (it must be over
 /// before anyone else can lead). Stopped if it takes longer than `limit`.
 async fn run_hook(hook: &str, env: &[(&'static str, String)], limit: Duration) {
-    if crate::child::mutant("hook-unsupervised") {
+    if crate::term::mutant("hook-unsupervised") {
         // The planted bug: only the hook's shell ends with `tenure`.
         if let Err(why) = run_sh(hook, env, limit, "on-stepped-down hook", InTerm { cgroup: None }).await {
             tracing::warn!("{why}");
@@ -96,7 +95,7 @@ async fn run_hook(hook: &str, env: &[(&'static str, String)], limit: Duration) {
     }
     let argv = ["sh".to_string(), "-c".to_string(), hook.to_string()];
     let kill_after = HOOK_KILL_AFTER.min(limit / 2);
-    let stop_at = crate::child::boottime_ns().saturating_add((limit - kill_after).as_nanos() as u64);
+    let stop_at = crate::term::boottime_ns().saturating_add((limit - kill_after).as_nanos() as u64);
     let mut hook = match Supervised::spawn(&argv, env, stop_at, kill_after, None) {
         Ok(s) => s,
         Err(e) => {

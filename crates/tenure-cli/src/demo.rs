@@ -54,7 +54,7 @@ pub async fn demo(candidates: usize, ttl: Duration) -> Result<()> {
     let dir = tempfile::tempdir().context("cannot create a temporary directory for the demo store")?;
     let db = dir.path().join("demo.db");
     let url = format!("sqlite:{}", db.display());
-    let exe = crate::child::own_program().context("cannot find the tenure executable")?;
+    let exe = crate::term::own_program().context("cannot find the tenure executable")?;
     let d = Demo { started: Instant::now() };
     let store = crate::store_url::open(Some(&url)).await?;
     let mut leaders = Box::pin(tenure::observe(store, ElectionName::new(ELECTION)?).into_stream());

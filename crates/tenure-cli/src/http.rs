@@ -142,7 +142,7 @@ where
                 });
                 // Room is made by closing the longest waiting, once it has had its time;
                 // until then, new connections wait in the kernel's queue.
-                while !crate::child::mutant("http-idle-kept") {
+                while !crate::term::mutant("http-idle-kept") {
                     let wait = {
                         let mut r = reading.lock().unwrap_or_else(|p| p.into_inner());
                         if r.queue.len() <= MAX_READING {

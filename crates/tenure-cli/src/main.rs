@@ -13,7 +13,6 @@ use tenure::ElectionName;
 
 mod bench;
 mod campaign;
-mod child;
 mod cron;
 mod dashboard;
 mod demo;
@@ -27,6 +26,7 @@ mod proclaim;
 mod run;
 mod schedule;
 mod store_url;
+mod term;
 
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -297,7 +297,7 @@ struct Internal {
 
 #[derive(Subcommand)]
 enum InternalCommand {
-    /// The supervisor of a `tenure run` command (see child.rs).
+    /// The supervisor of a `tenure run` command (see term/supervisor.rs).
     #[command(name = "__child")]
     Child {
         parent: i32,
@@ -309,10 +309,10 @@ enum InternalCommand {
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
     },
-    /// The guard beside a supervisor (see child.rs).
+    /// The guard beside a supervisor (see term/guard.rs).
     #[command(name = "__guard")]
     Guard { parent: i32, supervisor: i32, deadline_file: PathBuf, grace_ms: u64 },
-    /// A shell command run within a term (a health check): see `child::in_term`.
+    /// A shell command run within a term (a health check): see `term::in_term`.
     #[command(name = "__in-term")]
     InTerm {
         parent: i32,
@@ -642,12 +642,12 @@ async fn dispatch(cli: Cli) -> Result<i32> {
 async fn dispatch_internal(i: Internal) -> Result<i32> {
     match i.command {
         InternalCommand::Child { parent, deadline_file, grace_ms, standby, cmd } => {
-            Ok(child::supervisor(parent, &deadline_file, Duration::from_millis(grace_ms), standby, &cmd).await)
+            Ok(term::supervisor(parent, &deadline_file, Duration::from_millis(grace_ms), standby, &cmd).await)
         }
         InternalCommand::Guard { parent, supervisor, deadline_file, grace_ms } => {
-            Ok(child::guard(parent, supervisor, &deadline_file, Duration::from_millis(grace_ms)))
+            Ok(term::guard(parent, supervisor, &deadline_file, Duration::from_millis(grace_ms)))
         }
-        InternalCommand::InTerm { parent, cgroup, cmd } => Ok(child::in_term(parent, cgroup.as_deref(), &cmd)),
+        InternalCommand::InTerm { parent, cgroup, cmd } => Ok(term::in_term(parent, cgroup.as_deref(), &cmd)),
         InternalCommand::DemoJob { dir } => demo::job(&dir).await,
     }
 }
@@ -660,7 +660,7 @@ fn main() -> ExitCode {
     let cli = parse_cli();
     if matches!(cli.command, Command::Run(_) | Command::Campaign(_) | Command::Schedule(_) | Command::Dashboard { .. })
     {
-        child::raise_descriptor_limit();
+        term::raise_descriptor_limit();
     }
     if !matches!(cli.command, Command::Completions { .. } | Command::Man { .. }) {
         // The benchmark cuts off its own candidates and stops hundreds of terms: the

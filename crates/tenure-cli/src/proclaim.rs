@@ -1,7 +1,7 @@
 //! `TENURE_METADATA_FILE`: a command that leads under `tenure run` publishes new metadata
 //! by writing this file; `tenure run` proclaims what it holds within the term (the token
 //! stays) and observers, `tenure status` and `tenure watch` see it. The file lives beside
-//! the command's deadline file ([`crate::child::Supervised::spawn`]), one per term.
+//! the command's deadline file ([`crate::term::Supervised::spawn`]), one per term.
 
 use std::path::PathBuf;
 use std::sync::Mutex;

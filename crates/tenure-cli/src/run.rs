@@ -10,58 +10,14 @@ use std::future::Future;
 
 use anyhow::{Context, Result, bail};
 use tenure::ledger::{Claim, Policy, Refusal, WorkEntry, WorkState};
-use tenure::{CancellationToken, Config, ElectionName, Elector, Leadership, LeaseStore, WorkKey};
+use tenure::{CancellationToken, ElectionName, Elector, Leadership, LeaseStore, WorkKey};
 
-use crate::child::{Standby, Supervised};
 use crate::proclaim::MetadataFile;
 use crate::schedule::rfc3339;
-
-/// Time kept between killing the command and the lease deadline, for the kill itself.
-const KILL_MARGIN: Duration = Duration::from_millis(200);
-
-const _: () = assert!(crate::child::STOP_SLACK.as_millis() < KILL_MARGIN.as_millis());
-
-/// How often `tenure run` passes a renewal on to the supervisor's deadline file.
-const EXTEND_EVERY: Duration = Duration::from_millis(10);
+use crate::term::{EXTEND_EVERY, Standby, Supervised, can_start, default_grace, stop_at_ns};
 
 /// How often a leading `tenure run` looks at `TENURE_METADATA_FILE`.
 const METADATA_EVERY: Duration = Duration::from_millis(200);
-
-/// How long before the supervisor's own stop instant the runtime stops taking renewals
-/// (it steps down then). A renewal that lands at the last instant the runtime takes it
-/// must still reach the supervisor before its switch fires: tenure run's tick, an atomic
-/// file write and the supervisor's next read, twice over for a loaded host.
-const SWITCH_SLACK: Duration = Duration::from_millis(2 * (10 + 20));
-const _: () =
-    assert!(SWITCH_SLACK.as_millis() >= 2 * (EXTEND_EVERY.as_millis() + crate::child::CHECK_EVERY.as_millis()));
-
-/// The grace periods that fit `cfg`'s TTL lie below this: after the first renewal
-/// attempt, at least two retries must fit before the step-down (or one slow answer would
-/// end every term), and the step-down must leave the grace and the kill margin.
-fn grace_budget(cfg: &Config) -> Duration {
-    cfg.deadline_offset().saturating_sub(cfg.renew_interval + KILL_MARGIN + SWITCH_SLACK + cfg.retry_period * 2)
-}
-
-/// The shortest TTL (in whole tens of milliseconds) whose [`grace_budget`] leaves a
-/// grace period of more than a millisecond.
-fn shortest_ttl() -> Duration {
-    (1..=6000u64)
-        .map(|n| Duration::from_millis(n * 10))
-        .find(|ttl| {
-            let cfg = Config::new(*ttl);
-            cfg.validate().is_ok() && grace_budget(&cfg) > Duration::from_millis(1)
-        })
-        .unwrap_or(Duration::from_secs(60))
-}
-
-/// The grace period when none is given: 3 s, or for a TTL too short for that, three
-/// quarters of the most that fits (in whole milliseconds).
-pub fn default_grace(ttl: Duration) -> Duration {
-    let budget = grace_budget(&Config::new(ttl));
-    Duration::from_millis((budget.as_millis() as u64).saturating_mul(3) / 4)
-        .max(Duration::from_millis(1))
-        .min(Duration::from_secs(3))
-}
 
 /// The flags of every command that campaigns (`run`, `campaign`, `schedule`), turned
 /// into a [`Campaign`] by [`CampaignArgs::campaign`].
@@ -292,7 +248,7 @@ impl Campaign {
         let renew_deadline = self.renew_deadline()?;
         let mut b = Elector::builder(store, &self.election).ttl(self.ttl).renew_deadline(renew_deadline);
         if let Some(id) = &self.id {
-            if crate::child::mutant("id-shared-across-processes") {
+            if crate::term::mutant("id-shared-across-processes") {
                 b = b.holder(id);
             } else {
                 b = b.holder(tenure::HolderId::instance_of(id).map_err(|e| anyhow::anyhow!("invalid --id: {e}"))?);
@@ -320,32 +276,10 @@ impl Campaign {
         })
     }
 
-    /// Checks that `ttl` is valid and that `grace` fits inside it; returns when to step down.
+    /// Checks that `ttl` is valid and that `grace` fits inside it; returns when to step
+    /// down (see [`crate::term::renew_deadline`]).
     pub fn renew_deadline(&self) -> Result<Duration> {
-        let cfg = Config::new(self.ttl);
-        if let Err(e) = cfg.validate() {
-            bail!("invalid --ttl {}: {}", humantime::format_duration(self.ttl), e.reason);
-        }
-        let budget = grace_budget(&cfg);
-        if budget <= Duration::from_millis(1) {
-            bail!(
-                "--ttl {} is too short for a command: stopping it (SIGTERM, a grace period, SIGKILL) and retrying \
-                 renewals must fit before the lease runs out; the shortest TTL that leaves room is {}",
-                humantime::format_duration(self.ttl),
-                humantime::format_duration(shortest_ttl())
-            );
-        }
-        if self.grace.is_zero() || self.grace >= budget {
-            bail!(
-                "--grace {} does not fit inside --ttl {}: the command must be stopped before the lease \
-                 runs out, and renewals need time to retry, so --grace must be above zero and below {} for this TTL \
-                 (or choose a longer --ttl)",
-                humantime::format_duration(self.grace),
-                humantime::format_duration(self.ttl),
-                humantime::format_duration(Duration::from_millis(budget.as_millis() as u64)),
-            );
-        }
-        Ok(cfg.deadline_offset() - self.grace - KILL_MARGIN - SWITCH_SLACK)
+        crate::term::renew_deadline(self.ttl, self.grace)
     }
 }
 
@@ -430,20 +364,6 @@ pub(crate) enum End {
     NotStarted,
 }
 
-/// The instant (ns on the host's boot-time clock) by which the command must start
-/// stopping: the local deadline less the grace period and the kill margin.
-fn stop_at_ns(l: &Leadership, grace: Duration) -> u64 {
-    let left = l.remaining().saturating_sub(grace + KILL_MARGIN);
-    crate::child::boottime_ns() + left.as_nanos() as u64
-}
-
-/// Whether `l` has time left to start the command and still stop it (SIGTERM, `grace`,
-/// SIGKILL) before the lease deadline. A term handed out late (this process was frozen
-/// between the renewal and now) must not start work it cannot stop in time.
-pub(crate) fn can_start(l: &Leadership, grace: Duration) -> bool {
-    l.remaining() > grace + KILL_MARGIN + MIN_RUN
-}
-
 /// Logs who leads, as this candidate (`me`) sees it, each time that changes: a waiting
 /// replica says whom it waits for. A leader that was given this candidate's `--id` in
 /// another process (a second process with the same id, or an earlier one that has not
@@ -472,9 +392,6 @@ async fn report_leaders(mut events: tokio::sync::broadcast::Receiver<tenure::Eve
     }
 }
 
-/// The least time a command gets before its supervisor must start stopping it.
-const MIN_RUN: Duration = Duration::from_millis(100);
-
 /// Returns, with why, once `health` (if any) has failed too often during `l`; never
 /// without a health check.
 pub(crate) async fn unhealthy(health: Option<&Health>, l: &Leadership, cgroup: Option<PathBuf>) -> String {
@@ -490,7 +407,7 @@ pub(crate) async fn begin(store: Arc<dyn LeaseStore>, c: &Campaign) -> Result<(E
     let store_shown = store.describe();
     let elector = c.start(store).await?;
     let stop = stop_on_signals()?;
-    crate::child::become_subreaper()?;
+    crate::term::become_subreaper()?;
     tracing::info!(election = %elector.election(), holder = %elector.holder(), store = %store_shown, "campaigning");
     Ok((elector, stop))
 }
@@ -542,7 +459,7 @@ async fn next_term_with_standby(
             _ = Standby::ended(standby) => {
                 tracing::debug!("the standby supervisor ended");
                 *standby = None;
-                if last_start.is_some() && crate::child::mutant("standby-replaced-once") {
+                if last_start.is_some() && crate::term::mutant("standby-replaced-once") {
                     continue;
                 }
                 let now = tokio::time::Instant::now();
@@ -640,7 +557,7 @@ pub(crate) async fn supervise(
     // frozen or stuck: the term would hold the election with nothing running.
     let start_due = tokio::time::sleep(STANDBY_START_WITHIN);
     tokio::pin!(start_due);
-    let mut start_checked = !prestarted || crate::child::mutant("standby-start-unchecked");
+    let mut start_checked = !prestarted || crate::term::mutant("standby-start-unchecked");
     loop {
         tokio::select! {
             biased;
@@ -668,7 +585,7 @@ pub(crate) async fn supervise(
                 if prestarted
                     && !child.command_started()
                     && !child.stopped_by_supervisor()
-                    && !crate::child::mutant("standby-end-is-command-exit")
+                    && !crate::term::mutant("standby-end-is-command-exit")
                 {
                     tracing::warn!(token = %l.token(), code, "the standby supervisor ended before it started the command");
                     return Ok(End::NotStarted);
@@ -1019,7 +936,7 @@ struct KillGroup(Option<rustix::process::Pid>);
 impl Drop for KillGroup {
     fn drop(&mut self) {
         if let Some(pid) = self.0
-            && !crate::child::mutant("health-leftovers-kept")
+            && !crate::term::mutant("health-leftovers-kept")
         {
             let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
         }
@@ -1036,13 +953,13 @@ pub(crate) async fn run_sh(
     in_term: InTerm<'_>,
 ) -> Result<(), String> {
     // With the descriptor limit tenure started with (it raises its own).
-    let script = match crate::child::starting_descriptor_limit() {
+    let script = match crate::term::starting_descriptor_limit() {
         Some(soft) => format!("ulimit -S -n {soft} 2>/dev/null\n{cmd}"),
         None => cmd.to_string(),
     };
     // `sh` is started through `tenure __in-term`, which asks for the parent-death signal
     // and enters the command's cgroup before it becomes `sh`.
-    let exe = crate::child::own_program().map_err(|e| format!("cannot start the {what}: {e}"))?;
+    let exe = crate::term::own_program().map_err(|e| format!("cannot start the {what}: {e}"))?;
     let mut command = tokio::process::Command::new(exe);
     command.arg("__in-term").arg(std::process::id().to_string());
     if let Some(cg) = in_term.cgroup {
@@ -1051,7 +968,7 @@ pub(crate) async fn run_sh(
     command
         .args(["--", "sh", "-c"])
         .arg(script)
-        .env_remove(crate::child::STORE_ENV)
+        .env_remove(crate::term::STORE_ENV)
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .stdin(std::process::Stdio::null())
         .process_group(0)
@@ -1097,6 +1014,8 @@ fn startable(program: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::term::{KILL_MARGIN, shortest_ttl};
+    use tenure::Config;
 
     fn campaign(ttl: Duration, grace: Duration) -> Campaign {
         Campaign::new("e", ttl, grace)
@@ -1121,7 +1040,7 @@ mod tests {
             let step_down = c.renew_deadline().unwrap();
             // The supervisor's switch, counted like the step-down from the renewal's send time.
             let switch = Config::new(c.ttl).deadline_offset() - c.grace - KILL_MARGIN;
-            let delivery = EXTEND_EVERY + crate::child::CHECK_EVERY;
+            let delivery = EXTEND_EVERY + crate::term::CHECK_EVERY;
             assert!(
                 switch >= step_down + delivery * 2,
                 "TTL {ttl} ms: the runtime takes renewals until {step_down:?}, the supervisor stops the command at \

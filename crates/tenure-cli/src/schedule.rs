@@ -9,7 +9,8 @@ use tenure::ledger::{Claim, Policy, Refusal, WorkState};
 use tenure::{CancellationToken, ElectionName, Leadership, LeaseStore, WorkKey};
 
 use crate::cron::Schedule;
-use crate::run::{Campaign, End, Job, OnceRun, can_start, record_once, stop_on_signals, supervise};
+use crate::run::{Campaign, End, Job, OnceRun, record_once, stop_on_signals, supervise};
+use crate::term::can_start;
 
 /// `tenure schedule`'s settings beyond the schedule itself.
 pub struct ScheduleOptions {
@@ -90,7 +91,7 @@ pub async fn schedule(
     let store_shown = store.describe();
     let elector = c.start(store).await?;
     let stop = stop_on_signals()?;
-    crate::child::become_subreaper()?;
+    crate::term::become_subreaper()?;
     elector.start();
     tracing::info!(
         election = %elector.election(), holder = %elector.holder(), store = %store_shown, %schedule,
@@ -206,7 +207,7 @@ async fn run_due_slots(
             }
             let key = slot_key(slot);
             let late = now.duration_since(slot).unwrap_or_default();
-            let claimed = if crate::child::mutant("slot-by-local-clock") {
+            let claimed = if crate::term::mutant("slot-by-local-clock") {
                 // Planted: the slot decided by this replica's clock alone, as before the ledger.
                 Some(Claim::Run { attempt: 1, after: None })
             } else {

@@ -32,7 +32,7 @@ macro_rules! note {
 
 // The runtime, one concern a file. The root holds the candidate ([`Elector`]), its shared
 // state and the campaign loop that alternates following and leading; a handover reads
-// `lead.rs` (a term, and its end in `lead::step_down`), then `follow.rs` (the next
+// `lead.rs` (a term, and its end in `Leading::step_down`), then `follow.rs` (the next
 // candidate's attempts), in that order.
 mod api;
 mod builder;

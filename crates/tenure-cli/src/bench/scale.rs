@@ -128,7 +128,7 @@ pub(super) async fn contest(open: &Opener<'_>, s: &Settings, run: &str) -> Resul
     if s.processes == 0 {
         bail!("--processes must be at least 1");
     }
-    let exe = crate::child::own_program().context("cannot find this program to start the contest's other processes")?;
+    let exe = crate::term::own_program().context("cannot find this program to start the contest's other processes")?;
     let mut peers = Vec::new();
     for _ in 1..s.processes {
         let mut cmd = tokio::process::Command::new(&exe);

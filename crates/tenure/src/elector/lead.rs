@@ -61,7 +61,7 @@ pub(super) async fn lead(
     view.saw_record(Some(&*lease));
     let reason = loop {
         // After a pause (SIGSTOP, a stalled VM) the term may already be over.
-        if let Some(over) = term.clock.over() {
+        if let Some(over) = term.clock.over(shared.clock.now()) {
             break over;
         }
         let publish_wait = async {
@@ -153,15 +153,14 @@ impl<'a> TermClock<'a> {
         self.shared.metrics.remaining(self.times.deadline.saturating_duration_since(self.shared.clock.now()));
     }
 
-    /// The time limit of a store call made now: a request timeout, and never past the
-    /// step-down time.
-    pub(super) fn call_until(&self) -> Instant {
-        self.times.stop_at.min(self.shared.clock.now() + self.shared.cfg.request_timeout)
+    /// The time limit of a store call sent at `sent`: a request timeout, and never past
+    /// the step-down time.
+    pub(super) fn call_until(&self, sent: Instant) -> Instant {
+        self.times.stop_at.min(sent + self.shared.cfg.request_timeout)
     }
 
-    /// Why the term is over, if it is by now: past its deadline, or its step-down time.
-    pub(super) fn over(&self) -> Option<StepDownReason> {
-        let now = self.shared.clock.now();
+    /// Why the term is over at `now`, if it is: past its deadline, or its step-down time.
+    pub(super) fn over(&self, now: Instant) -> Option<StepDownReason> {
         if now >= self.times.deadline {
             Some(StepDownReason::DeadlinePassed)
         } else if now >= self.times.stop_at {
@@ -188,7 +187,7 @@ pub(super) async fn vet_win(
     let cfg = &shared.cfg;
     let election = &lease.election;
     if cfg.announce && slot.is_none() {
-        match Box::pin(successor(shared, clock.call_until())).await {
+        match Box::pin(successor(shared, clock.call_until(shared.clock.now()))).await {
             Some(Successor::Reserved { to, remaining }) => {
                 tracing::info!(%election, successor = %to, "won, but the election is reserved for another candidate; giving it back");
                 Box::pin(give_back(shared, lease)).await;
@@ -203,7 +202,7 @@ pub(super) async fn vet_win(
             None => {}
         }
     }
-    if let Some(why) = Box::pin(other_kind(shared, slot, clock.call_until())).await {
+    if let Some(why) = Box::pin(other_kind(shared, slot, clock.call_until(shared.clock.now()))).await {
         tracing::error!(election = %shared.req.election, "{why}; campaigning stops");
         Box::pin(give_back(shared, lease)).await;
         *shared.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(ElectError::Unsupported(why));
@@ -317,7 +316,7 @@ impl<'a> Leading<'a> {
         }
         let req = AcquireRequest::new(self.election.clone(), shared.req.holder.clone(), shared.cfg.ttl)
             .with_metadata(p.metadata.clone());
-        match call(shared, "proclaim", self.clock.call_until(), shared.store.try_acquire(&req)).await {
+        match call(shared, "proclaim", self.clock.call_until(sent), shared.store.try_acquire(&req)).await {
             // A same-holder acquire is a renewal: the same term, dated from its send time.
             Ok(Acquire::Acquired(rec)) if rec.token == lease.token => {
                 *lease = rec;
@@ -355,12 +354,12 @@ impl<'a> Leading<'a> {
     pub(super) async fn renew(&mut self, lease: &mut LeaseRecord) -> Option<StepDownReason> {
         let shared = self.shared;
         let cfg = &shared.cfg;
+        let sent = shared.clock.now();
         // Woken late (a pause): no time is left to renew in.
-        if let Some(over) = self.clock.over() {
+        if let Some(over) = self.clock.over(sent) {
             return Some(over);
         }
-        let sent = shared.clock.now();
-        match call(shared, "renew", self.clock.call_until(), shared.store.renew(lease, cfg.ttl)).await {
+        match call(shared, "renew", self.clock.call_until(sent), shared.store.renew(lease, cfg.ttl)).await {
             Ok(Renew::Renewed(rec)) => {
                 *lease = rec;
                 self.clock.renewed(sent);
@@ -389,7 +388,7 @@ impl<'a> Leading<'a> {
     async fn hand_over_if_asked(&mut self, lease: &LeaseRecord) -> Option<StepDownReason> {
         let shared = self.shared;
         let election = &self.election;
-        match Box::pin(successor(shared, self.clock.call_until())).await {
+        match Box::pin(successor(shared, self.clock.call_until(shared.clock.now()))).await {
             Some(Successor::Reserved { to, .. }) => {
                 tracing::info!(%election, successor = %to, "the election was reserved for another candidate; handing over");
                 Some(StepDownReason::HandedOver { to })
@@ -515,10 +514,11 @@ async fn withdraw_presence(
     // Its release and the reads that confirm it (see `release`), a read before them when
     // it stops as a follower with an acquire unanswered (`stop_following`), and a little
     // more.
-    let until = shared.clock.now() + cfg.request_timeout * (RELEASE_TIMEOUTS + 2);
+    let within = cfg.request_timeout * (RELEASE_TIMEOUTS + 2);
     match (reason, &shared.presence) {
         (StepDownReason::ShuttingDown, Some(p)) => {
             p.shared.shutdown.cancel();
+            let until = shared.clock.now() + within;
             tokio::select! {
                 biased;
                 _ = Box::pin(p.stopped()) => {}
@@ -529,6 +529,7 @@ async fn withdraw_presence(
             let hold = cfg.resign_backoff.max(stand_aside).saturating_mul(2u32.pow(unhealthy.clamp(1, 7) - 1));
             if let Some(presence) = p.current() {
                 tracing::debug!(%election, ?hold, "standing aside: no longer announced meanwhile");
+                let until = shared.clock.now() + within;
                 tokio::select! {
                     biased;
                     _ = Box::pin(presence.resign_for(hold)) => {}
