@@ -48,10 +48,10 @@ proptest! {
 
     #[test]
     fn durations_are_above_zero_and_at_most_a_day(s in prop_oneof!["[0-9]{0,25}(ns|us|ms|s|m|h|d|w|y|days)?", any::<String>()]) {
-        if let Ok(d) = crate::positive_duration(&s) {
+        if let Ok(d) = crate::args::positive_duration(&s) {
             prop_assert!(d > Duration::ZERO && d <= Duration::from_secs(86_400), "{} read as {:?}", s, d);
         }
-        let _ = crate::duration(&s);
+        let _ = crate::args::duration(&s);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::duration;
+use crate::args::duration;
 #[cfg(feature = "gossip")]
 use crate::store_url;
 use anyhow::Result;
@@ -50,13 +50,13 @@ pub struct WorkerArgs {
     #[arg(long, hide = true, conflicts_with = "allow_command")]
     pub no_command: bool,
     /// How often the worker says it is alive
-    #[arg(long, default_value = "2s", value_parser = crate::positive_duration)]
+    #[arg(long, default_value = "2s", value_parser = crate::args::positive_duration)]
     pub heartbeat: Duration,
     /// Silence after which a worker is lost (default: 2.5 heartbeats; at least 2)
-    #[arg(long, value_parser = crate::positive_duration)]
+    #[arg(long, value_parser = crate::args::positive_duration)]
     pub lost_after: Option<Duration>,
     /// How long an election waits for a silent member before it waits only for live ones
-    #[arg(long, default_value = "2s", value_parser = crate::positive_duration)]
+    #[arg(long, default_value = "2s", value_parser = crate::args::positive_duration)]
     pub election_timeout: Duration,
     /// Claim each won election id on --store before running it
     #[arg(long)]

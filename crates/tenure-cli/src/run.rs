@@ -14,101 +14,10 @@ use tenure::{CancellationToken, ElectionName, Elector, Leadership, LeaseStore, W
 
 use crate::proclaim::MetadataFile;
 use crate::schedule::rfc3339;
-use crate::term::{EXTEND_EVERY, Standby, Supervised, can_start, default_grace, stop_at_ns};
+use crate::term::{EXTEND_EVERY, Standby, Supervised, can_start, stop_at_ns};
 
 /// How often a leading `tenure run` looks at `TENURE_METADATA_FILE`.
 const METADATA_EVERY: Duration = Duration::from_millis(200);
-
-/// The flags of every command that campaigns (`run`, `campaign`, `schedule`), turned
-/// into a [`Campaign`] by [`CampaignArgs::campaign`].
-#[derive(clap::Args)]
-pub struct CampaignArgs {
-    /// The election, e.g. billing/nightly-report
-    #[arg(value_parser = crate::election)]
-    election: tenure::ElectionName,
-    /// This candidate's name, to which each process adds '.' and 8 random characters for
-    /// its holder id (default hostname.pid.random)
-    #[arg(long, allow_hyphen_values = true)]
-    id: Option<String>,
-    /// Lease TTL: how long the lease outlives a leader that died
-    #[arg(long, default_value = "10s", value_parser = crate::duration)]
-    ttl: Duration,
-    /// How long the command gets between SIGTERM and SIGKILL when leadership ends
-    /// [default: 3s, or for a short --ttl three quarters of the most that fits: about 1.4s at 5s]
-    #[arg(long, value_parser = crate::duration)]
-    grace: Option<Duration>,
-    /// Text published with the lease for observers (e.g. host:port), at most 4 KiB
-    #[arg(long)]
-    metadata: Option<String>,
-    /// While leading, run this shell command every --health-interval (with the
-    /// command's environment); after --health-retries failures or timeouts in a row,
-    /// stop the command, resign, and stand aside for one TTL so that another replica leads
-    #[arg(long, value_name = "CMD")]
-    health_cmd: Option<String>,
-    /// Time between health checks
-    #[arg(long, default_value = "10s", value_parser = crate::positive_duration)]
-    health_interval: Duration,
-    /// Longest a health check may take; a slower one counts as failed
-    #[arg(long, default_value = "5s", value_parser = crate::positive_duration)]
-    health_timeout: Duration,
-    /// Failed health checks in a row that make the leader stand aside
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
-    health_retries: u32,
-    /// Serve /metrics (Prometheus), /healthz, /leader and /is-leader on this address
-    /// only, e.g. 127.0.0.1:9464
-    #[arg(long, value_name = "ADDR")]
-    http: Option<std::net::SocketAddr>,
-    /// After winning, wait this long (renewing meanwhile) before starting the command,
-    /// so that a previous leader's last writes can land
-    #[arg(long, value_name = "DUR", default_value = "0s", value_parser = crate::duration)]
-    cool_down: Duration,
-    /// How long a standby candidate waits between tries while another leads (on stores
-    /// that cannot notify) and after a failed store call [default: TTL/10, at most 2s]
-    #[arg(long, value_name = "DUR", value_parser = crate::duration)]
-    backoff: Option<Duration>,
-    /// Publish this candidate's presence (holder id and --metadata) so that `tenure
-    /// status` lists it beside the leader; one more store call per TTL/3
-    #[arg(long)]
-    announce: bool,
-    /// This candidate's priority (implies --announce): a leader of lower priority that
-    /// also announces hands over to it gracefully (its command stopped within --grace,
-    /// then the lease released and reserved for this one); equal priorities never
-    /// preempt each other [default: 0]
-    #[arg(long, value_name = "N", allow_negative_numbers = true)]
-    priority: Option<i32>,
-    /// How many candidates hold the election and run the command at once (up to 1000),
-    /// each with a fencing token of its own, TENURE_HOLDER_INDEX (0 to N-1) and
-    /// TENURE_HOLDERS; start every candidate of an election with the same N (one holder and
-    /// several are refused beside each other; while candidates of different N > 1 run, up
-    /// to the largest N hold)
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
-    holders: u32,
-}
-
-impl CampaignArgs {
-    /// The campaign these flags describe.
-    pub fn campaign(&self) -> Campaign {
-        Campaign {
-            election: self.election.to_string(),
-            id: self.id.clone(),
-            ttl: self.ttl,
-            grace: self.grace.unwrap_or_else(|| default_grace(self.ttl)),
-            metadata: self.metadata.clone(),
-            http: self.http,
-            cool_down: self.cool_down,
-            backoff: self.backoff,
-            announce: self.announce || self.priority.is_some(),
-            priority: self.priority.unwrap_or(0),
-            holders: self.holders,
-            health: self.health_cmd.clone().map(|cmd| Health {
-                cmd,
-                interval: self.health_interval,
-                timeout: self.health_timeout,
-                retries: self.health_retries,
-            }),
-        }
-    }
-}
 
 /// Settings shared by `run` and `schedule`.
 pub struct Campaign {
@@ -1014,7 +923,7 @@ fn startable(program: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::term::{KILL_MARGIN, shortest_ttl};
+    use crate::term::{KILL_MARGIN, default_grace, shortest_ttl};
     use tenure::Config;
 
     fn campaign(ttl: Duration, grace: Duration) -> Campaign {

@@ -73,12 +73,6 @@ pub use limits::{raise_descriptor_limit, starting_descriptor_limit};
 pub use supervisor::{in_term, supervisor};
 pub use tree::become_subreaper;
 
-use deadline_file::*;
-use guard::*;
-use limits::*;
-use supervisor::*;
-use tree::*;
-
 /// Time kept between killing the command and the lease deadline, for the kill itself.
 pub(crate) const KILL_MARGIN: Duration = Duration::from_millis(200);
 
@@ -200,6 +194,7 @@ pub(crate) use tenure::mutant;
 
 #[cfg(test)]
 mod tests {
+    use super::deadline_file::{parse_stop_at, stop_at_record};
     use super::*;
 
     #[test]

@@ -64,7 +64,7 @@ pub struct Settings {
     #[arg(long = "scenario", value_name = "SCENARIO", value_enum, value_delimiter = ',', default_values_t = [Scenario::Rtt, Scenario::Acquire, Scenario::Handover, Scenario::Crash, Scenario::Load])]
     pub scenarios: Vec<Scenario>,
     /// Lease TTL of every candidate
-    #[arg(long, default_value = "2s", value_parser = crate::duration)]
+    #[arg(long, default_value = "2s", value_parser = crate::args::duration)]
     pub ttl: Duration,
     /// Samples for round trip and acquire (crash takes at most 5, run at most 20)
     #[arg(long, default_value_t = 200)]
@@ -81,7 +81,7 @@ pub struct Settings {
     #[arg(long, default_value_t = 3)]
     pub candidates: usize,
     /// How long the load, scale and contest scenarios measure
-    #[arg(long, default_value = "10s", value_parser = crate::duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::args::duration)]
     pub duration: Duration,
     /// Elections held by one process in the scale scenario (and contested in contest)
     #[arg(long, default_value_t = 10_000)]

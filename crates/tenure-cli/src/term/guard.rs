@@ -1,6 +1,11 @@
 //! The guard (`tenure __guard`): kills the command's processes when both `tenure` and
 //! the supervisor have failed to stop them in time.
 
+use super::deadline_file::{parse_stop_at, read_private, remove_deadline_dir};
+use super::tree::{
+    REMEMBER_EVERY, alive, cgroup_members, command_cgroup, descendants, descendants_of, kill_cgroup, start_time,
+    unfinished,
+};
 use super::*;
 
 /// How often the guard checks the deadline and its parent: it acts at most this much

@@ -1,6 +1,14 @@
 //! `tenure`'s side of a term's processes: a standby supervisor made ready before the term,
 //! and the supervised command, whose deadline `tenure` moves and which it stops.
 
+use super::deadline_file::{
+    env_file, open_stop_at, ready_marker, started_marker, stop_at_record, stopped_marker, supervisor_dir,
+    write_atomically, write_metadata, write_stop_at,
+};
+use super::guard::{MAX_GUARDS, spawn_guard};
+use super::limits::{DESCRIPTOR_LIMIT_ENV, starting_descriptor_limit};
+use super::supervisor::exit_code;
+use super::tree::{command_cgroup, held_stopped, kill_cgroup, signal_tree, sweep_orphans};
 use super::*;
 
 /// Starts the supervisor process (`tenure __child`) for `cmd`, in a process group of

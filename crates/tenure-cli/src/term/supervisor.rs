@@ -1,6 +1,12 @@
 //! The supervisor (`tenure __child`): starts the command, stops its tree at the deadline
 //! written for it or when `tenure` dies, and never exits while a descendant lives.
 
+use super::deadline_file::{
+    env_file, passed_stop_at, read_env, ready_marker, remove_deadline_dir, started_marker, stop_cause, stop_due,
+    stopped_marker, write_private,
+};
+use super::limits::{DESCRIPTOR_LIMIT_ENV, lower_descriptor_limit};
+use super::tree::{CgroupSeat, command_cgroup, kill_cgroup, signal_tree, wait_code};
 use super::*;
 
 /// What the supervisor is doing with the tree.
