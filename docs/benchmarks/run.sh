@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs `tenure bench` on SQLite and on a throwaway server of every kind, one store after
 # another, and writes one JSON report per store next to this script.
-#   cargo build --release -p tenure-cli -p tenure-testkit --bins && docs/benchmarks/run.sh [STORE…]
+#   cargo build --release -p tenure-cli -p tenure-lab --bins && docs/benchmarks/run.sh [STORE…]
 # With --scale first, runs only the scale and contest scenarios and writes scale-STORE.json.
 # With --memory first, measures peak resident memory per election from outside the
 # process (/usr/bin/time): 10,000 elections through Batched against 100, and prints a row

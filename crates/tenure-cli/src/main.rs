@@ -9,7 +9,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{CommandFactory, Parser};
 
-use args::{Cli, Command, GossipCommand, Internal, InternalCommand, LogFormat};
+#[cfg(feature = "gossip")]
+use args::GossipCommand;
+use args::{Cli, Command, Internal, InternalCommand, LogFormat};
 
 mod args;
 mod bench;

@@ -21,18 +21,12 @@ fn etcd() -> Option<Served> {
     Some(Served::behind_proxy(Kind::Etcd, open)?.short_ttl(Duration::from_secs(2)))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_store_conforms() {
-    let Some(etcd) = etcd() else { return };
-    conformance::run_all(etcd).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn five_candidates_survive_killed_connections_and_a_restart() {
-    let Some(etcd) = etcd() else { return };
-    // etcd looks for expired leases every 500 ms, so a takeover can lag the TTL by that much.
-    let r = scenario::multi_candidate(&etcd, Duration::from_secs(2), Duration::from_millis(1000)).await;
-    eprintln!("etcd scenario: {} terms, takeover {:?} after the leader was cut off", r.terms, r.takeover);
+// etcd looks for expired leases every 500 ms, so a takeover can lag the TTL by that much.
+tenure_testkit::store_suite! {
+    conforms: etcd_store_conforms => etcd(),
+    scenario: five_candidates_survive_killed_connections_and_a_restart => etcd(),
+    ttl: Duration::from_secs(2),
+    slack: Duration::from_millis(1000),
 }
 
 /// Runs `etcdctl` (Debian package etcd-client) against `endpoint` and returns what it printed.
@@ -108,23 +102,16 @@ async fn a_wrong_password_is_a_clear_error() {
     etcdctl(&ep, &["user", "add", "root:right-password", "--interactive=false"]);
     etcdctl(&ep, &["user", "grant-role", "root", "root"]);
     etcdctl(&ep, &["auth", "enable"]);
-    let store = EtcdStore::connect(&format!("etcd://root:wrong-password@{ep}")).await.unwrap();
-    let err = store.get(&ElectionName::new("x").unwrap()).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
-    assert!(err.to_string().contains("check the user and password"), "{err}");
-    assert!(!format!("{err:?}").contains("wrong-password"), "the password never shows");
-    assert!(!store.describe().contains("password"));
-    let good = EtcdStore::connect(&format!("etcd://root:right-password@{ep}")).await.unwrap();
-    assert_eq!(good.get(&ElectionName::new("x").unwrap()).await.unwrap(), None);
+    let wrong = EtcdStore::connect(&format!("etcd://root:wrong-password@{ep}")).await.unwrap();
+    let right = EtcdStore::connect(&format!("etcd://root:right-password@{ep}")).await.unwrap();
+    conformance::a_wrong_password_is_refused(&wrong, "wrong-password", "check the user and password", &right).await;
 }
 
 #[tokio::test]
 async fn an_unreachable_server_is_a_retryable_error() {
     let port = servers::free_port();
     let store = EtcdStore::connect(&format!("etcd://127.0.0.1:{port}")).await.unwrap();
-    let err = store.get(&ElectionName::new("x").unwrap()).await.unwrap_err();
-    assert!(err.is_retryable(), "{err}");
-    assert!(err.to_string().contains("etcd"), "{err}");
+    conformance::an_unreachable_server_is_retryable(&store, Some("etcd")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

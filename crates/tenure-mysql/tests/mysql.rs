@@ -5,11 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::Row;
-use tenure::{ElectionName, ErrorKind, LeaseStore};
+use tenure::{ElectionName, LeaseStore};
 use tenure_mysql::MysqlStore;
 use tenure_testkit::conformance;
 use tenure_testkit::harness::Served;
-use tenure_testkit::scenario;
 use tenure_testkit::servers::{self, Kind};
 
 /// A throwaway MariaDB server; the scenario's connections are cut by the server.
@@ -36,38 +35,26 @@ fn my() -> Option<Served> {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mysql_store_conforms() {
-    let Some(my) = my() else { return };
-    conformance::run_all(my).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn five_candidates_survive_killed_connections_and_a_restart() {
-    let Some(my) = my() else { return };
-    let r = scenario::multi_candidate(&my, Duration::from_secs(2), Duration::from_millis(500)).await;
-    eprintln!("mysql scenario: {} terms, takeover {:?} after the leader was cut off", r.terms, r.takeover);
+tenure_testkit::store_suite! {
+    conforms: mysql_store_conforms => my(),
+    scenario: five_candidates_survive_killed_connections_and_a_restart => my(),
+    ttl: Duration::from_secs(2),
+    slack: Duration::from_millis(500),
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_password_is_a_clear_error() {
     let Some(server) = servers::launch_with(Kind::MariaDb, Some("right-password")) else { return };
     let bad = format!("mysql://root:wrong-password@127.0.0.1:{}/mysql", server.port());
-    let store = MysqlStore::connect(&bad).await.unwrap();
-    let err = store.get(&ElectionName::new("x").unwrap()).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
-    assert!(err.to_string().contains("check the user and password"), "{err}");
-    assert!(!format!("{err:?}").contains("wrong-password"));
-    let good = MysqlStore::connect(&server.url()).await.unwrap();
-    assert_eq!(good.get(&ElectionName::new("x").unwrap()).await.unwrap(), None);
+    let (wrong, right) = (MysqlStore::connect(&bad).await.unwrap(), MysqlStore::connect(&server.url()).await.unwrap());
+    conformance::a_wrong_password_is_refused(&wrong, "wrong-password", "check the user and password", &right).await;
 }
 
 #[tokio::test]
 async fn an_unreachable_server_is_a_retryable_error() {
     let port = servers::free_port();
     let store = MysqlStore::connect(&format!("mysql://root@127.0.0.1:{port}/mysql")).await.unwrap();
-    let err = store.get(&ElectionName::new("x").unwrap()).await.unwrap_err();
-    assert!(err.is_retryable(), "{err}");
+    conformance::an_unreachable_server_is_retryable(&store, None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

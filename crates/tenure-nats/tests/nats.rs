@@ -11,7 +11,6 @@ use tenure::{ElectionName, ErrorKind, HolderId, LeaseStore};
 use tenure_nats::NatsStore;
 use tenure_testkit::conformance;
 use tenure_testkit::harness::{Opener, Served};
-use tenure_testkit::scenario;
 use tenure_testkit::servers::{self, Kind};
 
 /// The bucket's max-age in the conformance run: every lease there has this TTL.
@@ -30,17 +29,11 @@ fn bucket_url(h: &Served, bucket: &str) -> String {
     format!("{}/{bucket}", h.url())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nats_store_conforms() {
-    let Some(nats) = nats() else { return };
-    conformance::run_all(nats).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn five_candidates_survive_killed_connections_and_a_restart() {
-    let Some(nats) = nats() else { return };
-    let r = scenario::multi_candidate(&nats, Duration::from_secs(2), Duration::from_millis(500)).await;
-    eprintln!("nats scenario: {} terms, takeover {:?} after the leader was cut off", r.terms, r.takeover);
+tenure_testkit::store_suite! {
+    conforms: nats_store_conforms => nats(),
+    scenario: five_candidates_survive_killed_connections_and_a_restart => nats(),
+    ttl: Duration::from_secs(2),
+    slack: Duration::from_millis(500),
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -80,27 +73,18 @@ async fn reads_before_the_bucket_exists_find_nothing_and_create_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_password_is_a_clear_error() {
-    let Some(server) = servers::launch_with(Kind::Nats, Some("right-password")) else {
-        return;
-    };
+    let Some(server) = servers::launch_with(Kind::Nats, Some("right-password")) else { return };
     let bad = format!("nats://tenure:wrong-password@127.0.0.1:{}/b", server.port());
-    let store = NatsStore::connect(&bad).await.unwrap();
-    let err = store.get(&ElectionName::new("x").unwrap()).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
-    assert!(err.to_string().contains("check the user and password"), "{err}");
-    assert!(!format!("{err:?}").contains("wrong-password"), "the password never shows");
-    assert!(!store.describe().contains("password"));
-    let good = NatsStore::connect(&format!("{}/b", server.url())).await.unwrap();
-    assert_eq!(good.get(&ElectionName::new("x").unwrap()).await.unwrap(), None);
+    let wrong = NatsStore::connect(&bad).await.unwrap();
+    let right = NatsStore::connect(&format!("{}/b", server.url())).await.unwrap();
+    conformance::a_wrong_password_is_refused(&wrong, "wrong-password", "check the user and password", &right).await;
 }
 
 #[tokio::test]
 async fn an_unreachable_server_is_a_retryable_error() {
     let port = servers::free_port();
     let store = NatsStore::connect(&format!("nats://127.0.0.1:{port}/b")).await.unwrap();
-    let err = store.get(&ElectionName::new("x").unwrap()).await.unwrap_err();
-    assert!(err.is_retryable(), "{err}");
-    assert!(err.to_string().contains("NATS"), "{err}");
+    conformance::an_unreachable_server_is_retryable(&store, Some("NATS")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

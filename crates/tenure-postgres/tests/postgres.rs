@@ -9,7 +9,6 @@ use tenure::{ElectionName, ErrorKind, LeaseStore};
 use tenure_postgres::PostgresStore;
 use tenure_testkit::conformance;
 use tenure_testkit::harness::Served;
-use tenure_testkit::scenario;
 use tenure_testkit::servers::{self, Kind};
 use tokio_stream::StreamExt;
 
@@ -34,42 +33,27 @@ fn pg() -> Option<Served> {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_store_conforms() {
-    let Some(pg) = pg() else { return };
-    conformance::run_all(pg).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn five_candidates_survive_killed_connections_and_a_restart() {
-    let Some(pg) = pg() else { return };
-    let r = scenario::multi_candidate(&pg, Duration::from_secs(2), Duration::from_millis(500)).await;
-    eprintln!("postgres scenario: {} terms, takeover {:?} after the leader was cut off", r.terms, r.takeover);
+tenure_testkit::store_suite! {
+    conforms: postgres_store_conforms => pg(),
+    scenario: five_candidates_survive_killed_connections_and_a_restart => pg(),
+    ttl: Duration::from_secs(2),
+    slack: Duration::from_millis(500),
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_password_is_a_clear_error() {
-    let Some(server) = servers::launch_with(Kind::Postgres, Some("right-password")) else {
-        return;
-    };
+    let Some(server) = servers::launch_with(Kind::Postgres, Some("right-password")) else { return };
     let bad = format!("postgres://postgres:wrong-password@127.0.0.1:{}/postgres", server.port());
-    let store = PostgresStore::connect(&bad).await.unwrap();
-    let err = store.get(&ElectionName::new("x").unwrap()).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
-    assert!(err.to_string().contains("check the user and password"), "{err}");
-    assert!(!format!("{err:?}").contains("wrong-password"), "the password never shows");
-    assert!(!store.describe().contains("password"));
-    let good = PostgresStore::connect(&server.url()).await.unwrap();
-    assert_eq!(good.get(&ElectionName::new("x").unwrap()).await.unwrap(), None);
+    let wrong = PostgresStore::connect(&bad).await.unwrap();
+    let right = PostgresStore::connect(&server.url()).await.unwrap();
+    conformance::a_wrong_password_is_refused(&wrong, "wrong-password", "check the user and password", &right).await;
 }
 
 #[tokio::test]
 async fn an_unreachable_server_is_a_retryable_error() {
     let port = servers::free_port();
     let store = PostgresStore::connect(&format!("postgres://postgres@127.0.0.1:{port}/postgres")).await.unwrap();
-    let err = store.get(&ElectionName::new("x").unwrap()).await.unwrap_err();
-    assert!(err.is_retryable(), "{err}");
-    assert!(err.to_string().contains("PostgreSQL"), "{err}");
+    conformance::an_unreachable_server_is_retryable(&store, Some("PostgreSQL")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,7 +10,6 @@ use tenure::{ElectionName, ErrorKind, HolderId, LeaseStore};
 use tenure_redis::RedisStore;
 use tenure_testkit::conformance;
 use tenure_testkit::harness::{Killer, Opener, Served};
-use tenure_testkit::scenario;
 use tenure_testkit::servers::{self, Kind};
 
 /// A throwaway Redis without persistence: a restart loses every key, the token counters
@@ -37,17 +36,11 @@ const GUARD_OFF: Opener = |url| {
 /// which comes back without its keys.
 const GUARDED: Opener = |url| Box::pin(async move { Arc::new(RedisStore::connect(&url).await.unwrap()) as _ });
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_store_conforms() {
-    let Some(r) = redis(GUARD_OFF) else { return };
-    conformance::run_all(r).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn five_candidates_survive_killed_connections_and_a_restart() {
-    let Some(r) = redis(GUARDED) else { return };
-    let report = scenario::multi_candidate(&r, Duration::from_secs(2), Duration::from_millis(500)).await;
-    eprintln!("redis scenario: {} terms, takeover {:?} after the leader was cut off", report.terms, report.takeover);
+tenure_testkit::store_suite! {
+    conforms: redis_store_conforms => redis(GUARD_OFF),
+    scenario: five_candidates_survive_killed_connections_and_a_restart => redis(GUARDED),
+    ttl: Duration::from_secs(2),
+    slack: Duration::from_millis(500),
 }
 
 /// Acquires, retrying the errors a restart causes (a broken connection, the guard).
@@ -87,27 +80,17 @@ async fn after_a_restart_that_loses_everything_tokens_grow_and_the_guard_holds()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_password_is_a_clear_error() {
-    let Some(server) = servers::launch_with(Kind::Redis, Some("right-password")) else {
-        return;
-    };
+    let Some(server) = servers::launch_with(Kind::Redis, Some("right-password")) else { return };
     let bad = format!("redis://:wrong-password@127.0.0.1:{}", server.port());
-    let store = RedisStore::connect(&bad).await.unwrap();
-    let err = store.get(&ElectionName::new("x").unwrap()).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
-    assert!(err.to_string().contains("check the password"), "{err}");
-    assert!(!format!("{err:?}").contains("wrong-password"));
-    assert!(!store.describe().contains("password"));
-    let good = RedisStore::connect(&server.url()).await.unwrap();
-    assert_eq!(good.get(&ElectionName::new("x").unwrap()).await.unwrap(), None);
+    let (wrong, right) = (RedisStore::connect(&bad).await.unwrap(), RedisStore::connect(&server.url()).await.unwrap());
+    conformance::a_wrong_password_is_refused(&wrong, "wrong-password", "check the password", &right).await;
 }
 
 #[tokio::test]
 async fn an_unreachable_server_is_a_retryable_error() {
     let port = servers::free_port();
     let store = RedisStore::connect(&format!("redis://127.0.0.1:{port}")).await.unwrap();
-    let err = store.get(&ElectionName::new("x").unwrap()).await.unwrap_err();
-    assert!(err.is_retryable(), "{err}");
-    assert!(err.to_string().contains("Redis"), "{err}");
+    conformance::an_unreachable_server_is_retryable(&store, Some("Redis")).await;
 }
 
 /// What the scripts publish, parsed, is the record a read returns (but for the time left,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tenure::store::Acquire;
 use tenure_redis::RedisStore;
-use tenure_testkit::certs::{Certs, first_grant};
+use tenure_testkit::certs::{Certs, client_certificates_are_required, first_grant};
 use tenure_testkit::servers::{self, Kind};
 
 /// A Redis server with a TLS port beside its plain one; returns it and the TLS port.
@@ -53,13 +53,8 @@ async fn rediss_verifies_the_server_against_the_ca_given_and_sends_a_client_cert
 
     // A server that asks for a client certificate.
     let Some((_server, port)) = tls_server(certs.dir(), true) else { return };
-    let base = format!("rediss://127.0.0.1:{port}/0?ca={}&restart_guard=off", p("ca.pem"));
-    let without = acquire(&base).await;
-    assert!(without.is_err(), "a server that asks for a client certificate let one without in: {without:?}");
-    let stranger = acquire(&format!("{base}&cert={}&key={}", p("stranger.pem"), p("stranger.key"))).await;
-    assert!(stranger.is_err(), "a client certificate of another CA was let in: {stranger:?}");
-    let with = acquire(&format!("{base}&cert={}&key={}", p("client.pem"), p("client.key"))).await;
-    assert!(matches!(with, Ok(Acquire::Acquired(_))), "{with:?}");
+    let url = |q: &str| format!("rediss://127.0.0.1:{port}/0?{q}&restart_guard=off");
+    client_certificates_are_required(&certs, url, |u| async move { acquire(&u).await }).await;
 }
 
 #[tokio::test]

@@ -96,3 +96,76 @@ where
         .map_err(|_| "timed out".to_string())?
         .map_err(|e| format!("{e:#}"))
 }
+
+/// A server started by a TLS test from an installed binary, with a data directory of its
+/// own, on a loopback port; killed when dropped. For servers whose TLS settings
+/// [`crate::servers`]' launchers do not take.
+pub struct TlsServer {
+    child: std::process::Child,
+    /// The port it serves on.
+    pub port: u16,
+    _data: tempfile::TempDir,
+}
+
+impl TlsServer {
+    /// Starts `program` with the arguments `args(port, data_dir)` gives; `None` (after
+    /// [`crate::servers::skip`], naming the Debian `package`) when it is not installed.
+    /// It may not serve yet: [`client_certificates_are_required`] waits for it.
+    pub fn start(program: &str, package: &str, args: impl FnOnce(u16, &Path) -> Vec<String>) -> Option<Self> {
+        let Some(bin) = crate::servers::find_program(program) else {
+            crate::servers::skip(&format!("{program} is not installed; install the Debian package {package}"));
+            return None;
+        };
+        let port = crate::servers::free_port();
+        let data = tempfile::tempdir().expect("a temporary directory");
+        let child = Command::new(bin)
+            .args(args(port, data.path()))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{program} starts: {e}"));
+        Some(Self { child, port, _data: data })
+    }
+}
+
+impl Drop for TlsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What a store that speaks TLS does against a server that asks for a client
+/// certificate: with `ca=`, `cert=` and `key=` of this CA it is served (waited for up to
+/// 30 s, while the server starts); without a client certificate, with one of another CA,
+/// or trusting another CA than the server's, it is refused. `url(query)` is the store's
+/// URL of the server with `query` (`ca=…&cert=…&key=…`) among its parameters; `acquire`
+/// makes a store from a URL and asks it for a grant (see [`first_grant`]).
+pub async fn client_certificates_are_required<F, Fut>(certs: &Certs, url: impl Fn(&str) -> String, acquire: F)
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = Result<tenure::store::Acquire, String>>,
+{
+    use std::time::{Duration, Instant};
+    let (ca, other_ca) = (certs.path("ca.pem"), certs.path("other-ca.pem"));
+    let with = |ca: &str, who: &str| {
+        url(&format!("ca={ca}&cert={}&key={}", certs.path(&format!("{who}.pem")), certs.path(&format!("{who}.key"))))
+    };
+    let t0 = Instant::now();
+    loop {
+        match acquire(with(&ca, "client")).await {
+            Ok(a) => {
+                assert!(matches!(a, tenure::store::Acquire::Acquired(_) | tenure::store::Acquire::Held(_)));
+                break;
+            }
+            Err(e) => assert!(t0.elapsed() < Duration::from_secs(30), "the TLS server never served: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let without = acquire(url(&format!("ca={ca}"))).await;
+    assert!(without.is_err(), "a server that asks for a client certificate let one without in: {without:?}");
+    let stranger = acquire(with(&ca, "stranger")).await;
+    assert!(stranger.is_err(), "a client certificate of another CA was let in: {stranger:?}");
+    let other = acquire(with(&other_ca, "client")).await;
+    assert!(other.is_err(), "a server signed by another CA than ca= was believed: {other:?}");
+}

@@ -21,6 +21,13 @@
 //! # }
 //! ```
 //!
+//! A store on a server: [`crate::harness::Served`] is the harness of a store on one
+//! throwaway server (behind the fault proxy, or direct), and
+//! [`store_suite!`](crate::store_suite) writes its two standard tests, this suite and
+//! the five-candidate [`scenario`](crate::scenario). [`a_wrong_password_is_refused`] and
+//! [`an_unreachable_server_is_retryable`] are the checks of a store's errors that every
+//! store with a server runs.
+//!
 //! Expiry is judged by the store, so the expiry cases wait in real time (a few
 //! multiples of [`Harness::short_ttl`]); with a store on tokio's clock, run the suite
 //! on paused time and they take no time at all. For a store that judges expiry as an
@@ -94,6 +101,32 @@ cases!(
 /// (e.g. `TENURE_CONFORMANCE_CASES=several_holders cargo test -p tenure-redis
 /// redis_store_conforms`); unset or empty, it runs all of them.
 pub const CASES_ENV: &str = "TENURE_CONFORMANCE_CASES";
+
+/// A store whose server does not answer (`store`, made for a port nobody listens on): its
+/// first read fails with an error that [`tenure::StoreError::is_retryable`] calls
+/// retryable, so that a candidate waits for the server instead of giving up, and that
+/// names the kind of server (`names`), where the store says it.
+pub async fn an_unreachable_server_is_retryable(store: &dyn LeaseStore, names: Option<&str>) {
+    let err = store.get(&ElectionName::new("x").expect("a valid name")).await.expect_err("a read of nothing");
+    assert!(err.is_retryable(), "{err}");
+    if let Some(name) = names {
+        assert!(err.to_string().contains(name), "{err}");
+    }
+}
+
+/// A store given a wrong password: its first read fails as [`ErrorKind::Unauthorized`]
+/// with `hint` in the message, the `password` shows neither in the error nor in
+/// [`LeaseStore::describe`], and `right` (the same server with the right password) reads.
+/// Every store with a password runs it against a throwaway server.
+pub async fn a_wrong_password_is_refused(wrong: &dyn LeaseStore, password: &str, hint: &str, right: &dyn LeaseStore) {
+    let e = ElectionName::new("x").expect("a valid name");
+    let err = wrong.get(&e).await.expect_err("a wrong password read");
+    assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
+    assert!(err.to_string().contains(hint), "{err}");
+    assert!(!format!("{err:?}").contains(password), "the password shows in the error");
+    assert!(!wrong.describe().contains(password), "the password shows in the description");
+    assert_eq!(right.get(&e).await.expect("the right password reads"), None);
+}
 
 /// Runs every case against the store `harness` opens (or those [`CASES_ENV`] names), each
 /// in its own task: the cases that leave the store alone all at once (each on elections

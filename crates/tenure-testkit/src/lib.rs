@@ -1,11 +1,12 @@
-//! Test support for tenure.
+//! Test support for tenure's store authors: what a new [`tenure::LeaseStore`] needs to
+//! prove itself against a real server. (The simulation and the torture rounds, tenure's
+//! own proving ground, are in the internal crate `tenure-lab`.)
 //!
 //! - [`conformance`]: the contract tests every [`tenure::LeaseStore`] passes.
 //! - [`harness`]: how those tests and the [`scenario`] reach a store; [`harness::Served`]
 //!   is the harness of a store on one throwaway server.
 //! - [`faults`]: the store wrapper that injects failures (the core's, re-exported).
 //! - [`history`]: a checker for recorded histories (invariants I1–I4).
-//! - [`sim`]: the deterministic simulation behind `tenure-sim`.
 //! - [`servers`]: throwaway servers from installed binaries: PostgreSQL, MariaDB, Redis,
 //!   NATS, etcd, RabbitMQ, ZooKeeper, and the emulators Azurite, moto (S3, DynamoDB) and
 //!   fake-gcs-server.
@@ -21,7 +22,6 @@ pub mod history;
 pub mod proxy;
 pub mod scenario;
 pub mod servers;
-pub mod sim;
 
 /// A name unique to this run, for isolating tests that share a store.
 pub fn unique(prefix: &str) -> String {

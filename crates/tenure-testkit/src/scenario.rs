@@ -131,3 +131,42 @@ pub async fn multi_candidate(h: &dyn Harness, ttl: Duration, slack: Duration) ->
     assert!(tokens.windows(2).all(|w| w[0] <= w[1]), "tokens went down: {tokens:?}");
     ScenarioReport { terms: s.terms, takeover }
 }
+
+/// The two tests every store on a throwaway server runs, written once: `$conforms`, the
+/// conformance suite ([`crate::conformance::run_all`]), and `$scenario`, the
+/// five-candidate scenario ([`multi_candidate`]) with a takeover within `ttl + slack`.
+/// Each names an expression that gives its `Option<impl Harness>`: `None` when the
+/// server is not installed (the launcher has said so; `TENURE_REQUIRE_SERVERS=1` makes
+/// that a failure). The calling crate has `tokio` (with its test macros) among its
+/// dev-dependencies.
+///
+/// ```ignore
+/// tenure_testkit::store_suite! {
+///     conforms: postgres_store_conforms => pg(),
+///     scenario: five_candidates_survive_killed_connections_and_a_restart => pg(),
+///     ttl: Duration::from_secs(2),
+///     slack: Duration::from_millis(500),
+/// }
+/// ```
+#[macro_export]
+macro_rules! store_suite {
+    (conforms: $conforms:ident => $harness:expr, scenario: $scenario:ident => $scenario_harness:expr, ttl: $ttl:expr, slack: $slack:expr $(,)?) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $conforms() {
+            let Some(h) = $harness else { return };
+            $crate::conformance::run_all(h).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $scenario() {
+            let Some(h) = $scenario_harness else { return };
+            let r = $crate::scenario::multi_candidate(&h, $ttl, $slack).await;
+            eprintln!(
+                "{}: {} terms, takeover {:?} after the leader was cut off",
+                stringify!($scenario),
+                r.terms,
+                r.takeover
+            );
+        }
+    };
+}

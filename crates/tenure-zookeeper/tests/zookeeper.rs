@@ -26,18 +26,12 @@ fn req(name: &str, holder: &str, ttl: Duration) -> AcquireRequest {
     AcquireRequest::new(ElectionName::new(name).unwrap(), HolderId::new(holder).unwrap(), ttl)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zookeeper_store_conforms() {
-    let Some(zk) = zk() else { return };
-    conformance::run_all(zk).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn five_candidates_survive_killed_connections_and_a_restart() {
-    let Some(zk) = zk() else { return };
-    // The server expires sessions in whole ticks (100 ms here).
-    let r = scenario::multi_candidate(&zk, Duration::from_secs(2), Duration::from_millis(1000)).await;
-    eprintln!("zookeeper scenario: {} terms, takeover {:?} after the leader was cut off", r.terms, r.takeover);
+// The server expires sessions in whole ticks (100 ms here).
+tenure_testkit::store_suite! {
+    conforms: zookeeper_store_conforms => zk(),
+    scenario: five_candidates_survive_killed_connections_and_a_restart => zk(),
+    ttl: Duration::from_secs(2),
+    slack: Duration::from_millis(1000),
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -245,11 +239,7 @@ async fn wrong_credentials_are_a_clear_error() {
 async fn an_unreachable_server_is_a_retryable_error() {
     let port = servers::free_port();
     let store = ZkStore::connect(&format!("zk://127.0.0.1:{port}")).await.unwrap();
-    let err = store.get(&ElectionName::new("x").unwrap()).await.unwrap_err();
-    assert!(err.is_retryable(), "{err}");
-    assert!(err.to_string().contains("ZooKeeper"), "{err}");
-    let err = store.try_acquire(&req("x", "a", Duration::from_secs(2))).await.unwrap_err();
-    assert!(err.is_retryable(), "{err}");
+    conformance::an_unreachable_server_is_retryable(&store, Some("ZooKeeper")).await;
 }
 
 /// A three-member ensemble: "killing connections" kills one member (in turn, the leader

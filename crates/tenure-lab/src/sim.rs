@@ -7,7 +7,7 @@
 //! Each seed runs on its own single-threaded tokio runtime with paused time; every
 //! random choice (the runtime's jitter included) comes from the seed, and the runtime's
 //! `select!`s are biased, so a seed replays exactly. The history is checked with
-//! [`crate::history::check`].
+//! [`tenure_testkit::history::check`].
 
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
@@ -21,7 +21,7 @@ use tenure::{
     StoreError,
 };
 
-use crate::history::{self, Liveness, Record, Summary};
+use tenure_testkit::history::{self, Liveness, Record, Summary};
 
 /// A deliberate bug, to show that the simulation catches it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! `tenure-sim`: runs the deterministic simulation for many seeds and checks every history.
 //!
 //! ```text
-//! cargo run --release -p tenure-testkit --bin tenure-sim -- --seeds 10000 --first-seed 1
+//! cargo run --release -p tenure-lab --bin tenure-sim -- --seeds 10000 --first-seed 1
 //! ```
 //!
 //! Exits 1 on any violation (printing the seed to replay with `--seeds 1 --first-seed S`),
@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tenure_testkit::sim::{Mutant, SeedReport, SimConfig, run_seed};
+use tenure_lab::sim::{Mutant, SeedReport, SimConfig, run_seed};
 
 struct Args {
     seeds: u64,
@@ -58,7 +58,7 @@ fn parse() -> Result<Args, String> {
                 if !m.available() {
                     return Err(format!(
                         "{m:?} is planted in the runtime, which this build lacks; build with \
-                         `cargo build -p tenure-testkit --features mutants --bin tenure-sim`"
+                         `cargo build -p tenure-lab --features mutants --bin tenure-sim`"
                     ));
                 }
                 a.cfg.mutant = Some(m);

@@ -27,7 +27,7 @@
 //! standby supervisor that outlives its killed `tenure run`.
 //!
 //! ```text
-//! cargo build -p tenure-cli -p tenure-testkit --bins
+//! cargo build -p tenure-cli -p tenure-lab --bins
 //! target/debug/tenure-torture --tenure target/debug/tenure --duration 60s
 //! ```
 //!

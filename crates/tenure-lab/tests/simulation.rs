@@ -1,7 +1,7 @@
 //! The deterministic simulation: clean runs find nothing, seeds replay exactly, and
 //! each planted bug is found.
 
-use tenure_testkit::sim::{Mutant, SimConfig, run_seed};
+use tenure_lab::sim::{Mutant, SimConfig, run_seed};
 
 fn violations(seeds: std::ops::Range<u64>, cfg: &SimConfig) -> Vec<(u64, String)> {
     seeds
