@@ -48,7 +48,7 @@ pub enum Mutant {
 impl Mutant {
     /// Whether this build can plant it. The bugs planted in the runtime itself
     /// ([`Mutant::DeadlineFromResponse`], [`Mutant::HandOverWithoutSteppingDown`],
-    /// [`Mutant::ExtraHolder`]) exist only with the test kit's `mutants` feature, which its
+    /// [`Mutant::ExtraHolder`]) exist only with this crate's `mutants` feature, which its
     /// own tests turn on; the others are the simulation's and always can.
     pub fn available(self) -> bool {
         cfg!(feature = "mutants")
@@ -472,7 +472,7 @@ async fn simulate(seed: u64, cfg: &SimConfig) -> SeedReport {
         #[cfg(feature = "mutants")]
         Some(Mutant::ExtraHolder) => runtime_cfg.mutation_extra_holder = true,
         Some(m) if !m.available() => {
-            panic!("{m:?} is planted in the runtime, which only a build with the test kit's `mutants` feature has")
+            panic!("{m:?} is planted in the runtime, which only a build with the `mutants` feature of tenure-lab has")
         }
         _ => {}
     }

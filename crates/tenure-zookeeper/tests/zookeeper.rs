@@ -240,6 +240,9 @@ async fn an_unreachable_server_is_a_retryable_error() {
     let port = servers::free_port();
     let store = ZkStore::connect(&format!("zk://127.0.0.1:{port}")).await.unwrap();
     conformance::an_unreachable_server_is_retryable(&store, Some("ZooKeeper")).await;
+    // An acquire goes through a session of its own, made on demand.
+    let err = store.try_acquire(&req("x", "a", Duration::from_secs(2))).await.unwrap_err();
+    assert!(err.is_retryable(), "{err}");
 }
 
 /// A three-member ensemble: "killing connections" kills one member (in turn, the leader

@@ -2,8 +2,8 @@
 //! and the supervised command, whose deadline `tenure` moves and which it stops.
 
 use super::deadline_file::{
-    env_file, open_stop_at, ready_marker, started_marker, stop_at_record, stopped_marker, supervisor_dir,
-    write_atomically, write_metadata, write_stop_at,
+    emptied_marker, env_file, open_stop_at, ready_marker, started_marker, stop_at_record, stopped_marker,
+    supervisor_dir, write_atomically, write_metadata, write_stop_at,
 };
 use super::guard::{MAX_GUARDS, spawn_guard};
 use super::limits::{DESCRIPTOR_LIMIT_ENV, starting_descriptor_limit};
@@ -370,8 +370,13 @@ impl Supervised {
     /// Kills what is left of the command's tree, then stops the guard: if this process
     /// dies during the sweep (killed with the supervisor), the guard finishes it.
     pub(super) async fn sweep_then_end_guard(&mut self) {
-        let guard = self.guard.as_ref().and_then(|g| g.id()).and_then(|p| Pid::from_raw(p as i32));
-        sweep_orphans(guard);
+        // A supervisor that returned with no child left has left nothing (it is a subreaper:
+        // every orphan of the command was its child); the look over /proc, two reads of
+        // every process's stat, is for one that was killed.
+        if !emptied_marker(&self.deadline_file).exists() {
+            let guard = self.guard.as_ref().and_then(|g| g.id()).and_then(|p| Pid::from_raw(p as i32));
+            sweep_orphans(guard);
+        }
         // The command's cgroup, which a killed supervisor left: whatever is still in it
         // (outside this tree: it moved itself out) goes, then the cgroup.
         if let Some(cg) = command_cgroup(&self.deadline_file).filter(|cg| cg.is_dir()) {

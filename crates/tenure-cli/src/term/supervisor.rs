@@ -2,8 +2,8 @@
 //! written for it or when `tenure` dies, and never exits while a descendant lives.
 
 use super::deadline_file::{
-    env_file, passed_stop_at, read_env, ready_marker, remove_deadline_dir, started_marker, stop_cause, stop_due,
-    stopped_marker, write_private,
+    emptied_marker, env_file, passed_stop_at, read_env, ready_marker, remove_deadline_dir, started_marker, stop_cause,
+    stop_due, stopped_marker, write_private,
 };
 use super::limits::{DESCRIPTOR_LIMIT_ENV, lower_descriptor_limit};
 use super::tree::{CgroupSeat, command_cgroup, kill_cgroup, signal_tree, wait_code};
@@ -97,6 +97,10 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, stan
         seat = CgroupSeat::take(command_cgroup(deadline_file));
     }
     let spawned = command.spawn();
+    if mutant("emptied-marked-early") {
+        // Planted: the tree called gone while the command runs.
+        let _ = write_private(&emptied_marker(deadline_file), b"");
+    }
     let cgroup = seat.as_mut().and_then(CgroupSeat::leave);
     let command = match spawned {
         Ok(c) => c.id() as i32,
@@ -129,6 +133,7 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, stan
                 Err(rustix::io::Errno::CHILD) => {
                     // Nothing of the command is left: its cgroup, if it had one, is empty.
                     drop(seat.take());
+                    let _ = write_private(&emptied_marker(deadline_file), b"");
                     if parent_gone {
                         // `tenure run` cannot clean up after itself: its directory goes too.
                         remove_deadline_dir(deadline_file);
