@@ -196,7 +196,7 @@ pub async fn bench(open: Opener<'_>, s: &Settings) -> Result<i32> {
 pub(crate) fn stats(mut v: Vec<Duration>) -> Value {
     v.sort();
     let at = |q: f64| v.get(((v.len() as f64 - 1.0) * q).round() as usize).map_or(0.0, |d| d.as_secs_f64());
-    json!({"n": v.len(), "p50": at(0.5), "p99": at(0.99), "max": at(1.0)})
+    json!({"n": v.len(), "p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": at(1.0)})
 }
 
 pub(crate) fn secs(v: &Value, k: &str) -> f64 {

@@ -109,8 +109,9 @@ pub(super) fn print_table(v: &Value) {
 /// One row of latency figures, with `extra` after them.
 fn lat_of(label: &str, x: &Value, extra: &str) {
     println!(
-        "{label:<22} p50 {:>10}  p99 {:>10}  max {:>10}  (n={}){extra}",
+        "{label:<22} p50 {:>10}  p90 {:>10}  p99 {:>10}  max {:>10}  (n={}){extra}",
         fmt_d(secs(x, "p50")),
+        fmt_d(secs(x, "p90")),
         fmt_d(secs(x, "p99")),
         fmt_d(secs(x, "max")),
         x["n"]
