@@ -359,6 +359,21 @@ fn the_processes_of_a_killed_supervisor_are_stopped_before_tenure_run_lets_go() 
     // command and every process under it are re-parented to `tenure run`, which must stop
     // them all before it releases the lease, or they would work on beside the next leader.
     // Found through /proc, as on a host that gives the command no cgroup.
+    killed_supervisor(false);
+}
+
+#[test]
+fn a_mark_that_the_tree_is_gone_written_by_the_command_does_not_spare_its_orphans() {
+    // A supervisor that returns with no child left marks the tree gone, and `tenure run`
+    // then makes no look over /proc. The command runs as the same user and can write that
+    // mark too (beside TENURE_METADATA_FILE, or at the path in its supervisor's command
+    // line) before its supervisor is killed: its orphans must still be stopped.
+    killed_supervisor(true);
+}
+
+/// Kills the supervisor of a command whose workers ignore SIGTERM, one of them in a
+/// session of its own, with the mark that the tree is gone written first if `forged`.
+fn killed_supervisor(forged: bool) {
     let env = Env::new();
     let (pids, log, sup, next) = (env.path("pids"), env.path("log"), env.path("supervisor"), env.path("next"));
     let _reap = Reap(pids.clone());
@@ -374,6 +389,13 @@ fn the_processes_of_a_killed_supervisor_are_stopped_before_tenure_run_lets_go() 
     let _standby = env.run(&env.sqlite(), "b", &format!("date +%s%N > {}; sleep 600", next.display()));
     std::thread::sleep(Duration::from_millis(300));
     let supervisor: u32 = std::fs::read_to_string(&sup).unwrap().trim().parse().unwrap();
+    if forged {
+        // `tenure __child PARENT DEADLINE_FILE ...`
+        let cmdline = std::fs::read(format!("/proc/{supervisor}/cmdline")).unwrap();
+        let args: Vec<String> = cmdline.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+        let at = args.iter().position(|a| a == "__child").expect("the supervisor's command line");
+        std::fs::write(format!("{}.emptied", args[at + 2]), b"").unwrap();
+    }
     signal(supervisor, rustix::process::Signal::KILL);
     let t0 = Instant::now();
     let status = loop {

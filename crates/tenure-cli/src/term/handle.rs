@@ -135,6 +135,7 @@ impl Standby {
                 deadline_file: self.deadline_file.clone(),
                 deadline,
                 metadata_file,
+                returned: false,
                 _dir: dir,
             }),
             (told, child, dir) => {
@@ -230,6 +231,11 @@ pub struct Supervised {
     /// The deadline file, open for rewriting in place.
     pub(super) deadline: std::fs::File,
     pub(super) metadata_file: Option<PathBuf>,
+    /// Whether the supervisor returned on its own: it exited, neither killed by a signal
+    /// nor ended by a panic (101). Only then is its mark that the tree is gone believed: the
+    /// command, which runs as the same user, can write that file too, but cannot make
+    /// its killed supervisor look as if it had returned.
+    pub(super) returned: bool,
     pub(super) _dir: tempfile::TempDir,
 }
 
@@ -274,6 +280,7 @@ impl Supervised {
             deadline_file,
             deadline,
             metadata_file,
+            returned: false,
             _dir: dir,
         })
     }
@@ -333,7 +340,10 @@ impl Supervised {
             };
             tokio::select! {
                 biased;
-                status = self.child.wait() => return status.map(exit_code).unwrap_or(1),
+                status = self.child.wait() => {
+                    self.returned = status.as_ref().is_ok_and(|s| s.code().is_some_and(|c| c != 101));
+                    return status.map(exit_code).unwrap_or(1);
+                }
                 () = guard => self.replace_guard(),
             }
         }
@@ -372,8 +382,10 @@ impl Supervised {
     pub(super) async fn sweep_then_end_guard(&mut self) {
         // A supervisor that returned with no child left has left nothing (it is a subreaper:
         // every orphan of the command was its child); the look over /proc, two reads of
-        // every process's stat, is for one that was killed.
-        if !emptied_marker(&self.deadline_file).exists() {
+        // every process's stat, is for one that was killed. Its mark alone is not enough:
+        // the command could have written it before killing its supervisor.
+        let emptied = (self.returned || mutant("emptied-mark-alone")) && emptied_marker(&self.deadline_file).exists();
+        if !emptied {
             let guard = self.guard.as_ref().and_then(|g| g.id()).and_then(|p| Pid::from_raw(p as i32));
             sweep_orphans(guard);
         }

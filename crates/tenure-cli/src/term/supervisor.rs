@@ -97,10 +97,6 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, stan
         seat = CgroupSeat::take(command_cgroup(deadline_file));
     }
     let spawned = command.spawn();
-    if mutant("emptied-marked-early") {
-        // Planted: the tree called gone while the command runs.
-        let _ = write_private(&emptied_marker(deadline_file), b"");
-    }
     let cgroup = seat.as_mut().and_then(CgroupSeat::leave);
     let command = match spawned {
         Ok(c) => c.id() as i32,
