@@ -359,21 +359,6 @@ fn the_processes_of_a_killed_supervisor_are_stopped_before_tenure_run_lets_go() 
     // command and every process under it are re-parented to `tenure run`, which must stop
     // them all before it releases the lease, or they would work on beside the next leader.
     // Found through /proc, as on a host that gives the command no cgroup.
-    killed_supervisor(false);
-}
-
-#[test]
-fn a_mark_that_the_tree_is_gone_written_by_the_command_does_not_spare_its_orphans() {
-    // A supervisor that returns with no child left marks the tree gone, and `tenure run`
-    // then makes no look over /proc. The command runs as the same user and can write that
-    // mark too (beside TENURE_METADATA_FILE, or at the path in its supervisor's command
-    // line) before its supervisor is killed: its orphans must still be stopped.
-    killed_supervisor(true);
-}
-
-/// Kills the supervisor of a command whose workers ignore SIGTERM, one of them in a
-/// session of its own, with the mark that the tree is gone written first if `forged`.
-fn killed_supervisor(forged: bool) {
     let env = Env::new();
     let (pids, log, sup, next) = (env.path("pids"), env.path("log"), env.path("supervisor"), env.path("next"));
     let _reap = Reap(pids.clone());
@@ -389,13 +374,6 @@ fn killed_supervisor(forged: bool) {
     let _standby = env.run(&env.sqlite(), "b", &format!("date +%s%N > {}; sleep 600", next.display()));
     std::thread::sleep(Duration::from_millis(300));
     let supervisor: u32 = std::fs::read_to_string(&sup).unwrap().trim().parse().unwrap();
-    if forged {
-        // `tenure __child PARENT DEADLINE_FILE ...`
-        let cmdline = std::fs::read(format!("/proc/{supervisor}/cmdline")).unwrap();
-        let args: Vec<String> = cmdline.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
-        let at = args.iter().position(|a| a == "__child").expect("the supervisor's command line");
-        std::fs::write(format!("{}.emptied", args[at + 2]), b"").unwrap();
-    }
     signal(supervisor, rustix::process::Signal::KILL);
     let t0 = Instant::now();
     let status = loop {
@@ -422,6 +400,48 @@ fn killed_supervisor(forged: bool) {
         last_work < next_started,
         "the killed supervisor's workers still worked after the next term's command started"
     );
+}
+
+#[test]
+fn what_a_health_check_left_running_is_stopped_before_the_next_leader_starts() {
+    // A health check is a child of `tenure run`, not of the supervisor: a process it leaves
+    // in a session of its own comes to `tenure run` (a subreaper) when the check ends, and
+    // with no cgroup to kill it by, only the look for orphans at the end of the term stops
+    // it before the release. The command itself ends cleanly, its supervisor with it.
+    let env = Env::new();
+    let (pids, log, mark, next) = (env.path("pids"), env.path("log"), env.path("mark"), env.path("next"));
+    let _reap = Reap(pids.clone());
+    let w = sh_quote(&worker(&pids, &log, true));
+    let health = format!("[ -e {m} ] || {{ touch {m}; (setsid sh -c {w} &); sleep 0.3; }}; true", m = mark.display());
+    let mut leader = Command::new(tenure())
+        .env("TENURE_STORE", env.sqlite())
+        .env("TENURE_CGROUP", "off")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .args(["run", "jobs/tree", "--id", "a", "--ttl", "2s", "--grace", "300ms"])
+        .args(["--health-cmd", &health, "--health-interval", "200ms", "--health-timeout", "10s"])
+        .args(["--", "sleep", "3"])
+        .spawn()
+        .map(Proc)
+        .unwrap();
+    let started = wait_pids(&pids, 1);
+    let _standby = env.run(&env.sqlite(), "b", &format!("date +%s%N > {}; sleep 600", next.display()));
+    let t0 = Instant::now();
+    let next_started: u64 = loop {
+        if let Some(t) = std::fs::read_to_string(&next).ok().and_then(|t| t.trim().parse().ok()) {
+            break t;
+        }
+        assert!(t0.elapsed() < TTL * 10, "the standby did not take over");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let status = leader.0.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "the command ended on its own");
+    for p in &started {
+        assert!(!alive(*p), "process {p}, left by a health check, outlived the term");
+    }
+    let last_work: u64 =
+        std::fs::read_to_string(&log).unwrap().lines().filter_map(|l| l.trim().parse().ok()).max().unwrap();
+    assert!(last_work < next_started, "what the health check left still worked after the next term's command started");
 }
 
 #[test]

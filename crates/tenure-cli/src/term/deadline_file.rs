@@ -45,13 +45,6 @@ pub(super) fn stop_due(deadline_file: &Path) -> u64 {
     passed_stop_at(deadline_file, now).unwrap_or(now)
 }
 
-/// The file the supervisor creates once it has no child left, just before it returns: the
-/// command's tree is gone, so `tenure run` need not look for orphans of it (a supervisor
-/// killed before that leaves no such file, and its orphans are swept).
-pub(super) fn emptied_marker(deadline_file: &Path) -> PathBuf {
-    deadline_file.with_extension("emptied")
-}
-
 /// The file the supervisor creates when it stops the command itself.
 pub(super) fn stopped_marker(deadline_file: &Path) -> PathBuf {
     deadline_file.with_extension("stopped")

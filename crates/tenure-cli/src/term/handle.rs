@@ -2,8 +2,8 @@
 //! and the supervised command, whose deadline `tenure` moves and which it stops.
 
 use super::deadline_file::{
-    emptied_marker, env_file, open_stop_at, ready_marker, started_marker, stop_at_record, stopped_marker,
-    supervisor_dir, write_atomically, write_metadata, write_stop_at,
+    env_file, open_stop_at, ready_marker, started_marker, stop_at_record, stopped_marker, supervisor_dir,
+    write_atomically, write_metadata, write_stop_at,
 };
 use super::guard::{MAX_GUARDS, spawn_guard};
 use super::limits::{DESCRIPTOR_LIMIT_ENV, starting_descriptor_limit};
@@ -135,7 +135,6 @@ impl Standby {
                 deadline_file: self.deadline_file.clone(),
                 deadline,
                 metadata_file,
-                returned: false,
                 _dir: dir,
             }),
             (told, child, dir) => {
@@ -231,11 +230,6 @@ pub struct Supervised {
     /// The deadline file, open for rewriting in place.
     pub(super) deadline: std::fs::File,
     pub(super) metadata_file: Option<PathBuf>,
-    /// Whether the supervisor returned on its own: it exited, neither killed by a signal
-    /// nor ended by a panic (101). Only then is its mark that the tree is gone believed: the
-    /// command, which runs as the same user, can write that file too, but cannot make
-    /// its killed supervisor look as if it had returned.
-    pub(super) returned: bool,
     pub(super) _dir: tempfile::TempDir,
 }
 
@@ -280,7 +274,6 @@ impl Supervised {
             deadline_file,
             deadline,
             metadata_file,
-            returned: false,
             _dir: dir,
         })
     }
@@ -340,10 +333,7 @@ impl Supervised {
             };
             tokio::select! {
                 biased;
-                status = self.child.wait() => {
-                    self.returned = status.as_ref().is_ok_and(|s| s.code().is_some_and(|c| c != 101));
-                    return status.map(exit_code).unwrap_or(1);
-                }
+                status = self.child.wait() => return status.map(exit_code).unwrap_or(1),
                 () = guard => self.replace_guard(),
             }
         }
@@ -380,15 +370,12 @@ impl Supervised {
     /// Kills what is left of the command's tree, then stops the guard: if this process
     /// dies during the sweep (killed with the supervisor), the guard finishes it.
     pub(super) async fn sweep_then_end_guard(&mut self) {
-        // A supervisor that returned with no child left has left nothing (it is a subreaper:
-        // every orphan of the command was its child); the look over /proc, two reads of
-        // every process's stat, is for one that was killed. Its mark alone is not enough:
-        // the command could have written it before killing its supervisor.
-        let emptied = (self.returned || mutant("emptied-mark-alone")) && emptied_marker(&self.deadline_file).exists();
-        if !emptied {
-            let guard = self.guard.as_ref().and_then(|g| g.id()).and_then(|p| Pid::from_raw(p as i32));
-            sweep_orphans(guard);
-        }
+        // Made on every term, even when the supervisor returned with no child left: the
+        // orphans of a health check (a child of this process, not of the supervisor) come
+        // here too, and a supervisor's report of its own tree can be forged by the command
+        // (the same user: a file it writes, a debugger that makes it exit).
+        let guard = self.guard.as_ref().and_then(|g| g.id()).and_then(|p| Pid::from_raw(p as i32));
+        sweep_orphans(guard);
         // The command's cgroup, which a killed supervisor left: whatever is still in it
         // (outside this tree: it moved itself out) goes, then the cgroup.
         if let Some(cg) = command_cgroup(&self.deadline_file).filter(|cg| cg.is_dir()) {

@@ -2,8 +2,8 @@
 //! written for it or when `tenure` dies, and never exits while a descendant lives.
 
 use super::deadline_file::{
-    emptied_marker, env_file, passed_stop_at, read_env, ready_marker, remove_deadline_dir, started_marker, stop_cause,
-    stop_due, stopped_marker, write_private,
+    env_file, passed_stop_at, read_env, ready_marker, remove_deadline_dir, started_marker, stop_cause, stop_due,
+    stopped_marker, write_private,
 };
 use super::limits::{DESCRIPTOR_LIMIT_ENV, lower_descriptor_limit};
 use super::tree::{CgroupSeat, command_cgroup, kill_cgroup, signal_tree, wait_code};
@@ -129,7 +129,6 @@ pub async fn supervisor(parent: i32, deadline_file: &Path, grace: Duration, stan
                 Err(rustix::io::Errno::CHILD) => {
                     // Nothing of the command is left: its cgroup, if it had one, is empty.
                     drop(seat.take());
-                    let _ = write_private(&emptied_marker(deadline_file), b"");
                     if parent_gone {
                         // `tenure run` cannot clean up after itself: its directory goes too.
                         remove_deadline_dir(deadline_file);
