@@ -143,6 +143,34 @@ fn worker(pids: &Path, log: &Path, stubborn: bool) -> String {
     )
 }
 
+/// `tenure run ELECTION -- sleep SECS` as candidate `a`, with `health` as its health check
+/// every 200 ms and `extra` added to its environment.
+fn with_health_check(env: &Env, election: &str, health: &str, secs: &str, extra: &[(&str, &str)]) -> Proc {
+    Command::new(tenure())
+        .envs(extra.iter().copied())
+        .env("TENURE_STORE", env.sqlite())
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .args(["run", election, "--id", "a", "--ttl", "2s", "--grace", "300ms"])
+        .args(["--health-cmd", health, "--health-interval", "200ms", "--health-timeout", "10s"])
+        .args(["--", "sleep", secs])
+        .spawn()
+        .map(Proc)
+        .unwrap()
+}
+
+/// The instant (ns) a standby's command wrote to `next` when it started, waited for until
+/// `until`.
+fn first_start(next: &Path, until: Instant) -> u64 {
+    loop {
+        if let Some(t) = std::fs::read_to_string(next).ok().and_then(|t| t.trim().parse().ok()) {
+            return t;
+        }
+        assert!(Instant::now() < until, "the standby did not take over");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
@@ -387,15 +415,9 @@ fn the_processes_of_a_killed_supervisor_are_stopped_before_tenure_run_lets_go() 
     for p in &started {
         assert!(!alive(*p), "process {p} outlived its killed supervisor and tenure run");
     }
-    let next_started: u64 = loop {
-        if let Some(t) = std::fs::read_to_string(&next).ok().and_then(|t| t.trim().parse().ok()) {
-            break t;
-        }
-        assert!(t0.elapsed() < TTL * 5, "the standby did not take over");
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let last_work: u64 =
-        std::fs::read_to_string(&log).unwrap().lines().filter_map(|l| l.trim().parse().ok()).max().unwrap();
+    let next_started = first_start(&next, t0 + TTL * 5);
+    let last_work = last_work(&log);
+    assert_ne!(last_work, 0, "the workers logged no work");
     assert!(
         last_work < next_started,
         "the killed supervisor's workers still worked after the next term's command started"
@@ -413,34 +435,18 @@ fn what_a_health_check_left_running_is_stopped_before_the_next_leader_starts() {
     let _reap = Reap(pids.clone());
     let w = sh_quote(&worker(&pids, &log, true));
     let health = format!("[ -e {m} ] || {{ touch {m}; (setsid sh -c {w} &); sleep 0.3; }}; true", m = mark.display());
-    let mut leader = Command::new(tenure())
-        .env("TENURE_STORE", env.sqlite())
-        .env("TENURE_CGROUP", "off")
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .args(["run", "jobs/tree", "--id", "a", "--ttl", "2s", "--grace", "300ms"])
-        .args(["--health-cmd", &health, "--health-interval", "200ms", "--health-timeout", "10s"])
-        .args(["--", "sleep", "3"])
-        .spawn()
-        .map(Proc)
-        .unwrap();
+    let mut leader = with_health_check(&env, "jobs/tree", &health, "3", &[("TENURE_CGROUP", "off")]);
     let started = wait_pids(&pids, 1);
     let _standby = env.run(&env.sqlite(), "b", &format!("date +%s%N > {}; sleep 600", next.display()));
     let t0 = Instant::now();
-    let next_started: u64 = loop {
-        if let Some(t) = std::fs::read_to_string(&next).ok().and_then(|t| t.trim().parse().ok()) {
-            break t;
-        }
-        assert!(t0.elapsed() < TTL * 10, "the standby did not take over");
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let next_started = first_start(&next, t0 + TTL * 10);
     let status = leader.0.wait().unwrap();
     assert_eq!(status.code(), Some(0), "the command ended on its own");
     for p in &started {
         assert!(!alive(*p), "process {p}, left by a health check, outlived the term");
     }
-    let last_work: u64 =
-        std::fs::read_to_string(&log).unwrap().lines().filter_map(|l| l.trim().parse().ok()).max().unwrap();
+    let last_work = last_work(&log);
+    assert_ne!(last_work, 0, "the workers logged no work");
     assert!(last_work < next_started, "what the health check left still worked after the next term's command started");
 }
 
@@ -583,16 +589,7 @@ fn a_health_check_and_what_it_started_end_with_a_killed_tenure_run() {
     let _reap = Reap(pids.clone());
     let w = sh_quote(&worker(&pids, &log, true));
     let health = format!("[ -e {m} ] || {{ touch {m}; sh -c {w} & setsid sh -c {w} & }}; sleep 5", m = mark.display());
-    let mut leader = Command::new(tenure())
-        .env("TENURE_STORE", env.sqlite())
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .args(["run", "jobs/health", "--id", "a", "--ttl", "2s", "--grace", "300ms"])
-        .args(["--health-cmd", &health, "--health-interval", "200ms", "--health-timeout", "10s"])
-        .args(["--", "sleep", "600"])
-        .spawn()
-        .map(Proc)
-        .unwrap();
+    let mut leader = with_health_check(&env, "jobs/health", &health, "600", &[]);
     wait_pids(&pids, 2);
     std::thread::sleep(Duration::from_millis(300));
     let pid = leader.id();

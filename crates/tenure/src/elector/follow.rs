@@ -28,14 +28,14 @@ pub(super) async fn follow(
             Box::pin(f.stop()).await;
             return None;
         }
-        if f.attempt {
-            f.attempt = false;
+        if f.due {
+            f.due = false;
             match f.attempt(view).await {
                 Attempt::Won(lease, sent) => return Some((lease, sent)),
                 Attempt::Refused => return None,
                 Attempt::Wait => {}
             }
-            if f.attempt {
+            if f.due {
                 continue;
             }
         }
@@ -45,7 +45,7 @@ pub(super) async fn follow(
                 Box::pin(f.stop()).await;
                 return None;
             }
-            _ = shared.clock.sleep_until(f.wake_at) => f.attempt = true,
+            _ = shared.clock.sleep_until(f.wake_at) => f.due = true,
             ev = next_event(&mut f.watch) => f.on_watch(view, ev),
         }
     }
@@ -58,7 +58,7 @@ pub(super) enum Attempt {
     /// The store refused in a way no retry can mend: campaigning stops.
     Refused,
     /// Not won: the follower waits until its wake time, or attempts again at once if it
-    /// set `attempt`.
+    /// set `due`.
     Wait,
 }
 
@@ -70,7 +70,7 @@ pub(super) struct Follower<'a> {
     /// else is done.
     pub(super) unresolved: bool,
     /// Whether an attempt is due now.
-    pub(super) attempt: bool,
+    pub(super) due: bool,
     pub(super) wake_at: Instant,
     failures: Failures<'a>,
     /// Until when the election is reserved for the successor of this candidate's term.
@@ -84,7 +84,7 @@ impl<'a> Follower<'a> {
             shared,
             watch: shared.store.watch(&shared.req.election),
             unresolved: false,
-            attempt: true,
+            due: true,
             wake_at: shared.clock.now(),
             failures: Failures::new(&shared.req.election),
             defer,
@@ -146,7 +146,7 @@ impl<'a> Follower<'a> {
                         .map(|st| matches!(st.successor(me, shared.cfg.priority), Some(Successor::Reserved { .. })));
                 if let Ok(false) = reserved {
                     self.defer = None;
-                    self.attempt = true;
+                    self.due = true;
                 } else {
                     // The successor's presence can end without a word on the election's
                     // watch: look again within a retry period.
@@ -194,7 +194,7 @@ impl<'a> Follower<'a> {
                 } else {
                     follower_wake(shared, view, cur.as_ref(), self.watch.is_some())
                 };
-                self.attempt = cur.is_none();
+                self.due = cur.is_none();
             }
             Err(e) => {
                 self.failures.note(&e, "reading the lease failed", shared.clock.now());
@@ -252,11 +252,11 @@ impl<'a> Follower<'a> {
             Some(Ok(None)) => {
                 view.saw(None);
                 view.vacant_since.get_or_insert(shared.clock.now());
-                self.attempt = true;
+                self.due = true;
             }
             Some(Ok(Some(rec))) => {
                 if rec.holder == shared.req.holder && !rec.evicted {
-                    self.attempt = true;
+                    self.due = true;
                     self.unresolved = true;
                 } else if !self.unresolved {
                     self.defer = None;

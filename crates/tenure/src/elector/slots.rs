@@ -17,8 +17,8 @@ pub(super) async fn follow_slots(shared: &Shared) -> Option<(u32, LeaseRecord, I
             Box::pin(f.stop()).await;
             return None;
         }
-        if f.attempt {
-            f.attempt = false;
+        if f.due {
+            f.due = false;
             let now = shared.clock.now();
             let retry_at = now + shared.cfg.jittered(shared.cfg.retry_period);
             f.wake_at = retry_at;
@@ -31,7 +31,7 @@ pub(super) async fn follow_slots(shared: &Shared) -> Option<(u32, LeaseRecord, I
                 SlotAttempt::Refused => return None,
                 SlotAttempt::Wait => {}
             }
-            if f.attempt {
+            if f.due {
                 continue;
             }
         }
@@ -41,7 +41,7 @@ pub(super) async fn follow_slots(shared: &Shared) -> Option<(u32, LeaseRecord, I
                 Box::pin(f.stop()).await;
                 return None;
             }
-            _ = shared.clock.sleep_until(f.wake_at) => f.attempt = true,
+            _ = shared.clock.sleep_until(f.wake_at) => f.due = true,
             Some((i, ev)) = tokio_stream::StreamExt::next(&mut f.watches) => f.on_watch(i, ev),
         }
     }
@@ -53,7 +53,7 @@ pub(super) enum SlotAttempt {
     Won(usize, LeaseRecord, Instant),
     /// The store refused in a way no retry can mend: campaigning stops.
     Refused,
-    /// Not won: wait until the wake time, or attempt again at once if `attempt` was set.
+    /// Not won: wait until the wake time, or attempt again at once if `due` was set.
     Wait,
 }
 
@@ -71,7 +71,7 @@ pub(super) struct SlotFollower<'a> {
     pub(super) unresolved: Option<usize>,
     failures: Failures<'a>,
     /// Whether an attempt is due now.
-    pub(super) attempt: bool,
+    pub(super) due: bool,
     pub(super) wake_at: Instant,
 }
 
@@ -96,7 +96,7 @@ impl<'a> SlotFollower<'a> {
             read_from: vec![None; n],
             unresolved: None,
             failures: Failures::new(&shared.req.election),
-            attempt: true,
+            due: true,
             wake_at: shared.clock.now(),
         }
     }
@@ -140,7 +140,7 @@ impl<'a> SlotFollower<'a> {
         if self.unresolved.is_some() {
             self.wake_at = retry_at;
         } else {
-            self.attempt = true;
+            self.due = true;
         }
         SlotAttempt::Wait
     }
@@ -234,12 +234,12 @@ impl<'a> SlotFollower<'a> {
             Ok(Some(rec)) if rec.holder == shared.req.holder && !rec.evicted => {
                 // Ours (a late echo, or a maybe-applied acquire): resolve it.
                 self.unresolved.get_or_insert(i);
-                self.attempt = true;
+                self.due = true;
             }
             Ok(Some(rec)) => self.saw(i, &rec),
             Ok(None) => {
                 self.held_until[i] = None;
-                self.attempt = true;
+                self.due = true;
             }
             Err(e) => {
                 tracing::debug!(election = %shared.req.election, slot = i, error = %e, "watch failed; polling");

@@ -154,7 +154,7 @@ async fn a_follower_waits_for_a_held_lease_to_end_and_then_wins_it() {
     assert_eq!(f.wake_at, t0 + TTL, "watched: it wakes when the lease would end");
     store.release(&theirs).await.unwrap();
     f.on_watch(&mut view, Some(Ok(None)));
-    assert!(f.attempt, "a lease seen gone is attempted at once");
+    assert!(f.due, "a lease seen gone is attempted at once");
     assert!(matches!(f.attempt(&mut view).await, Attempt::Won(rec, _) if rec.holder.as_str() == "a"));
 }
 
