@@ -39,6 +39,13 @@ fn tls_server(dir: &Path, client_auth: bool) -> Option<(servers::Server, u16)> {
     ];
     let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
     let server = servers::launch_configured(Kind::ZooKeeper, None, &extra)?;
+    // The launcher saw the plain port serve; the TLS port opens on its own, a moment
+    // later or sooner (CI at 5c23077 found it refusing a connection).
+    let t0 = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the TLS port {port} never opened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     Some((server, port))
 }
 
