@@ -20,9 +20,12 @@
 //!
 //! **Tokens and revisions.** The node's creation zxid is the fencing token: zxids only
 //! grow, across leader changes and restarts, so a node created again after a release,
-//! an eviction or an expiry gets a larger one. The node's modification zxid is the
-//! record's revision; a renewal rewrites the node's data (a write, ordered through the
-//! ZooKeeper leader) to move it.
+//! an eviction or an expiry gets a larger one. A renewal is a transaction (a write,
+//! ordered through the ZooKeeper leader) that checks the grant node's version and
+//! writes the election's renewal node, `PATH/ELECTION/renewed`; the record's revision is
+//! the later of the two nodes' modification zxids. The grant node itself is written only
+//! when what it says changes (a grant, new metadata, an eviction), so the watchers of an
+//! election hear of those and not of every renewal.
 //!
 //! **Compare-and-set.** Every write names the node version it read: renewal checks holder,
 //! token, eviction flag and that the node belongs to this store's session; release also
@@ -57,8 +60,11 @@ pub const DEFAULT_PATH: &str = "/tenure";
 /// How long one request may take before it counts as lost.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The session timeout of the session that only reads and watches.
-const READER_SESSION: Duration = Duration::from_secs(10);
+/// The session timeout asked for the session that only reads and watches (the server
+/// may grant less: any timeout will do). It holds no grant, so its timeout bounds only how
+/// long a dead connection goes unnoticed; the client pings an idle session every 3/20 of
+/// it, and a longer one pings less often (every 4.5 s instead of 1.5 s).
+const READER_SESSION: Duration = Duration::from_secs(30);
 
 /// A lease store on a ZooKeeper ensemble.
 #[derive(Clone)]
@@ -104,6 +110,10 @@ struct Held {
     token: i64,
     /// The node's data version after our last write.
     version: i32,
+    /// The node's data as of that version, and its stat: what a renewal that finds the
+    /// version unchanged answers with.
+    data: Vec<u8>,
+    stat: zk::Stat,
     /// The session that owns it.
     session: i64,
     /// A TTL after the latest acquire or renewal was sent: the holder's deadline has passed.
@@ -214,6 +224,23 @@ fn encode(holder: &HolderId, ttl: Duration, evicted: bool, metadata: &[u8]) -> V
     let mut v = format!("tenure1\n{}\n{}\n{}\n", holder, ttl.as_millis(), u8::from(evicted)).into_bytes();
     v.extend_from_slice(metadata);
     v
+}
+
+/// The record of a grant node with its data and stat, and the stat of the election's
+/// renewal node (`None` if it has none yet): the revision and the renewal time are the
+/// later of the two nodes' (a renewal writes only the renewal node).
+fn record(
+    election: &ElectionName,
+    data: &[u8],
+    stat: &zk::Stat,
+    renewed: Option<&zk::Stat>,
+) -> Result<LeaseRecord, StoreError> {
+    let mut rec = decode(election, data, stat)?;
+    if let Some(r) = renewed.filter(|r| r.mzxid > stat.mzxid) {
+        rec.revision = Revision(r.mzxid as u64);
+        rec.renewed_at = u64::try_from(r.mtime).ok().map(|ms| UNIX_EPOCH + Duration::from_millis(ms));
+    }
+    Ok(rec)
 }
 
 fn decode(election: &ElectionName, data: &[u8], stat: &zk::Stat) -> Result<LeaseRecord, StoreError> {
@@ -532,12 +559,14 @@ impl ZkStore {
     }
 
     /// Notes that we hold the grant node `path` of the election node `parent` (or renewed
-    /// it): it is deleted once `due` passes unless renewed again.
-    fn hold(&self, parent: &str, path: &str, stat: &zk::Stat, due: Instant) {
+    /// it), with `data` and `stat`: it is deleted once `due` passes unless renewed again.
+    fn hold(&self, parent: &str, path: &str, data: &[u8], stat: &zk::Stat, due: Instant) {
         let fresh = || Held {
             path: path.to_string(),
             token: stat.czxid,
             version: stat.version,
+            data: data.to_vec(),
+            stat: *stat,
             session: stat.ephemeral_owner,
             due,
         };
@@ -546,7 +575,9 @@ impl ZkStore {
         if h.token != stat.czxid {
             *h = fresh();
         } else {
-            h.version = h.version.max(stat.version);
+            if stat.version > h.version {
+                (h.version, h.data, h.stat) = (stat.version, data.to_vec(), *stat);
+            }
             h.due = h.due.max(due);
         }
         drop(held);
@@ -605,10 +636,11 @@ impl ZkStore {
     /// nobody renewed it since.
     ///
     /// Every renewal moves `due` before it is sent (see [`ZkStore::sending`]). So once the
-    /// node has been read, `due` still past means that every write applied to it so far
-    /// was sent a TTL ago or more (its term is over), and a write applied after the read
-    /// moves the version, which fails the delete: a renewal and this deletion are a
-    /// compare-and-set, whichever lands first.
+    /// nodes have been read, `due` still past means that every renewal applied so far was
+    /// sent a TTL ago or more (its term is over), and a renewal applied after the read
+    /// moves the renewal node's version (a change of the grant, the grant node's), which
+    /// fails the delete: a renewal and this deletion are a compare-and-set, whichever
+    /// lands first.
     async fn expire(&self, parent: &str, h: Held) {
         let path = h.path.as_str();
         let still_due = || {
@@ -621,15 +653,37 @@ impl ZkStore {
         // Ok(true): the grant is gone (or not ours); Ok(false): renewed meanwhile.
         let done = async {
             let c = self.reader().await?;
+            let renewal = renewal_node(path);
             loop {
-                let (_, stat) = match timed("reading a lease", false, c.get_data(path)).await? {
-                    Ok(v) => v,
-                    Err(zk::Error::NoNode) => return Ok(true),
+                // The grant node, and the version of the renewal node that a renewal
+                // writes: the deletion checks both, so a renewal applied after this read
+                // fails it.
+                let mut reader = c.new_multi_reader();
+                reader.add_get_data(path).map_err(|e| error("reading a lease", e, false))?;
+                reader.add_get_data(&renewal).map_err(|e| error("reading a lease", e, false))?;
+                let read = match timed("reading a lease", false, reader.commit()).await? {
+                    Ok(r) => r,
                     Err(e) => return Err(error("reading a lease", e, false)),
+                };
+                let mut read = read.into_iter();
+                let stat = match read.next() {
+                    Some(zk::MultiReadResult::Data { stat, .. }) => stat,
+                    Some(zk::MultiReadResult::Error { err: zk::Error::NoNode }) => return Ok(true),
+                    Some(zk::MultiReadResult::Error { err }) => return Err(error("reading a lease", err, false)),
+                    _ => return Err(StoreError::unavailable("ZooKeeper: a read answered without the grant node")),
                 };
                 if stat.czxid != h.token || stat.ephemeral_owner != h.session {
                     return Ok(true);
                 }
+                let Some(zk::MultiReadResult::Data { stat: renewed, .. }) = read.next() else {
+                    // No renewal node yet: made now, so that the deletion has a version to check.
+                    let opts = zk::CreateMode::Persistent.with_acls(self.acls());
+                    match timed("deleting an expired lease", true, c.create(&renewal, b"", &opts)).await? {
+                        Ok(_) | Err(zk::Error::NodeExists) => continue,
+                        Err(zk::Error::NoNode) => return Ok(true),
+                        Err(e) => return Err(error("deleting an expired lease", e, true)),
+                    }
+                };
                 if !still_due() {
                     return Ok(false);
                 }
@@ -641,10 +695,22 @@ impl ZkStore {
                         let _ = proceed.await;
                     }
                 }
-                match timed("deleting an expired lease", true, c.delete(path, Some(stat.version))).await? {
-                    Ok(()) | Err(zk::Error::NoNode) => return Ok(true),
-                    Err(zk::Error::BadVersion) => continue,
-                    Err(e) => return Err(error("deleting an expired lease", e, true)),
+                let mut w = c.new_multi_writer();
+                if !mutant("zk-sweep-ignores-renewals") {
+                    w.add_check_version(&renewal, renewed.version)
+                        .map_err(|e| error("deleting an expired lease", e, true))?;
+                }
+                w.add_delete(path, Some(stat.version)).map_err(|e| error("deleting an expired lease", e, true))?;
+                match timed("deleting an expired lease", true, w.commit()).await? {
+                    Ok(_) => return Ok(true),
+                    Err(zk::MultiWriteError::OperationFailed {
+                        source: zk::Error::BadVersion | zk::Error::NoNode,
+                        ..
+                    }) => continue,
+                    Err(
+                        zk::MultiWriteError::OperationFailed { source, .. }
+                        | zk::MultiWriteError::RequestFailed { source },
+                    ) => return Err(error("deleting an expired lease", source, true)),
                 }
             }
         };
@@ -708,18 +774,16 @@ impl ZkStore {
                 return Ok((Some(parent_stat.version), None));
             };
             let path = format!("{parent}/{child}");
-            match timed("reading a lease", false, c.get_data(&path)).await? {
-                Ok((data, stat)) => {
-                    return Ok((Some(parent_stat.version), Some((path, decode(election, &data, &stat)?, stat))));
-                }
-                Err(zk::Error::NoNode) => continue,
-                Err(e) => return Err(error("reading a lease", e, false)),
+            match read_grant(c, election, &path).await? {
+                Some((rec, stat)) => return Ok((Some(parent_stat.version), Some((path, rec, stat)))),
+                None => continue,
             }
         }
     }
 
-    /// Rewrites our own grant node to renew it, if it is still the grant `holder`/`token`
-    /// of this session and not evicted. `Ok(Err(current))` when it is not.
+    /// Renews our own grant, if it is still the grant `holder`/`token` of this session and
+    /// not evicted (`Ok(Err(current))` when it is not); with `metadata`, a same-holder
+    /// acquire, it also publishes that metadata. A renewal keeps what the grant says.
     #[allow(clippy::too_many_arguments)]
     async fn rewrite(
         &self,
@@ -728,43 +792,82 @@ impl ZkStore {
         holder: &HolderId,
         token: FencingToken,
         ttl: Duration,
-        metadata: &[u8],
+        metadata: Option<&[u8]>,
         sent: Instant,
     ) -> Result<Result<LeaseRecord, Option<LeaseRecord>>, StoreError> {
         let parent = self.node(election.as_str());
-        // The common case: the grant node is as our last write left it; one round trip.
-        // A grant node's path is never used twice, so its version names our grant.
+        // The common case: the grant node is as our last write left it (a grant node's
+        // path is never used twice, so its version names our grant); one round trip.
         let known = {
             let held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
             held.get(&parent)
                 .filter(|h| h.token as u64 == token.0 && h.session == c.session_id().0)
-                .map(|h| (h.path.clone(), h.version))
+                .map(|h| (h.path.clone(), h.version, h.data.clone(), h.stat))
         };
-        let data = encode(holder, ttl, false, metadata);
-        let (mut path, mut version) = match known {
-            Some((p, v)) => (p, Some(v)),
-            None => (String::new(), None),
-        };
+        let data = metadata.map(|m| encode(holder, ttl, false, m));
+        // The grant node's path, version, data and stat, as last written or read.
+        let mut grant = known;
         loop {
-            if version.is_none() {
-                let Some((p, cur, stat)) = self.read(c, election).await? else { return Ok(Err(None)) };
-                if cur.holder != *holder
-                    || cur.token != token
-                    || cur.evicted
-                    || stat.ephemeral_owner != c.session_id().0
-                {
-                    return Ok(Err(Some(cur)));
+            let (path, version, current, stat) = match grant.take() {
+                Some(g) => g,
+                None => {
+                    let Some((p, cur, stat)) = self.read(c, election).await? else { return Ok(Err(None)) };
+                    if cur.holder != *holder
+                        || cur.token != token
+                        || cur.evicted
+                        || stat.ephemeral_owner != c.session_id().0
+                    {
+                        return Ok(Err(Some(cur)));
+                    }
+                    let current = encode(&cur.holder, cur.ttl, false, &cur.metadata);
+                    (p, stat.version, current, stat)
                 }
-                (path, version) = (p, Some(stat.version));
-            }
+            };
             self.sending(&parent, token, sent + ttl);
-            match timed("renewing a lease", true, c.set_data(&path, &data, version)).await? {
-                Ok(stat) => {
-                    self.hold(&parent, &path, &stat, sent + ttl);
-                    return Ok(Ok(decode(election, &data, &stat)?));
+            if let Some(data) = data.as_ref().filter(|d| **d != current) {
+                // What the grant says changes (new metadata): its watchers hear of it.
+                match timed("renewing a lease", true, c.set_data(&path, data, Some(version))).await? {
+                    Ok(stat) => {
+                        self.hold(&parent, &path, data, &stat, sent + ttl);
+                        return Ok(Ok(decode(election, data, &stat)?));
+                    }
+                    Err(zk::Error::BadVersion | zk::Error::NoNode) => continue,
+                    Err(e) => return Err(error("renewing a lease", e, true)),
                 }
-                Err(zk::Error::BadVersion | zk::Error::NoNode) => version = None,
-                Err(e) => return Err(error("renewing a lease", e, true)),
+            }
+            // A renewal: the grant node at the version last seen (not evicted, not
+            // replaced), and a write of the renewal node, in one transaction.
+            let renewal = renewal_node(&path);
+            let mut w = c.new_multi_writer();
+            if !mutant("zk-renewal-unchecked") {
+                w.add_check_version(&path, version).map_err(|e| error("renewing a lease", e, true))?;
+            }
+            w.add_set_data(&renewal, b"", None).map_err(|e| error("renewing a lease", e, true))?;
+            match timed("renewing a lease", true, w.commit()).await? {
+                Ok(results) => {
+                    let Some(zk::MultiWriteResult::SetData { stat: renewed }) = results.into_iter().last() else {
+                        return Err(StoreError::ambiguous("ZooKeeper: a renewal answered without its write"));
+                    };
+                    self.hold(&parent, &path, &current, &stat, sent + ttl);
+                    return Ok(Ok(record(election, &current, &stat, Some(&renewed))?));
+                }
+                // The grant node changed or is gone: read it.
+                Err(zk::MultiWriteError::OperationFailed {
+                    index: 0,
+                    source: zk::Error::BadVersion | zk::Error::NoNode,
+                }) => {}
+                // The election has no renewal node yet: make it, then renew.
+                Err(zk::MultiWriteError::OperationFailed { source: zk::Error::NoNode, .. }) => {
+                    let opts = zk::CreateMode::Persistent.with_acls(self.acls());
+                    match timed("renewing a lease", true, c.create(&renewal, b"", &opts)).await? {
+                        Ok(_) | Err(zk::Error::NodeExists) => grant = Some((path, version, current, stat)),
+                        Err(zk::Error::NoNode) => {}
+                        Err(e) => return Err(error("renewing a lease", e, true)),
+                    }
+                }
+                Err(
+                    zk::MultiWriteError::OperationFailed { source, .. } | zk::MultiWriteError::RequestFailed { source },
+                ) => return Err(error("renewing a lease", source, true)),
             }
         }
     }
@@ -781,7 +884,10 @@ impl ZkStore {
                     return Ok(Acquire::Held(cur));
                 }
                 // Our own live grant: a renewal that keeps the token.
-                match self.rewrite(&c, &req.election, &req.holder, cur.token, req.ttl, &req.metadata, sent).await? {
+                match self
+                    .rewrite(&c, &req.election, &req.holder, cur.token, req.ttl, Some(&req.metadata), sent)
+                    .await?
+                {
                     Ok(rec) => return Ok(Acquire::Acquired(rec)),
                     Err(Some(cur)) => return Ok(Acquire::Held(cur)),
                     Err(None) => continue,
@@ -800,7 +906,7 @@ impl ZkStore {
                 }
             };
             if let Some((path, stat)) = self.create_grant(&c, &parent, version, &data).await? {
-                self.hold(&parent, &path, &stat, sent + req.ttl);
+                self.hold(&parent, &path, &data, &stat, sent + req.ttl);
                 return Ok(Acquire::Acquired(decode(&req.election, &data, &stat)?));
             }
         }
@@ -851,7 +957,9 @@ impl ZkStore {
 use tenure::mutant;
 
 /// The store's recursive watch on its path. Only grant nodes, `PATH/ELECTION/grant-N`,
-/// carry leases; a created or changed one is read once here for all its watchers.
+/// carry leases; a created or changed one is read once here for all its watchers. A
+/// renewal writes the election's renewal node, which it passes by: followers hear of a
+/// grant's start, its changes and its end, which is all they wait for.
 struct NodeEvents {
     watcher: zk::PersistentWatcher,
     client: zk::Client,
@@ -866,13 +974,10 @@ impl tenure::store::ChangeFeed for NodeEvents {
     async fn next(&mut self) -> Option<tenure::store::Change> {
         loop {
             if let Some((election, path)) = self.unread.clone() {
-                let change = match timed("reading a lease", false, self.client.get_data(&path)).await {
-                    Ok(Ok((data, stat))) => match decode(&election, &data, &stat) {
-                        Ok(r) => tenure::store::Change::record(r),
-                        Err(_) => tenure::store::Change::read_again(election.as_str()),
-                    },
-                    Ok(Err(zk::Error::NoNode)) => tenure::store::Change::now(election.as_str(), None),
-                    _ => tenure::store::Change::read_again(election.as_str()),
+                let change = match read_grant(&self.client, &election, &path).await {
+                    Ok(Some((r, _))) => tenure::store::Change::record(r),
+                    Ok(None) => tenure::store::Change::now(election.as_str(), None),
+                    Err(_) => tenure::store::Change::read_again(election.as_str()),
                 };
                 self.unread = None;
                 return Some(change);
@@ -917,6 +1022,45 @@ impl tenure::store::ChangeFeed for NodeEvents {
 /// The name prefix of grant nodes under an election's node.
 const GRANT: &str = "grant-";
 
+/// The name of an election's renewal node, under its election node: a renewal writes it
+/// (and checks the grant node's version), so that only a change of what the grant says
+/// writes the grant node, and its watchers hear of nothing else.
+const RENEWED: &str = "renewed";
+
+/// The renewal node of the election whose grant node is `grant`.
+fn renewal_node(grant: &str) -> String {
+    let parent = grant.rsplit_once('/').map_or(grant, |(p, _)| p);
+    format!("{parent}/{RENEWED}")
+}
+
+/// Reads the grant node `path` and its election's renewal node in one request: the
+/// record, and the grant node's stat. `None` if the grant node does not exist.
+async fn read_grant(
+    c: &zk::Client,
+    election: &ElectionName,
+    path: &str,
+) -> Result<Option<(LeaseRecord, zk::Stat)>, StoreError> {
+    let mut reader = c.new_multi_reader();
+    reader.add_get_data(path).map_err(|e| error("reading a lease", e, false))?;
+    reader.add_get_data(&renewal_node(path)).map_err(|e| error("reading a lease", e, false))?;
+    let results = match timed("reading a lease", false, reader.commit()).await? {
+        Ok(r) => r,
+        Err(e) => return Err(error("reading a lease", e, false)),
+    };
+    let mut results = results.into_iter();
+    let (data, stat) = match results.next() {
+        Some(zk::MultiReadResult::Data { data, stat }) => (data, stat),
+        Some(zk::MultiReadResult::Error { err: zk::Error::NoNode }) => return Ok(None),
+        Some(zk::MultiReadResult::Error { err }) => return Err(error("reading a lease", err, false)),
+        _ => return Err(StoreError::unavailable("ZooKeeper: a read answered without the grant node")),
+    };
+    let renewed = match results.next() {
+        Some(zk::MultiReadResult::Data { stat, .. }) => Some(stat),
+        _ => None,
+    };
+    Ok(Some((record(election, &data, &stat, renewed.as_ref())?, stat)))
+}
+
 /// A grant node: its path, the record it holds and its stat.
 type Grant = (String, LeaseRecord, zk::Stat);
 
@@ -951,7 +1095,7 @@ impl LeaseStore for ZkStore {
         check_ttl(ttl)?;
         let sent = Instant::now();
         let c = self.session(ttl).await?;
-        match self.rewrite(&c, &held.election, &held.holder, held.token, ttl, &held.metadata, sent).await? {
+        match self.rewrite(&c, &held.election, &held.holder, held.token, ttl, None, sent).await? {
             Ok(rec) => Ok(Renew::Renewed(rec)),
             Err(cur) => Ok(Renew::Lost(cur)),
         }
@@ -991,7 +1135,8 @@ impl LeaseStore for ZkStore {
             nodes.iter().filter_map(|n| election_of(n)).filter(|e| e.as_str().starts_with(prefix)).collect();
         names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
         let mut out = Vec::new();
-        // Up to 100 elections per request: their grant nodes, then those nodes' data.
+        // Up to 100 elections per request: their grant nodes, then those nodes' data (with
+        // their renewal nodes').
         for chunk in names.chunks(100) {
             let mut reader = c.new_multi_reader();
             for e in chunk {
@@ -1009,17 +1154,25 @@ impl LeaseStore for ZkStore {
                     grants.push((e, format!("{}/{g}", self.node(e.as_str()))));
                 }
             }
+            // Each grant node with its election's renewal node.
             let mut reader = c.new_multi_reader();
             for (_, path) in &grants {
                 reader.add_get_data(path).map_err(|e| error("listing leases", e, false))?;
+                reader.add_get_data(&renewal_node(path)).map_err(|e| error("listing leases", e, false))?;
             }
             let data = match timed("listing leases", false, reader.commit()).await? {
                 Ok(r) => r,
                 Err(e) => return Err(error("listing leases", e, false)),
             };
-            for ((e, _), r) in grants.into_iter().zip(data) {
-                if let zk::MultiReadResult::Data { data, stat } = r {
-                    out.push(decode(e, &data, &stat)?);
+            let mut data = data.into_iter();
+            for (e, _) in grants {
+                let (grant, renewed) = (data.next(), data.next());
+                if let Some(zk::MultiReadResult::Data { data, stat }) = grant {
+                    let renewed = match renewed {
+                        Some(zk::MultiReadResult::Data { stat, .. }) => Some(stat),
+                        _ => None,
+                    };
+                    out.push(record(e, &data, &stat, renewed.as_ref())?);
                 }
             }
         }
@@ -1048,6 +1201,12 @@ impl LeaseStore for ZkStore {
 
     fn watch(&self, election: &ElectionName) -> Option<WatchStream> {
         Some(self.inner.changes.watch(Arc::new(self.clone()), &self.inner, election, Self::open_feed))
+    }
+
+    /// A grant ends only by a deletion of its node (a release, an eviction, this store's
+    /// clean-up, or the server's expiry of its session), which the watch reports.
+    fn watch_reports_expiry(&self) -> bool {
+        true
     }
 
     async fn ledger_read(&self, election: &ElectionName, key: &WorkKey) -> Result<Option<LedgerEntry>, StoreError> {

@@ -240,6 +240,10 @@ impl LeaseStore for Batched {
         Some(self.origin)
     }
 
+    fn watch_reports_expiry(&self) -> bool {
+        self.inner.watch_reports_expiry()
+    }
+
     fn describe(&self) -> String {
         self.inner.describe()
     }

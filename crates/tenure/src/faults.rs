@@ -277,6 +277,9 @@ impl LeaseStore for FaultyStore {
     fn renewal_grid(&self) -> Option<crate::Instant> {
         self.inner.renewal_grid()
     }
+    fn watch_reports_expiry(&self) -> bool {
+        self.inner.watch_reports_expiry()
+    }
     fn describe(&self) -> String {
         format!("faulty({})", self.inner.describe())
     }

@@ -26,6 +26,10 @@ pub use observed::{Judgement, ObservedExpiry};
 pub use value::StoredValue;
 pub use watch::{Carries, Change, ChangeFeed, ChangeHub, watch_changes};
 
+/// On a store whose watch reports expiry ([`LeaseStore::watch_reports_expiry`]), a
+/// follower that watches looks at a lease again after this many TTLs without an event.
+pub const LOOK_AGAIN_TTLS: u32 = 10;
+
 /// A change to one election's record: the record as it now stands, or `None` when
 /// the election has no record (released, evicted at once, or deleted on expiry).
 pub type WatchEvent = Option<LeaseRecord>;
@@ -271,6 +275,17 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// dated from its renewal's send time). `None`, the default: renew when due.
     fn renewal_grid(&self) -> Option<crate::Instant> {
         None
+    }
+
+    /// Whether this store's [`watch`](LeaseStore::watch) reports the end of every grant it
+    /// has shown, however it ends (released, evicted at once, or expired: the store deletes
+    /// an expired grant itself and tells its watchers), and reports each change of what a
+    /// grant says, but not necessarily its renewals. A follower that watches such a store
+    /// waits for the watch rather than looking again when the lease it saw would expire
+    /// (it still looks every [`LOOK_AGAIN_TTLS`] TTLs, in case an event was lost). `false`,
+    /// the default: a follower looks when the lease would expire.
+    fn watch_reports_expiry(&self) -> bool {
+        false
     }
 
     /// Whose clock judges expiry.

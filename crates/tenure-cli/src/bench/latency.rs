@@ -152,6 +152,9 @@ impl LeaseStore for Stamped {
     fn renewal_grid(&self) -> Option<tenure::Instant> {
         self.inner.renewal_grid()
     }
+    fn watch_reports_expiry(&self) -> bool {
+        self.inner.watch_reports_expiry()
+    }
     fn describe(&self) -> String {
         self.inner.describe()
     }

@@ -304,7 +304,9 @@ pub(super) async fn stop_following(shared: &Shared, unresolved: Option<&Election
 }
 
 /// When a follower that saw `rec` should try again: when the record would expire,
-/// and no later than one poll period if the store cannot tell it of changes.
+/// and no later than one poll period if the store cannot tell it of changes. A follower
+/// that watches a store whose watch reports expiry waits for the watch, and looks again
+/// only after [`crate::store::LOOK_AGAIN_TTLS`] TTLs.
 pub(super) fn follower_wake(
     shared: &Shared,
     view: &mut View<'_>,
@@ -318,6 +320,12 @@ pub(super) fn follower_wake(
         Some(r) => view.ends(r),
         None => now,
     };
-    let wake = if watching { expiry } else { expiry.min(now + cfg.jittered(cfg.retry_period)) };
+    let wake = if !watching {
+        expiry.min(now + cfg.jittered(cfg.retry_period))
+    } else if rec.is_some() && shared.store.watch_reports_expiry() {
+        expiry.max(now + cfg.ttl * crate::store::LOOK_AGAIN_TTLS)
+    } else {
+        expiry
+    };
     wake.max(floor)
 }

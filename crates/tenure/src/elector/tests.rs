@@ -177,3 +177,95 @@ async fn after_an_unanswered_acquire_the_follower_confirms_a_grant_it_finds_with
         _ => panic!("not won"),
     }
 }
+
+/// A [`MemoryStore`](crate::MemoryStore) whose watch, like ZooKeeper's, reports a grant's
+/// start, its changes and its end but not its renewals, and which says so
+/// ([`LeaseStore::watch_reports_expiry`]) when `reports` is set. Counts the looks
+/// (`try_acquire` and `get`).
+struct RenewalsUnheard {
+    inner: Arc<crate::MemoryStore>,
+    reports: bool,
+    looks: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for RenewalsUnheard {
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquire, StoreError> {
+        self.looks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.try_acquire(req).await
+    }
+    async fn renew(&self, held: &LeaseRecord, ttl: Duration) -> Result<Renew, StoreError> {
+        self.inner.renew(held, ttl).await
+    }
+    async fn release(&self, held: &LeaseRecord) -> Result<(), StoreError> {
+        self.inner.release(held).await
+    }
+    async fn get(&self, election: &ElectionName) -> Result<Option<LeaseRecord>, StoreError> {
+        self.looks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.get(election).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        self.inner.list(prefix).await
+    }
+    async fn evict(&self, election: &ElectionName, how: Evict) -> Result<Option<LeaseRecord>, StoreError> {
+        self.inner.evict(election, how).await
+    }
+    fn watch(&self, election: &ElectionName) -> Option<crate::store::WatchStream> {
+        let mut last: Option<(HolderId, crate::FencingToken, bool, Vec<u8>)> = None;
+        Some(Box::pin(self.inner.watch(election)?.filter(move |ev| {
+            let now = match ev {
+                Ok(Some(r)) => Some((r.holder.clone(), r.token, r.evicted, r.metadata.clone())),
+                _ => None,
+            };
+            let renewal = now.is_some() && now == last;
+            last = now;
+            !renewal
+        })))
+    }
+    fn watch_reports_expiry(&self) -> bool {
+        self.reports
+    }
+    fn describe(&self) -> String {
+        "renewals-unheard".to_string()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_follower_of_a_store_whose_watch_reports_expiry_waits_for_the_watch() {
+    use std::sync::atomic::Ordering::SeqCst;
+    for reports in [false, true] {
+        let store = Arc::new(RenewalsUnheard {
+            inner: Arc::new(crate::MemoryStore::new()),
+            reports,
+            looks: Default::default(),
+        });
+        let candidate = |holder: &str| {
+            let s: Arc<dyn LeaseStore> = store.clone();
+            Elector::builder(s, "jobs/sweeper").holder(holder).ttl(TTL).jitter(0.0).build().unwrap()
+        };
+        let a = candidate("a");
+        a.start();
+        while a.current().is_none() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let b = candidate("b");
+        b.start();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let first = store.looks.load(SeqCst);
+        // The leader renews every TTL/3; none of its renewals reaches the follower's watch.
+        tokio::time::sleep(TTL * (crate::store::LOOK_AGAIN_TTLS - 1)).await;
+        let looks = store.looks.load(SeqCst) - first;
+        if reports {
+            assert_eq!(looks, 0, "the follower looked while the watch said nothing");
+            tokio::time::sleep(TTL * 2).await;
+            assert!(store.looks.load(SeqCst) > first, "the follower never looked again");
+        } else {
+            assert!(looks >= 5, "without the promise, the follower looks as each lease it saw ends: {looks}");
+        }
+        assert!(a.current().is_some() && b.current().is_none());
+        a.shutdown().await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(b.current().is_some(), "the follower did not take over on the watch's report of the release");
+        b.shutdown().await;
+    }
+}
