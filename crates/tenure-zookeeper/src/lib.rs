@@ -743,10 +743,11 @@ impl ZkStore {
     /// The change listener's feed: a persistent recursive watch on the store's path.
     async fn open_feed(inner: Arc<Inner>) -> Option<Box<dyn tenure::store::ChangeFeed>> {
         let base = inner.path.clone();
+        let hub = Arc::downgrade(&inner);
         let client = ZkStore { inner }.reader().await.ok()?;
         let watcher =
             timed("watching", false, client.watch(&base, zk::AddWatchMode::PersistentRecursive)).await.ok()?.ok()?;
-        Some(Box::new(NodeEvents { watcher, client, base, unread: None }))
+        Some(Box::new(NodeEvents { watcher, client, base, hub, unread: None }))
     }
 
     /// The grant node of `election` as it stands: its path, record and stat, or `None`.
@@ -964,6 +965,9 @@ struct NodeEvents {
     watcher: zk::PersistentWatcher,
     client: zk::Client,
     base: String,
+    /// The store, held weakly (the feed must not keep it alive): a grant of an election
+    /// nobody in this process watches is not read.
+    hub: std::sync::Weak<Inner>,
     /// A grant node taken from the watcher and not yet read (election and path): the
     /// listener may drop a `next()` while it reads, and the next call reads it again.
     unread: Option<(ElectionName, String)>,
@@ -1013,6 +1017,11 @@ impl tenure::store::ChangeFeed for NodeEvents {
             let Some(election) = election_of(node).filter(|_| grant.starts_with(GRANT)) else { continue };
             if !created {
                 return Some(tenure::store::Change::now(election.as_str(), None));
+            }
+            // One read per event, one at a time: those of elections nobody here watches
+            // would only hold up the rest.
+            if self.hub.upgrade().is_some_and(|inner| !inner.changes.is_watched(election.as_str())) {
+                continue;
             }
             self.unread = Some((election, ev.path));
         }

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use tenure::Elector;
 use tenure::faults::FaultyStore;
 
-use super::{Opener, Settings, shutdown_all};
+use super::{Opener, Settings};
 
 /// E elections × C candidates; store calls counted per elector for `duration` once every
 /// election has a leader.
@@ -58,7 +58,7 @@ pub(super) async fn load(open: &Opener<'_>, s: &Settings, run: &str, polling: bo
         slot.1 += events;
         slot.2 += 1;
     }
-    shutdown_all(electors.into_iter().map(|(e, _)| e).collect()).await;
+    Elector::shutdown_all(electors.into_iter().map(|(e, _)| e)).await;
     let per = |(c, _, n): (u64, u64, usize)| if n == 0 { 0.0 } else { c as f64 / n as f64 / d };
     let per_ev = |(_, ev, n): (u64, u64, usize)| if n == 0 { 0.0 } else { ev as f64 / n as f64 / d };
     Ok(json!({

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
-use tenure::{ElectionName, Elector, LeaseStore};
+use tenure::{ElectionName, LeaseStore};
 
 pub use scale::contest_peer;
 
@@ -205,13 +205,4 @@ pub(crate) fn secs(v: &Value, k: &str) -> f64 {
 
 pub(crate) fn name(s: &str) -> Result<ElectionName> {
     ElectionName::new(s).context("bench election name")
-}
-
-/// Stops every elector at once (each releases its lease).
-pub(crate) async fn shutdown_all(electors: Vec<Elector>) {
-    let mut tasks = tokio::task::JoinSet::new();
-    for e in electors {
-        tasks.spawn(async move { e.shutdown().await });
-    }
-    while tasks.join_next().await.is_some() {}
 }

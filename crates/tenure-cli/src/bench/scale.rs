@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use tenure::faults::{FaultyStore, RenewalTimes};
 use tenure::{Elector, Event, LeaseStore};
 
-use super::{Opener, Settings, secs, shutdown_all, stats};
+use super::{Opener, Settings, secs, stats};
 
 /// One process holds many elections, its renewals gathered by [`tenure::Batched`] or,
 /// for the baseline, one store call per renewal.
@@ -85,7 +85,7 @@ pub(super) async fn scale(open: &Opener<'_>, s: &Settings, run: &str, batched: b
     let lat = std::mem::take(&mut *latencies.lock().unwrap());
     let renewals = lat.len();
     let t_stop = Instant::now();
-    shutdown_all(electors).await;
+    Elector::shutdown_all(electors).await;
     let stop_s = t_stop.elapsed().as_secs_f64();
     // A release that failed leaves its lease to expire: standbys would wait a TTL.
     let unreleased = raw.list(&format!("bench/{run}/scale-{mode}/")).await.map(|l| l.len()).ok();
@@ -156,7 +156,7 @@ pub(super) async fn contest(open: &Opener<'_>, s: &Settings, run: &str) -> Resul
     for p in &mut peers {
         drop(p.stdin.take());
     }
-    shutdown_all(electors).await;
+    Elector::shutdown_all(electors).await;
     for p in &mut peers {
         let _ = tokio::time::timeout(Duration::from_secs(60), p.wait()).await;
     }
@@ -186,7 +186,7 @@ pub async fn contest_peer(open: Opener<'_>, s: &Settings, run: &str) -> Result<i
     println!("{}", serde_json::to_string(&report)?);
     let mut rest = Vec::new();
     let _ = tokio::io::stdin().read_to_end(&mut rest).await;
-    shutdown_all(electors).await;
+    Elector::shutdown_all(electors).await;
     Ok(0)
 }
 

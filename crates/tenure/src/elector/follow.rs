@@ -30,7 +30,9 @@ pub(super) async fn follow(
         }
         if f.due {
             f.due = false;
-            match f.attempt(view).await {
+            // Boxed: a follower waits in the select below, and an attempt's calls would
+            // otherwise size its task.
+            match Box::pin(f.attempt(view)).await {
                 Attempt::Won(lease, sent) => return Some((lease, sent)),
                 Attempt::Refused => return None,
                 Attempt::Wait => {}
@@ -75,6 +77,12 @@ pub(super) struct Follower<'a> {
     failures: Failures<'a>,
     /// Until when the election is reserved for the successor of this candidate's term.
     pub(super) defer: Option<Instant>,
+    /// The grant the watch last reported (holder and token); `None` after it reported no
+    /// lease, or before it reported anything. A watch that reports expiry reports the end
+    /// of that grant, but not always of one it never reported: a grant this follower heard
+    /// of from its own acquire may come and go before the watch reads it, and a watch
+    /// passes by a report of no lease that repeats its last.
+    heard: Option<(HolderId, crate::FencingToken)>,
 }
 
 impl<'a> Follower<'a> {
@@ -88,7 +96,18 @@ impl<'a> Follower<'a> {
             wake_at: shared.clock.now(),
             failures: Failures::new(&shared.req.election),
             defer,
+            heard: None,
         }
+    }
+
+    /// When to look again after seeing `rec` ([`follower_wake`]): the watch is counted
+    /// on to report the end of `rec` only if it reported `rec` itself.
+    fn wake(&self, view: &mut View<'_>, rec: Option<&LeaseRecord>) -> Instant {
+        let heard = rec.is_some_and(|r| {
+            self.heard.as_ref().is_some_and(|(h, t)| *h == r.holder && *t == r.token)
+                || crate::mutant("acquire-answer-trusted")
+        });
+        follower_wake(self.shared, view, rec, self.watch.is_some(), heard)
     }
 
     /// One attempt: while the election is reserved for a successor, a look
@@ -135,7 +154,7 @@ impl<'a> Follower<'a> {
                 self.failures.reset();
                 view.saw_record(Some(&rec));
                 view.live(&rec);
-                self.wake_at = follower_wake(shared, view, Some(&rec), self.watch.is_some());
+                self.wake_at = self.wake(view, Some(&rec));
             }
             Ok(None) => {
                 // Free: leave it only while it is still reserved for a live candidate.
@@ -178,7 +197,7 @@ impl<'a> Follower<'a> {
                     Ok(Renew::Lost(cur)) => {
                         self.unresolved = false;
                         view.saw_record(cur.as_ref());
-                        self.wake_at = follower_wake(shared, view, cur.as_ref(), self.watch.is_some());
+                        self.wake_at = self.wake(view, cur.as_ref());
                     }
                     Err(e) => {
                         self.failures.note(&e, "confirming a maybe-held lease failed", shared.clock.now());
@@ -189,11 +208,7 @@ impl<'a> Follower<'a> {
             Ok(cur) => {
                 self.unresolved = false;
                 view.saw_record(cur.as_ref());
-                self.wake_at = if cur.is_none() {
-                    shared.clock.now()
-                } else {
-                    follower_wake(shared, view, cur.as_ref(), self.watch.is_some())
-                };
+                self.wake_at = if cur.is_none() { shared.clock.now() } else { self.wake(view, cur.as_ref()) };
                 self.due = cur.is_none();
             }
             Err(e) => {
@@ -224,7 +239,7 @@ impl<'a> Follower<'a> {
                 self.failures.reset();
                 view.saw_record(Some(&cur));
                 view.live(&cur);
-                self.wake_at = follower_wake(shared, view, Some(&cur), self.watch.is_some());
+                self.wake_at = self.wake(view, Some(&cur));
             }
             Err(e) if !e.is_retryable() => {
                 tracing::error!(election = %shared.req.election, error = %e, "the store refused; no retry can help, so campaigning stops");
@@ -250,11 +265,13 @@ impl<'a> Follower<'a> {
         let shared = self.shared;
         match ev {
             Some(Ok(None)) => {
+                self.heard = None;
                 view.saw(None);
                 view.vacant_since.get_or_insert(shared.clock.now());
                 self.due = true;
             }
             Some(Ok(Some(rec))) => {
+                self.heard = Some((rec.holder.clone(), rec.token));
                 if rec.holder == shared.req.holder && !rec.evicted {
                     self.due = true;
                     self.unresolved = true;
@@ -262,7 +279,7 @@ impl<'a> Follower<'a> {
                     self.defer = None;
                     view.saw_record(Some(&rec));
                     view.live(&rec);
-                    self.wake_at = follower_wake(shared, view, Some(&rec), true);
+                    self.wake_at = self.wake(view, Some(&rec));
                 }
             }
             Some(Err(e)) => {
@@ -305,13 +322,15 @@ pub(super) async fn stop_following(shared: &Shared, unresolved: Option<&Election
 
 /// When a follower that saw `rec` should try again: when the record would expire,
 /// and no later than one poll period if the store cannot tell it of changes. A follower
-/// that watches a store whose watch reports expiry waits for the watch, and looks again
-/// only after [`crate::store::LOOK_AGAIN_TTLS`] TTLs.
+/// that watches a store whose watch reports expiry, and whose watch reported `rec`
+/// (`heard`), waits for the watch, and looks again only after
+/// [`crate::store::LOOK_AGAIN_TTLS`] TTLs.
 pub(super) fn follower_wake(
     shared: &Shared,
     view: &mut View<'_>,
     rec: Option<&LeaseRecord>,
     watching: bool,
+    heard: bool,
 ) -> Instant {
     let cfg = &shared.cfg;
     let now = shared.clock.now();
@@ -322,7 +341,7 @@ pub(super) fn follower_wake(
     };
     let wake = if !watching {
         expiry.min(now + cfg.jittered(cfg.retry_period))
-    } else if rec.is_some() && shared.store.watch_reports_expiry() {
+    } else if heard && shared.store.watch_reports_expiry() {
         expiry.max(now + cfg.ttl * crate::store::LOOK_AGAIN_TTLS)
     } else {
         expiry

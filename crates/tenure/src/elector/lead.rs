@@ -53,11 +53,15 @@ pub(super) async fn lead(
     sent: Instant,
     unhealthy: &mut u32,
 ) -> (StepDownReason, Duration) {
-    let clock = TermClock::start(shared, sent);
-    if let Some(given_back) = vet_win(shared, slot, lease, &clock).await {
-        return given_back;
-    }
-    let mut term = Leading::new(shared, slot, lease, clock, sent);
+    // In a block of its own: the clock moves into the term, and a local that lived on would
+    // keep its room in the task of every leader.
+    let mut term = {
+        let clock = TermClock::start(shared, sent);
+        if let Some(given_back) = vet_win(shared, slot, lease, &clock).await {
+            return given_back;
+        }
+        Leading::new(shared, slot, lease, clock, sent)
+    };
     view.saw_record(Some(&*lease));
     let reason = loop {
         // After a pause (SIGSTOP, a stalled VM) the term may already be over.
@@ -92,8 +96,13 @@ pub(super) async fn lead(
                     term.resigners.push(r);
                     break StepDownReason::Resigned;
                 }
+                // Boxed: the task of every leader keeps room for its largest await, and a
+                // proclamation is rare. The renewal and the step-down are not boxed: with
+                // thousands of elections in a process, every elector renews at once on the
+                // shared grid and steps down at once at shutdown, and a box each would add
+                // to the peak (the step-down borrows the term, which keeps it small).
                 Ask::Proclaim(p) => {
-                    if let Some(ended) = term.proclaim(p, lease).await {
+                    if let Some(ended) = Box::pin(term.proclaim(p, lease)).await {
                         break ended;
                     }
                 }
@@ -424,7 +433,7 @@ impl<'a> Leading<'a> {
     /// releases the lease (unless the store already gave it to another), then answers
     /// the resigners. Returns why, and how long to stand aside.
     pub(super) async fn step_down(
-        mut self,
+        &mut self,
         view: &mut View<'_>,
         lease: &mut LeaseRecord,
         reason: StepDownReason,

@@ -23,7 +23,8 @@ pub(super) async fn follow_slots(shared: &Shared) -> Option<(u32, LeaseRecord, I
             let retry_at = now + shared.cfg.jittered(shared.cfg.retry_period);
             f.wake_at = retry_at;
             let step = match f.unresolved {
-                Some(i) => f.resolve(i, now, retry_at).await,
+                // Boxed: rare (after an acquire with no answer), and larger than the rest.
+                Some(i) => Box::pin(f.resolve(i, now, retry_at)).await,
                 None => f.round(retry_at).await,
             };
             match step {

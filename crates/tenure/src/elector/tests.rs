@@ -179,13 +179,26 @@ async fn after_an_unanswered_acquire_the_follower_confirms_a_grant_it_finds_with
 }
 
 /// A [`MemoryStore`](crate::MemoryStore) whose watch, like ZooKeeper's, reports a grant's
-/// start, its changes and its end but not its renewals, and which says so
-/// ([`LeaseStore::watch_reports_expiry`]) when `reports` is set. Counts the looks
-/// (`try_acquire` and `get`).
+/// start, its changes and its end but not its renewals, nor a report that repeats its last
+/// (no lease after no lease), and which says so ([`LeaseStore::watch_reports_expiry`]) when
+/// `reports` is set. While `blind`, the watch reports nothing (a grant that came and went
+/// before the store's feed read it). Counts the looks (`try_acquire` and `get`).
 struct RenewalsUnheard {
     inner: Arc<crate::MemoryStore>,
     reports: bool,
+    blind: Arc<std::sync::atomic::AtomicBool>,
     looks: std::sync::atomic::AtomicUsize,
+}
+
+impl RenewalsUnheard {
+    fn new(reports: bool) -> Self {
+        RenewalsUnheard {
+            inner: Arc::new(crate::MemoryStore::new()),
+            reports,
+            blind: Default::default(),
+            looks: Default::default(),
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -211,15 +224,21 @@ impl LeaseStore for RenewalsUnheard {
         self.inner.evict(election, how).await
     }
     fn watch(&self, election: &ElectionName) -> Option<crate::store::WatchStream> {
-        let mut last: Option<(HolderId, crate::FencingToken, bool, Vec<u8>)> = None;
+        // What the last report said: a lease's grant, eviction and metadata, or no lease.
+        type Said = Option<(HolderId, crate::FencingToken, bool, Vec<u8>)>;
+        let mut last: Option<Said> = None;
+        let blind = self.blind.clone();
         Some(Box::pin(self.inner.watch(election)?.filter(move |ev| {
+            if blind.load(std::sync::atomic::Ordering::SeqCst) {
+                return false;
+            }
             let now = match ev {
                 Ok(Some(r)) => Some((r.holder.clone(), r.token, r.evicted, r.metadata.clone())),
                 _ => None,
             };
-            let renewal = now.is_some() && now == last;
-            last = now;
-            !renewal
+            let repeat = last.as_ref() == Some(&now);
+            last = Some(now);
+            !repeat
         })))
     }
     fn watch_reports_expiry(&self) -> bool {
@@ -234,11 +253,7 @@ impl LeaseStore for RenewalsUnheard {
 async fn a_follower_of_a_store_whose_watch_reports_expiry_waits_for_the_watch() {
     use std::sync::atomic::Ordering::SeqCst;
     for reports in [false, true] {
-        let store = Arc::new(RenewalsUnheard {
-            inner: Arc::new(crate::MemoryStore::new()),
-            reports,
-            looks: Default::default(),
-        });
+        let store = Arc::new(RenewalsUnheard::new(reports));
         let candidate = |holder: &str| {
             let s: Arc<dyn LeaseStore> = store.clone();
             Elector::builder(s, "jobs/sweeper").holder(holder).ttl(TTL).jitter(0.0).build().unwrap()
@@ -268,4 +283,55 @@ async fn a_follower_of_a_store_whose_watch_reports_expiry_waits_for_the_watch() 
         assert!(b.current().is_some(), "the follower did not take over on the watch's report of the release");
         b.shutdown().await;
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_all_stops_every_candidate_and_releases_every_lease() {
+    let store = Arc::new(crate::MemoryStore::new());
+    let electors: Vec<Elector> = (0..5)
+        .map(|i| {
+            let s: Arc<dyn LeaseStore> = store.clone();
+            Elector::builder(s, format!("jobs/{i}")).holder("a").ttl(TTL).build().unwrap()
+        })
+        .collect();
+    for e in &electors {
+        e.start();
+    }
+    while electors.iter().any(|e| e.current().is_none()) {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    Elector::shutdown_all(electors.clone()).await;
+    for e in &electors {
+        assert!(
+            e.current().is_none() && e.shared.stopped.set.load(std::sync::atomic::Ordering::SeqCst),
+            "{} still campaigns",
+            e.election()
+        );
+        assert_eq!(store.get(e.election()).await.unwrap(), None, "{} was not released", e.election());
+    }
+}
+
+/// The watch is counted on to report the end only of a grant it reported itself: a grant
+/// a follower heard of from its own acquire, which came and went before the watch saw it,
+/// is looked at again when it would expire, not ten TTLs later.
+#[tokio::test(start_paused = true)]
+async fn a_grant_the_watch_never_reported_is_looked_at_again_when_it_would_expire() {
+    let store = Arc::new(RenewalsUnheard::new(true));
+    let s: Arc<dyn LeaseStore> = store.clone();
+    let b = Elector::builder(s, "jobs/sweeper").holder("b").ttl(TTL).jitter(0.0).build().unwrap();
+    let x = AcquireRequest::new(b.election().clone(), HolderId::new("x").unwrap(), TTL);
+    // x's whole term passes while the watch sees nothing of it.
+    store.blind.store(true, std::sync::atomic::Ordering::SeqCst);
+    let xs = acquired(&store.inner, &x).await;
+    b.start();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(b.current().is_none(), "b won a held lease");
+    store.inner.release(&xs).await.unwrap();
+    // b's task takes the release from its watch (and drops it) before the watch sees again.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(b.current().is_none(), "b heard of the release");
+    store.blind.store(false, std::sync::atomic::Ordering::SeqCst);
+    tokio::time::sleep(TTL + Duration::from_secs(1)).await;
+    assert!(b.current().is_some(), "b waited past the end of a grant its watch never reported");
+    b.shutdown().await;
 }

@@ -480,6 +480,13 @@ impl ChangeHub {
         stream
     }
 
+    /// Whether `election` has a watcher (one may have gone since the last change). A feed
+    /// that must read a record to report it can pass by the elections nobody watches: a
+    /// watcher that subscribes later starts with the record as it stands.
+    pub fn is_watched(&self, election: &str) -> bool {
+        self.lock().contains_key(election)
+    }
+
     /// How many elections have a watcher (some may have gone since the last change).
     pub fn watched(&self) -> usize {
         self.lock().len()
