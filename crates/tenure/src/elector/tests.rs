@@ -335,3 +335,41 @@ async fn a_grant_the_watch_never_reported_is_looked_at_again_when_it_would_expir
     assert!(b.current().is_some(), "b waited past the end of a grant its watch never reported");
     b.shutdown().await;
 }
+
+/// A term that ends with its grant still standing (its renewals failed, and so did its
+/// release) is not followed by a term under the same token: the holder's next acquire
+/// finds its own grant, which a store answers as a renewal; it is given back, and the next
+/// term runs under a new grant.
+#[tokio::test(start_paused = true)]
+async fn a_term_never_runs_under_the_token_of_one_that_ended() {
+    use crate::faults::{Fault, FaultyStore, Op};
+    let memory = Arc::new(crate::MemoryStore::new());
+    let faulty = FaultyStore::new(memory.clone()).only(&[Op::Renew, Op::Release]);
+    let s: Arc<dyn LeaseStore> = Arc::new(faulty.clone());
+    let a = Elector::builder(s, "jobs/sweeper").holder("a").ttl(TTL).jitter(0.0).build().unwrap();
+    let mut events = a.events();
+    a.start();
+    let first = loop {
+        if let Some(l) = a.current() {
+            break l.token();
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    };
+    faulty.set(Fault::Unavailable);
+    loop {
+        if let Ok(Event::SteppedDown { .. }) = events.recv().await {
+            break;
+        }
+    }
+    assert!(memory.get(a.election()).await.unwrap().is_some_and(|r| r.token == first), "the grant still stands");
+    faulty.set(Fault::None);
+    let next = loop {
+        match events.recv().await {
+            Ok(Event::Elected { token }) => break token,
+            Ok(_) => {}
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert!(next > first, "a new term ran under the token {first} of the term that ended");
+    a.shutdown().await;
+}
