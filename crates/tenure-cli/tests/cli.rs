@@ -736,9 +736,26 @@ fn holders_on(url: String, ttl: &str, bound: Duration) {
         let line = text.lines().find(|t| t.split(' ').nth(2) == Some(&l.token.to_string())).unwrap().to_string();
         line.split(' ').nth(5).and_then(|i| i.parse().ok()).expect("TENURE_HOLDER_INDEX is set")
     };
+    // Each term's span, from its first line to its last: never three at once.
+    let never_three = || {
+        let mut spans: Vec<(u64, u64, u64)> = Vec::new();
+        for l in read_log(&log) {
+            match spans.iter_mut().find(|t| t.0 == l.token) {
+                Some(t) => t.2 = t.2.max(l.ns),
+                None => spans.push((l.token, l.ns, l.ns)),
+            }
+        }
+        for s in &spans {
+            let at_once = spans.iter().filter(|o| o.1 <= s.1 && s.1 <= o.2).count();
+            assert!(at_once <= 2, "{at_once} commands ran at once when token {} started: {spans:?}", s.0);
+        }
+    };
     let first = wait_starts(&log, 2, Duration::from_secs(20));
     std::thread::sleep(Duration::from_secs(1));
-    assert_eq!(starts(&log).len(), 2, "two of five run: {:?}", starts(&log));
+    // Two of five run, and the other three wait. (On a loaded host a holder whose renewals
+    // go unanswered loses its term and a standby takes its index: a third start then, but
+    // never a third command at once.)
+    never_three();
     let indices: std::collections::BTreeSet<u32> = first.iter().map(index_of).collect();
     assert_eq!(indices, [0, 1].into(), "one holder per index");
     assert_ne!(first[0].token, first[1].token, "each holder has its own token");
@@ -773,18 +790,7 @@ fn holders_on(url: String, ttl: &str, bound: Duration) {
     assert!(!alive(victim.pid), "the killed holder's command is gone");
     std::thread::sleep(Duration::from_millis(500));
     stop_all(runs.into_iter().map(|(_, c)| c).collect());
-    // Each term's span, from its first line to its last: never three at once.
-    let mut spans: Vec<(u64, u64, u64)> = Vec::new();
-    for l in read_log(&log) {
-        match spans.iter_mut().find(|t| t.0 == l.token) {
-            Some(t) => t.2 = t.2.max(l.ns),
-            None => spans.push((l.token, l.ns, l.ns)),
-        }
-    }
-    for s in &spans {
-        let at_once = spans.iter().filter(|o| o.1 <= s.1 && s.1 <= o.2).count();
-        assert!(at_once <= 2, "{at_once} commands ran at once when token {} started: {spans:?}", s.0);
-    }
+    never_three();
 }
 
 #[test]
