@@ -372,10 +372,6 @@ async fn campaign_loop(shared: &Shared) {
     let mut unhealthy = 0u32;
     // After a handover: the election is reserved for the successor until then.
     let mut defer = None;
-    // The grant of the last term (its election or slot, and token): a term that ended with
-    // its grant still standing (renewals that failed, then a release that did too) would
-    // be found again by this holder's next acquire, which a store answers as a renewal.
-    let mut ended: Option<(ElectionName, crate::FencingToken)> = None;
     loop {
         let (index, mut lease, sent) = if shared.slots.is_empty() {
             let Some((lease, sent)) = follow(shared, &mut view, defer.take()).await else {
@@ -388,20 +384,6 @@ async fn campaign_loop(shared: &Shared) {
             };
             (Some(index), lease, sent)
         };
-        // A new term never runs under the token of one that ended: the grant is given back,
-        // and the next acquire makes a new one, with a larger token.
-        if ended.as_ref().is_some_and(|(e, t)| *e == lease.election && *t == lease.token)
-            && !crate::mutant("ended-grant-led-again")
-        {
-            tracing::info!(election = %lease.election, token = %lease.token,
-                "won back the grant of the term that ended; giving it back to take a new one");
-            Box::pin(give_back(shared, &lease)).await;
-            if sleep_or_shutdown(shared, shared.clock.now() + cfg.jittered(cfg.retry_period) / 10).await {
-                return;
-            }
-            continue;
-        }
-        ended = Some((lease.election.clone(), lease.token));
         let (reason, stand_aside) = lead(shared, &mut view, index, &mut lease, sent, &mut unhealthy).await;
         match reason {
             StepDownReason::ShuttingDown => return,
